@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs every test of the project: formatting, unit tests and the black-box conformance suite
+# (tests/conformance), installing the few system tools they need first. Idempotent.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# Debian packages the tests use, by the command that must exist.
+declare -A needed=(
+    [tar]=tar           # the corpus is tarred the way users do it
+    [gzip]=gzip
+)
+missing=()
+for cmd in "${!needed[@]}"; do
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("${needed[$cmd]}")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "test.sh: installing ${missing[*]}" >&2
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# kubectl is part of the test environment, not something this script installs.
+if ! command -v kubectl >/dev/null 2>&1; then
+    echo "test.sh: kubectl not found on PATH; the conformance tests drive the real kubectl" >&2
+    exit 1
+fi
+
+corpus="${STOWAGE_CORPUS:-$PWD/../shared/corpus}"
+if [ ! -d "$corpus/kube-prometheus-stack" ] || [ ! -d "$corpus/operator-registry" ] \
+    || [ ! -d "$corpus/rukpak-testdata" ]; then
+    echo "test.sh: test corpus not found at $corpus (set STOWAGE_CORPUS)" >&2
+    exit 1
+fi
+export STOWAGE_CORPUS="$corpus"
+
+cargo fmt --all -- --check
+cargo test --locked --all-targets

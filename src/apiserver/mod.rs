@@ -1,0 +1,152 @@
+//! The Kubernetes API surface of `content.stowage.dev/v1alpha1` over axum: discovery, the generic
+//! verbs, the `content` and `status` subresources, health and metrics.
+//!
+//! Handlers are thin: they parse the request, call the store (blocking work runs in
+//! `spawn_blocking`) and convert every failure into a Kubernetes `Status` ([`status::ApiError`]).
+//! This module knows nothing of sled; the store knows nothing of HTTP.
+
+mod content;
+mod discovery;
+mod handlers;
+pub mod listener;
+mod meta;
+mod openapi;
+mod range;
+pub mod resources;
+mod schema;
+mod selectors;
+pub mod status;
+mod table;
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+
+use crate::auth::PeerIdentity;
+use crate::storage::{Store, StorageError};
+use status::{ApiError, ApiResult};
+
+pub const GROUP: &str = "content.stowage.dev";
+pub const VERSION: &str = "v1alpha1";
+pub const API_VERSION: &str = "content.stowage.dev/v1alpha1";
+
+/// Request-size limits.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest content upload body (compressed bytes on the wire).
+    pub max_body_bytes: u64,
+    /// Largest unpacked size of one upload (defends against compression bombs).
+    pub max_unpacked_bytes: u64,
+    /// Largest object (Bundle) body.
+    pub max_object_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_body_bytes: 64 << 30, max_unpacked_bytes: 64 << 30, max_object_bytes: 3 << 20 }
+    }
+}
+
+/// Shared state of every handler.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub limits: Arc<Limits>,
+}
+
+/// Runs a store call on the blocking pool.
+async fn blocking<T, F>(app: &AppState, f: F) -> ApiResult<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&Store) -> Result<T, StorageError> + Send + 'static,
+{
+    let store = app.store.clone();
+    tokio::task::spawn_blocking(move || f(&store))
+        .await
+        .map_err(|e| ApiError::internal(format!("store task failed: {e}")))?
+        .map_err(ApiError::from)
+}
+
+/// The whole HTTP API.
+pub fn router(state: AppState) -> Router {
+    let object_limit = state.limits.max_object_bytes;
+    let base = "/apis/content.stowage.dev/v1alpha1";
+    let api = Router::new()
+        .route("/api", get(discovery::core_versions))
+        .route("/apis", get(discovery::groups))
+        .route("/apis/content.stowage.dev", get(discovery::group))
+        .route(base, get(discovery::resources))
+        .route(&format!("{base}/{{resource}}"), get(handlers::list_all))
+        .route(
+            &format!("{base}/namespaces/{{namespace}}/{{resource}}"),
+            get(handlers::list_namespaced).post(handlers::create),
+        )
+        .route(
+            &format!("{base}/namespaces/{{namespace}}/{{resource}}/{{name}}"),
+            get(handlers::get).put(handlers::update).delete(handlers::delete),
+        )
+        .route(
+            &format!("{base}/namespaces/{{namespace}}/{{resource}}/{{name}}/status"),
+            get(handlers::get).put(handlers::update_status),
+        )
+        .layer(DefaultBodyLimit::max(object_limit))
+        .route(
+            &format!("{base}/namespaces/{{namespace}}/{{resource}}/{{name}}/content"),
+            get(content::get_content).put(content::put_bundle_content).layer(DefaultBodyLimit::disable()),
+        )
+        .route("/openapi/v3", get(openapi::v3_root))
+        .route("/openapi/v3/apis/content.stowage.dev/v1alpha1", get(openapi::v3_group_version))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(middleware::from_fn(require_identity));
+    Router::new()
+        .route("/healthz", get(ok))
+        .route("/livez", get(ok))
+        .route("/readyz", get(ok))
+        .merge(api)
+        .with_state(state)
+}
+
+async fn ok() -> &'static str {
+    "ok"
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::not_found_message(format!("the server could not find the requested resource ({})", request.uri().path()))
+}
+
+/// Until delegated authentication lands, only holders of a client certificate from our CA pass.
+async fn require_identity(request: Request, next: Next) -> Response {
+    let identified = request.extensions().get::<PeerIdentity>().is_some_and(|p| p.0.is_some());
+    if !identified {
+        return ApiError::unauthorized().into_response();
+    }
+    next.run(request).await
+}
+
+async fn metrics(State(app): State<AppState>) -> ApiResult<Response> {
+    let stats = blocking(&app, |store| store.stats()).await?;
+    let rv = blocking(&app, |store| store.current_resource_version()).await?;
+    let text = format!(
+        "# HELP stowage_chunks Distinct content chunks stored.\n# TYPE stowage_chunks gauge\nstowage_chunks {}\n\
+         # HELP stowage_chunk_stored_bytes Compressed bytes of all stored chunks.\n# TYPE stowage_chunk_stored_bytes gauge\nstowage_chunk_stored_bytes {}\n\
+         # HELP stowage_chunk_raw_bytes Uncompressed bytes of all stored chunks.\n# TYPE stowage_chunk_raw_bytes gauge\nstowage_chunk_raw_bytes {}\n\
+         # HELP stowage_revisions Content revisions by state.\n# TYPE stowage_revisions gauge\n\
+         stowage_revisions{{state=\"committed\"}} {}\nstowage_revisions{{state=\"staging\"}} {}\nstowage_revisions{{state=\"deleting\"}} {}\n\
+         # HELP stowage_disk_bytes Bytes the database takes on disk.\n# TYPE stowage_disk_bytes gauge\nstowage_disk_bytes {}\n\
+         # HELP stowage_resource_version Current resourceVersion.\n# TYPE stowage_resource_version gauge\nstowage_resource_version {}\n",
+        stats.chunks,
+        stats.chunk_stored_bytes,
+        stats.chunk_raw_bytes,
+        stats.revisions_committed,
+        stats.revisions_staging,
+        stats.revisions_deleting,
+        stats.disk_bytes,
+        rv,
+    );
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}

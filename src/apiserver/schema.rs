@@ -1,0 +1,205 @@
+//! Structural schemas (OpenAPI v3, as a CRD would declare them) and the walker that checks a
+//! request body against one: unknown fields (reported per `fieldValidation`) and wrong types (422).
+
+use serde_json::{json, Value};
+
+use super::status::Cause;
+
+/// What checking a body against its schema found.
+#[derive(Debug, Default)]
+pub struct SchemaReport {
+    /// Paths of fields the schema does not declare, e.g. `spec.bogus`.
+    pub unknown: Vec<String>,
+    /// Type and enum violations.
+    pub causes: Vec<Cause>,
+}
+
+pub fn check(schema: &Value, value: &Value) -> SchemaReport {
+    let mut report = SchemaReport::default();
+    walk(schema, value, "", &mut report);
+    report
+}
+
+fn join(path: &str, field: &str) -> String {
+    if path.is_empty() {
+        field.to_string()
+    } else {
+        format!("{path}.{field}")
+    }
+}
+
+fn walk(schema: &Value, value: &Value, path: &str, report: &mut SchemaReport) {
+    if value.is_null() {
+        return; // null means "unset" for optional fields, as in the Kubernetes decoder
+    }
+    let preserve = schema.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true);
+    match schema.get("type").and_then(Value::as_str) {
+        Some("object") => {
+            let Some(map) = value.as_object() else {
+                report.causes.push(Cause::type_invalid(path, value, "object"));
+                return;
+            };
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            for (field, child) in map {
+                let child_path = join(path, field);
+                match (properties.and_then(|p| p.get(field)), additional) {
+                    (Some(s), _) | (None, Some(s)) => walk(s, child, &child_path, report),
+                    (None, None) if preserve => {}
+                    (None, None) => report.unknown.push(child_path),
+                }
+            }
+        }
+        Some("array") => {
+            let Some(items) = value.as_array() else {
+                report.causes.push(Cause::type_invalid(path, value, "array"));
+                return;
+            };
+            if let Some(item_schema) = schema.get("items") {
+                for (i, item) in items.iter().enumerate() {
+                    walk(item_schema, item, &format!("{path}[{i}]"), report);
+                }
+            }
+        }
+        Some("string") => match value.as_str() {
+            None => report.causes.push(Cause::type_invalid(path, value, "string")),
+            Some(s) => {
+                if let Some(allowed) = schema.get("enum").and_then(Value::as_array) {
+                    if !allowed.iter().any(|a| a.as_str() == Some(s)) {
+                        let names: Vec<&str> = allowed.iter().filter_map(Value::as_str).collect();
+                        report.causes.push(Cause::not_supported(path, value, &names));
+                    }
+                }
+            }
+        },
+        Some("integer") if !(value.is_i64() || value.is_u64()) => {
+            report.causes.push(Cause::type_invalid(path, value, "integer"))
+        }
+        Some("boolean") if !value.is_boolean() => report.causes.push(Cause::type_invalid(path, value, "boolean")),
+        _ => {}
+    }
+}
+
+pub fn string() -> Value {
+    json!({"type": "string"})
+}
+
+pub fn doc_string(description: &str) -> Value {
+    json!({"type": "string", "description": description})
+}
+
+pub fn integer() -> Value {
+    json!({"type": "integer", "format": "int64"})
+}
+
+pub fn boolean() -> Value {
+    json!({"type": "boolean"})
+}
+
+pub fn string_map() -> Value {
+    json!({"type": "object", "additionalProperties": {"type": "string"}})
+}
+
+pub fn object(description: &str, properties: Value) -> Value {
+    json!({"type": "object", "description": description, "properties": properties})
+}
+
+pub fn array_of(items: Value) -> Value {
+    json!({"type": "array", "items": items})
+}
+
+/// `metav1.ObjectMeta`, the fields clients send.
+pub fn object_meta() -> Value {
+    let owner_reference = object(
+        "An object this one depends on.",
+        json!({
+            "apiVersion": string(), "kind": string(), "name": string(), "uid": string(),
+            "controller": boolean(), "blockOwnerDeletion": boolean(),
+        }),
+    );
+    object(
+        "Standard object metadata.",
+        json!({
+            "name": string(),
+            "generateName": string(),
+            "namespace": string(),
+            "selfLink": string(),
+            "uid": string(),
+            "resourceVersion": string(),
+            "generation": integer(),
+            "creationTimestamp": string(),
+            "deletionTimestamp": string(),
+            "deletionGracePeriodSeconds": integer(),
+            "labels": string_map(),
+            "annotations": string_map(),
+            "ownerReferences": array_of(owner_reference),
+            "finalizers": array_of(string()),
+            "managedFields": array_of(json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})),
+        }),
+    )
+}
+
+/// `metav1.Condition`.
+pub fn condition() -> Value {
+    object(
+        "A condition of the object, per Kubernetes API conventions.",
+        json!({
+            "type": string(), "status": string(), "reason": string(), "message": string(),
+            "lastTransitionTime": string(), "observedGeneration": integer(),
+        }),
+    )
+}
+
+/// The root of a kind: apiVersion, kind, metadata, spec, status.
+pub fn kind_root(description: &str, spec: Value, status: Value) -> Value {
+    object(
+        description,
+        json!({
+            "apiVersion": string(),
+            "kind": string(),
+            "metadata": object_meta(),
+            "spec": spec,
+            "status": status,
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_unknown_fields_and_types() {
+        let schema = kind_root("t", object("s", json!({"paused": boolean(), "items": array_of(object("i", json!({"a": string()})))})), object("st", json!({})));
+        let body = json!({"apiVersion": "x", "metadata": {"name": "n", "bogus": 1}, "spec": {"paused": "yes", "items": [{"a": "x", "b": 2}], "zzz": 1}});
+        let report = check(&schema, &body);
+        assert_eq!(report.unknown, vec!["metadata.bogus", "spec.items[0].b", "spec.zzz"]);
+        assert_eq!(report.causes.len(), 1);
+        assert_eq!(report.causes[0].field, "spec.paused");
+    }
+}
+
+/// Removes every field the schema does not declare (CRD pruning), after [`check`] reported them.
+pub fn prune(schema: &Value, value: &mut Value) {
+    if schema.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true) {
+        return;
+    }
+    match (schema.get("type").and_then(Value::as_str), value) {
+        (Some("object"), Value::Object(map)) => {
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            map.retain(|field, _| properties.is_some_and(|p| p.contains_key(field)) || additional.is_some());
+            for (field, child) in map.iter_mut() {
+                if let Some(s) = properties.and_then(|p| p.get(field)).or(additional) {
+                    prune(s, child);
+                }
+            }
+        }
+        (Some("array"), Value::Array(items)) => {
+            if let Some(item_schema) = schema.get("items") {
+                items.iter_mut().for_each(|item| prune(item_schema, item));
+            }
+        }
+        _ => {}
+    }
+}

@@ -1,0 +1,194 @@
+//! Kubernetes `Status` errors: every failure the API returns, in the shape clients parse.
+//!
+//! Lower layers have their own typed errors; they are converted into an [`ApiError`] exactly once,
+//! at the handler boundary, which renders as `{"kind":"Status",...}` with the matching HTTP code.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::storage::StorageError;
+
+use super::GROUP;
+
+/// One reason an object is invalid, as in `metav1.StatusCause`.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Cause {
+    #[serde(rename = "type")]
+    pub reason: String,
+    pub message: String,
+    pub field: String,
+}
+
+impl Cause {
+    /// `field: Invalid value: <value>: <detail>`
+    pub fn invalid(field: impl Into<String>, value: &serde_json::Value, detail: impl Into<String>) -> Cause {
+        let field = field.into();
+        let detail = detail.into();
+        Cause { reason: "FieldValueInvalid".into(), message: format!("Invalid value: {value}: {detail}"), field }
+    }
+
+    pub fn required(field: impl Into<String>, detail: impl Into<String>) -> Cause {
+        Cause { reason: "FieldValueRequired".into(), message: format!("Required value: {}", detail.into()), field: field.into() }
+    }
+
+    pub fn not_supported(field: impl Into<String>, value: &serde_json::Value, supported: &[&str]) -> Cause {
+        let list = supported.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
+        Cause {
+            reason: "FieldValueNotSupported".into(),
+            message: format!("Unsupported value: {value}: supported values: {list}"),
+            field: field.into(),
+        }
+    }
+
+    pub fn forbidden(field: impl Into<String>, detail: impl Into<String>) -> Cause {
+        Cause { reason: "FieldValueForbidden".into(), message: format!("Forbidden: {}", detail.into()), field: field.into() }
+    }
+
+    pub fn type_invalid(field: impl Into<String>, value: &serde_json::Value, expected: &str) -> Cause {
+        let field = field.into();
+        Cause {
+            reason: "FieldValueTypeInvalid".into(),
+            message: format!("Invalid value: {value}: {field} in body must be of type {expected}"),
+            field,
+        }
+    }
+}
+
+/// An API failure: HTTP code, Kubernetes reason, message and details.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub code: StatusCode,
+    pub reason: &'static str,
+    pub message: String,
+    pub details: Option<serde_json::Value>,
+}
+
+impl ApiError {
+    fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { code, reason, message: message.into(), details: None }
+    }
+
+    fn with_details(mut self, details: serde_json::Value) -> ApiError {
+        self.details = Some(details);
+        self
+    }
+
+    pub fn not_found(resource: &str, name: &str) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "NotFound", format!("{resource}.{GROUP} {name:?} not found"))
+            .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
+    }
+
+    /// A 404 for something that is not an object (a path inside content, an unknown resource).
+    pub fn not_found_message(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "NotFound", message)
+    }
+
+    pub fn already_exists(resource: &str, name: &str) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, "AlreadyExists", format!("{resource}.{GROUP} {name:?} already exists"))
+            .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
+    }
+
+    pub fn conflict(resource: &str, name: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {resource}.{GROUP} {name:?}: the object has been modified; \
+                 please apply your changes to the latest version and try again"
+            ),
+        )
+        .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
+    }
+
+    /// 422 with field causes, message in kube-apiserver's form.
+    pub fn invalid(kind: &str, name: &str, causes: Vec<Cause>) -> ApiError {
+        let list = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect::<Vec<_>>();
+        let summary = if list.len() == 1 { list[0].clone() } else { format!("[{}]", list.join(", ")) };
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", format!("{kind}.{GROUP} {name:?} is invalid: {summary}"))
+            .with_details(json!({"name": name, "group": GROUP, "kind": kind, "causes": causes}))
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message)
+    }
+
+    pub fn too_large(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge", message)
+    }
+
+    pub fn unsupported_media_type(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType", message)
+    }
+
+    pub fn method_not_allowed(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", message)
+    }
+
+    pub fn unauthorized() -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
+    }
+
+    pub fn range_not_satisfiable(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "RequestedRangeNotSatisfiable", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
+    }
+
+    /// Maps a storage failure on an object to its Kubernetes status.
+    pub fn from_storage(resource: &str, name: &str, err: StorageError) -> ApiError {
+        match err {
+            StorageError::NotFound(_) => ApiError::not_found(resource, name),
+            StorageError::AlreadyExists(_) => ApiError::already_exists(resource, name),
+            StorageError::Conflict(_) => ApiError::conflict(resource, name),
+            other => other.into(),
+        }
+    }
+
+    pub fn status_body(&self) -> serde_json::Value {
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code.as_u16(),
+        });
+        if let Some(details) = &self.details {
+            status["details"] = details.clone();
+        }
+        status
+    }
+}
+
+impl From<StorageError> for ApiError {
+    fn from(err: StorageError) -> ApiError {
+        match err {
+            StorageError::NotFound(what) => ApiError::not_found_message(format!("{what} not found")),
+            StorageError::InvalidEntry { path, reason } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                format!("invalid archive entry {path:?}: {reason}"),
+            )
+            .with_details(json!({"causes": [Cause { reason: "FieldValueInvalid".into(), message: reason, field: path }]})),
+            other => {
+                tracing::error!(error = %other, "storage failure");
+                ApiError::internal(other.to_string())
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = self.status_body();
+        (self.code, [(axum::http::header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,110 @@
+//! Response negotiation for object reads: plain JSON, or a `meta.k8s.io/v1` `Table` (what kubectl
+//! asks for) with the resource's columns.
+
+use axum::http::HeaderMap;
+use serde_json::{json, Map, Value};
+
+use super::resources::ResourceDef;
+
+/// What the client asked to receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Representation {
+    Object,
+    Table { include: IncludeObject },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IncludeObject {
+    None,
+    Metadata,
+    Object,
+}
+
+/// Picks the first acceptable representation from `Accept`, like kube-apiserver's negotiation.
+pub fn negotiate(headers: &HeaderMap, include_object: Option<&str>) -> Representation {
+    let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    for media in accept.split(',') {
+        let params: Vec<(&str, &str)> =
+            media.split(';').skip(1).filter_map(|p| p.trim().split_once('=')).collect();
+        let get = |k: &str| params.iter().find(|(key, _)| *key == k).map(|(_, v)| *v);
+        let base = media.split(';').next().unwrap_or("").trim();
+        if base != "application/json" && base != "*/*" {
+            continue;
+        }
+        match (get("as"), get("g"), get("v")) {
+            (Some("Table"), Some("meta.k8s.io"), Some("v1")) => {
+                let include = match include_object {
+                    Some("None") => IncludeObject::None,
+                    Some("Object") => IncludeObject::Object,
+                    _ => IncludeObject::Metadata,
+                };
+                return Representation::Table { include };
+            }
+            (None, _, _) => return Representation::Object,
+            _ => continue,
+        }
+    }
+    Representation::Object
+}
+
+/// A `Table` of `objects`, with the list's resourceVersion / continue in its metadata.
+pub fn table(def: &ResourceDef, objects: &[Value], include: IncludeObject, list_meta: Value) -> Value {
+    let columns: Vec<Value> = def
+        .columns
+        .iter()
+        .map(|c| {
+            json!({"name": c.name, "type": c.kind, "format": c.format, "description": c.description, "priority": c.priority})
+        })
+        .collect();
+    let rows: Vec<Value> = objects
+        .iter()
+        .map(|obj| {
+            let mut row = Map::new();
+            row.insert("cells".into(), Value::Array((def.row)(obj)));
+            match include {
+                IncludeObject::None => {}
+                IncludeObject::Metadata => {
+                    row.insert("object".into(), partial_object_metadata(obj));
+                }
+                IncludeObject::Object => {
+                    row.insert("object".into(), obj.clone());
+                }
+            }
+            Value::Object(row)
+        })
+        .collect();
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": list_meta,
+        "columnDefinitions": columns,
+        "rows": rows,
+    })
+}
+
+pub fn partial_object_metadata(obj: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubectl_accept_header_selects_table() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "accept",
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(negotiate(&headers, None), Representation::Table { include: IncludeObject::Metadata });
+        headers.insert("accept", "application/json".parse().unwrap());
+        assert_eq!(negotiate(&headers, None), Representation::Object);
+    }
+}

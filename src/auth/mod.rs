@@ -1,0 +1,19 @@
+//! Who is calling: TLS identities and (in later work) delegated authentication and authorization.
+//!
+//! Standalone mode trusts client certificates signed by the server's own CA: the certificate's CN is
+//! the user name and its O entries are the groups, as in kube-apiserver.
+
+pub mod pki;
+pub mod tls;
+
+/// An authenticated user, as Kubernetes `user.Info` describes one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserInfo {
+    pub name: String,
+    pub groups: Vec<String>,
+}
+
+/// The identity proven by the TLS connection a request arrived on; `None` when the client sent no
+/// (valid) certificate. Inserted as a request extension by the listener.
+#[derive(Clone, Debug, Default)]
+pub struct PeerIdentity(pub Option<UserInfo>);

@@ -1,0 +1,299 @@
+//! The store: API objects and bundle content in one embedded sled database.
+//!
+//! sled is used deliberately narrowly (it is unmaintained and has known weak spots): every value is
+//! small (chunks ≤ 64 KiB before compression, metadata records of a few KiB), compression is ours
+//! (zstd per chunk), every acknowledged write is flushed first, and every multi-key change that must
+//! be atomic is one `Batch` on one tree. Nothing outside this module sees sled.
+//!
+//! Layout of the single tree (first byte = record kind, integers big-endian so keys sort):
+//!
+//! | key | value |
+//! |---|---|
+//! | `c` hash(32) | chunk: codec, raw length, payload ([`chunks`]) |
+//! | `r` hash(32) | reference count of the chunk (u64) |
+//! | `z` hash(32) | "may be garbage" marker: a new chunk, or one whose count fell to 0 |
+//! | `v` rev(8) | [`RevisionRecord`] (JSON) |
+//! | `f` rev(8) path | [`FileEntry`] (JSON) |
+//! | `k` rev(8) file(8) start(8) | a segment of a file's chunk list ([`revision`]) |
+//! | `t` rev(8) tar_offset(8) | path of the entry starting at that offset of the served tar |
+//! | `o` resource `/` namespace `/` name | an API object ([`objects`]) |
+//! | `l` rv(8) | change-log entry for watches |
+//! | `m` name | counters |
+
+mod chunks;
+mod gc;
+mod objects;
+mod read;
+mod revision;
+pub mod tarfmt;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+pub use objects::{ChangeEvent, ObjectKey, ObjectWrite, Precondition, StoredObject, WriteOutcome};
+pub use gc::GcReport;
+pub use read::{FileListing, RangeSpec, Sink};
+pub use revision::{PendingRevision, RevisionWriter};
+
+/// Identifies one stored content revision.
+pub type RevisionId = u64;
+
+/// Everything that can go wrong below the API.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("storage engine: {0}")]
+    Engine(#[from] sled::Error),
+    #[error("storage I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("corrupt store: {0}")]
+    Corrupt(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{0} already exists")]
+    AlreadyExists(String),
+    #[error("the object has been modified; please apply your changes to the latest version and try again")]
+    Conflict(String),
+    #[error("invalid entry {path:?}: {reason}")]
+    InvalidEntry { path: String, reason: String },
+    #[error("the reader went away")]
+    Cancelled,
+}
+
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;
+
+/// Lifecycle of a revision: written while `Staging`, served once `Committed`, released while
+/// `Deleting`. Only `Committed` revisions are ever reachable from API objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RevisionState {
+    Staging,
+    Committed,
+    Deleting,
+}
+
+/// Metadata of one revision.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RevisionRecord {
+    pub id: RevisionId,
+    pub state: RevisionState,
+    /// `sha256:<hex>` of the deterministic tar; empty until finalized.
+    #[serde(default)]
+    pub digest: String,
+    #[serde(default)]
+    pub tar_size: u64,
+    #[serde(default)]
+    pub files: u64,
+    /// Sum of file sizes.
+    #[serde(default)]
+    pub size: u64,
+    /// Compressed bytes of the chunks the revision references (before cross-revision dedup).
+    #[serde(default)]
+    pub stored_size: u64,
+}
+
+/// One entry (regular file or symlink) of a revision.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileEntry {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    #[serde(default)]
+    pub executable: bool,
+    pub size: u64,
+    /// Hex sha256 of the file's bytes (of the target string for symlinks).
+    pub sha256: String,
+    /// Internal id of the file's chunk list within the revision.
+    pub file_id: u64,
+    /// Offset of this entry's header in the served tar; set when the revision is finalized.
+    #[serde(default)]
+    pub tar_offset: u64,
+}
+
+impl FileEntry {
+    pub fn is_symlink(&self) -> bool {
+        self.target.is_some()
+    }
+
+    /// Unix mode as served.
+    pub fn mode(&self) -> u32 {
+        match (self.is_symlink(), self.executable) {
+            (true, _) => 0o777,
+            (false, true) => 0o755,
+            (false, false) => 0o644,
+        }
+    }
+
+    fn header_spec(&self) -> tarfmt::HeaderSpec<'_> {
+        tarfmt::HeaderSpec {
+            path: &self.path,
+            link_target: self.target.as_deref(),
+            executable: self.executable,
+            size: self.size,
+        }
+    }
+}
+
+/// Counts reported by `/metrics` and the benchmarks.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreStats {
+    pub chunks: u64,
+    pub chunk_stored_bytes: u64,
+    pub chunk_raw_bytes: u64,
+    pub revisions_committed: u64,
+    pub revisions_staging: u64,
+    pub revisions_deleting: u64,
+    pub disk_bytes: u64,
+}
+
+/// Tuning knobs of the store.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// sled page cache; a hint only, so keep it small.
+    pub cache_bytes: u64,
+    /// zstd level for chunks.
+    pub zstd_level: i32,
+    /// Change-log entries kept for watches.
+    pub change_log_len: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions { cache_bytes: 32 << 20, zstd_level: 3, change_log_len: 100_000 }
+    }
+}
+
+/// The store handle; cheap to clone, safe to share between threads. All methods block: call them
+/// from `spawn_blocking` in async code.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: sled::Db,
+    tree: sled::Tree,
+    options: StoreOptions,
+    dir: std::path::PathBuf,
+    /// Serialises object writes so resourceVersions are allocated in commit order.
+    object_lock: Mutex<()>,
+    /// Guards reference counts and chunk deletion; see [`chunks`].
+    pins: Mutex<chunks::Pins>,
+    /// Serialises garbage collection passes.
+    gc_lock: Mutex<()>,
+    events: tokio::sync::broadcast::Sender<u64>,
+    gc_requests: std::sync::mpsc::SyncSender<()>,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store in `dir`, then finishes work a crash interrupted:
+    /// staging revisions are released and unreferenced chunks collected.
+    pub fn open(dir: &Path, options: StoreOptions) -> Result<Store> {
+        std::fs::create_dir_all(dir)?;
+        let db = sled::Config::new()
+            .path(dir.join("db"))
+            .cache_capacity(options.cache_bytes)
+            .mode(sled::Mode::LowSpace)
+            .open()?;
+        let tree = (*db).clone();
+        let (events, _) = tokio::sync::broadcast::channel(1024);
+        let (gc_requests, gc_receiver) = std::sync::mpsc::sync_channel(1);
+        let store = Store {
+            inner: Arc::new(Inner {
+                db,
+                tree,
+                options,
+                dir: dir.to_path_buf(),
+                object_lock: Mutex::new(()),
+                pins: Mutex::new(chunks::Pins::default()),
+                gc_lock: Mutex::new(()),
+                events,
+                gc_requests,
+            }),
+        };
+        store.recover()?;
+        gc::spawn_collector(Arc::downgrade(&store.inner), gc_receiver);
+        Ok(store)
+    }
+
+    /// Makes everything written so far durable.
+    pub fn flush(&self) -> Result<()> {
+        self.inner.db.flush()?;
+        Ok(())
+    }
+
+    /// Notified with the new resourceVersion after every object write.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<u64> {
+        self.inner.events.subscribe()
+    }
+
+    fn tree(&self) -> &sled::Tree {
+        &self.inner.tree
+    }
+
+    /// Counts for metrics and benchmarks; scans chunk headers, so not for hot paths.
+    pub fn stats(&self) -> Result<StoreStats> {
+        let mut stats = StoreStats::default();
+        for item in self.tree().scan_prefix(b"c") {
+            let (_, value) = item?;
+            stats.chunks += 1;
+            stats.chunk_stored_bytes += value.len() as u64;
+            stats.chunk_raw_bytes += chunks::raw_len(&value).unwrap_or(0) as u64;
+        }
+        for item in self.tree().scan_prefix(b"v") {
+            let (_, value) = item?;
+            let record: RevisionRecord = decode_json(&value)?;
+            match record.state {
+                RevisionState::Committed => stats.revisions_committed += 1,
+                RevisionState::Staging => stats.revisions_staging += 1,
+                RevisionState::Deleting => stats.revisions_deleting += 1,
+            }
+        }
+        stats.disk_bytes = dir_size(&self.inner.dir.join("db"))?;
+        Ok(stats)
+    }
+}
+
+fn dir_size(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() { dir_size(&entry.path())? } else { meta.len() };
+    }
+    Ok(total)
+}
+
+fn decode_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| StorageError::Corrupt(format!("undecodable record: {e}")))
+}
+
+fn encode_json<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serialising our own plain structs cannot fail.
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+/// Key helpers: one byte of kind, then fixed-width big-endian integers and raw bytes.
+fn key(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + parts.iter().map(|p| p.len()).sum::<usize>());
+    k.push(kind);
+    for p in parts {
+        k.extend_from_slice(p);
+    }
+    k
+}
+
+fn be(n: u64) -> [u8; 8] {
+    n.to_be_bytes()
+}
+
+fn read_be(bytes: &[u8]) -> Result<u64> {
+    let arr: [u8; 8] = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| StorageError::Corrupt("short integer".into()))?;
+    Ok(u64::from_be_bytes(arr))
+}

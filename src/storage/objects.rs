@@ -1,0 +1,247 @@
+//! API objects (JSON documents) with Kubernetes resourceVersion semantics and a change log.
+//!
+//! Every write takes one global lock, allocates the next resourceVersion, checks preconditions and
+//! applies all of its object changes, change-log entries, the counter and any revision-state
+//! changes in one atomic batch, then flushes before returning. An object may *own* a content
+//! revision: deleting the object releases it (the garbage collector does the rest).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{be, decode_json, encode_json, key, read_be, Result, RevisionId, RevisionRecord, RevisionState, Store, StorageError};
+
+const RV_COUNTER: &[u8] = b"mrv";
+
+/// Where an object lives: resource (plural, e.g. `bundles`), namespace, name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ObjectKey {
+    pub resource: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(resource: &str, namespace: &str, name: &str) -> ObjectKey {
+        ObjectKey { resource: resource.into(), namespace: namespace.into(), name: name.into() }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        key(b'o', &[self.resource.as_bytes(), b"/", self.namespace.as_bytes(), b"/", self.name.as_bytes()])
+    }
+
+    fn describe(&self) -> String {
+        format!("{} {:?} in namespace {:?}", self.resource, self.name, self.namespace)
+    }
+}
+
+/// An object as stored.
+#[derive(Clone, Debug)]
+pub struct StoredObject {
+    pub value: Value,
+    pub resource_version: u64,
+    /// The content revision this object owns, if any.
+    pub revision: Option<RevisionId>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    rv: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    revision: Option<RevisionId>,
+    object: Value,
+}
+
+/// What must hold for a write to go ahead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precondition {
+    None,
+    MustNotExist,
+    MustExist,
+    ResourceVersion(u64),
+}
+
+/// One change in an atomic write.
+#[derive(Clone, Debug)]
+pub enum ObjectWrite {
+    /// Create or replace. The store sets `metadata.resourceVersion`. `revision` attaches a content
+    /// revision (which becomes `Committed` in the same batch); `None` keeps any existing attachment.
+    Put { key: ObjectKey, object: Value, precondition: Precondition, revision: Option<RevisionId> },
+    Delete { key: ObjectKey, precondition: Precondition },
+}
+
+/// A change-log entry, in the shape of a watch event.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ChangeEvent {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub resource: String,
+    pub namespace: String,
+    pub name: String,
+    pub object: Value,
+}
+
+/// The result of a write: its resourceVersion and the objects as written (deleted ones as they
+/// were last, with the deletion's resourceVersion).
+#[derive(Debug)]
+pub struct WriteOutcome {
+    pub resource_version: u64,
+    pub objects: Vec<Value>,
+}
+
+fn set_resource_version(object: &mut Value, rv: u64) {
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+    }
+}
+
+impl Store {
+    pub fn get_object(&self, key: &ObjectKey) -> Result<Option<StoredObject>> {
+        self.tree().get(key.encode())?.map(|v| decode_object(&v)).transpose()
+    }
+
+    /// All objects of a resource, in one namespace or all; plus the current resourceVersion.
+    pub fn list_objects(&self, resource: &str, namespace: Option<&str>) -> Result<(Vec<StoredObject>, u64)> {
+        // Take the lock so the list is a consistent snapshot at the returned resourceVersion.
+        let _guard = self.lock_objects();
+        let rv = self.current_resource_version()?;
+        let prefix = match namespace {
+            Some(ns) => key(b'o', &[resource.as_bytes(), b"/", ns.as_bytes(), b"/"]),
+            None => key(b'o', &[resource.as_bytes(), b"/"]),
+        };
+        let mut out = Vec::new();
+        for item in self.tree().scan_prefix(prefix) {
+            let (_, v) = item?;
+            out.push(decode_object(&v)?);
+        }
+        Ok((out, rv))
+    }
+
+    pub fn current_resource_version(&self) -> Result<u64> {
+        Ok(match self.tree().get(RV_COUNTER)? {
+            Some(v) => read_be(&v)?,
+            None => 0,
+        })
+    }
+
+    /// Applies `writes` atomically (all or nothing), durably, at one new resourceVersion.
+    pub fn write_objects(&self, writes: Vec<ObjectWrite>) -> Result<WriteOutcome> {
+        let guard = self.lock_objects();
+        let rv = self.current_resource_version()? + 1;
+        let mut batch = sled::Batch::default();
+        let mut objects = Vec::with_capacity(writes.len());
+        let mut released = false;
+        for (i, write) in writes.into_iter().enumerate() {
+            // Each change gets its own change-log slot so watchers see every event in order.
+            let log_key = key(b'l', &[&be(rv), &(i as u32).to_be_bytes()]);
+            match write {
+                ObjectWrite::Put { key, mut object, precondition, revision } => {
+                    let existing = self.get_object(&key)?;
+                    check(&key, precondition, existing.as_ref())?;
+                    set_resource_version(&mut object, rv);
+                    let revision = match revision {
+                        Some(id) => {
+                            let mut record = self.revision_record(id)?;
+                            record.state = RevisionState::Committed;
+                            batch.insert(key_revision(id), encode_json(&record));
+                            Some(id)
+                        }
+                        None => existing.as_ref().and_then(|e| e.revision),
+                    };
+                    let kind = if existing.is_some() { "MODIFIED" } else { "ADDED" };
+                    let envelope = Envelope { rv, revision, object: object.clone() };
+                    batch.insert(key.encode(), encode_json(&envelope));
+                    batch.insert(log_key, encode_json(&change(kind, &key, &object)));
+                    objects.push(object);
+                }
+                ObjectWrite::Delete { key, precondition } => {
+                    let existing = self.get_object(&key)?;
+                    check(&key, precondition, existing.as_ref())?;
+                    let Some(existing) = existing else { continue };
+                    let mut object = existing.value;
+                    set_resource_version(&mut object, rv);
+                    if let Some(id) = existing.revision {
+                        let mut record = self.revision_record(id)?;
+                        record.state = RevisionState::Deleting;
+                        batch.insert(key_revision(id), encode_json(&record));
+                        released = true;
+                    }
+                    batch.remove(key.encode());
+                    batch.insert(log_key, encode_json(&change("DELETED", &key, &object)));
+                    objects.push(object);
+                }
+            }
+        }
+        batch.insert(RV_COUNTER, &be(rv)[..]);
+        self.tree().apply_batch(batch)?;
+        self.flush()?;
+        drop(guard);
+        let _ = self.inner.events.send(rv);
+        if rv % 1024 == 0 {
+            self.trim_change_log(rv)?;
+        }
+        if released {
+            self.request_gc();
+        }
+        Ok(WriteOutcome { resource_version: rv, objects })
+    }
+
+    /// Change-log entries after `after` (exclusive), oldest first.
+    pub fn changes_since(&self, after: u64) -> impl Iterator<Item = Result<(u64, ChangeEvent)>> + '_ {
+        self.tree().range(key(b'l', &[&be(after + 1)])..key(b'm', &[])).map(|item| {
+            let (k, v) = item?;
+            let rv = read_be(k.get(1..).unwrap_or_default())?;
+            Ok((rv, decode_json(&v)?))
+        })
+    }
+
+    fn trim_change_log(&self, rv: u64) -> Result<()> {
+        let keep_from = rv.saturating_sub(self.inner.options.change_log_len);
+        let mut batch = sled::Batch::default();
+        for k in self.tree().range(key(b'l', &[])..key(b'l', &[&be(keep_from)])).keys() {
+            batch.remove(k?);
+        }
+        self.tree().apply_batch(batch)?;
+        Ok(())
+    }
+
+    pub(super) fn revision_record(&self, id: RevisionId) -> Result<RevisionRecord> {
+        let v = self.tree().get(key_revision(id))?.ok_or_else(|| StorageError::NotFound(format!("revision {id}")))?;
+        decode_json(&v)
+    }
+
+    fn lock_objects(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.inner.object_lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+pub(super) fn key_revision(id: RevisionId) -> Vec<u8> {
+    key(b'v', &[&be(id)])
+}
+
+fn change(kind: &str, key: &ObjectKey, object: &Value) -> ChangeEvent {
+    ChangeEvent {
+        kind: kind.into(),
+        resource: key.resource.clone(),
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+        object: object.clone(),
+    }
+}
+
+fn decode_object(bytes: &[u8]) -> Result<StoredObject> {
+    let envelope: Envelope = decode_json(bytes)?;
+    Ok(StoredObject { value: envelope.object, resource_version: envelope.rv, revision: envelope.revision })
+}
+
+fn check(key: &ObjectKey, precondition: Precondition, existing: Option<&StoredObject>) -> Result<()> {
+    match (precondition, existing) {
+        (Precondition::MustNotExist, Some(_)) => Err(StorageError::AlreadyExists(key.describe())),
+        (Precondition::MustExist | Precondition::ResourceVersion(_), None) => {
+            Err(StorageError::NotFound(key.describe()))
+        }
+        (Precondition::ResourceVersion(rv), Some(e)) if e.resource_version != rv => {
+            Err(StorageError::Conflict(key.describe()))
+        }
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,195 @@
+//! The deterministic tar format every revision is served as.
+//!
+//! The same entry list always yields the same bytes: sorted paths (by the store), ustar headers with
+//! fixed metadata (uid/gid 0, mtime 0, no user names), mode 0644/0755 (files) or 0777 (symlinks),
+//! and PAX extended headers only where ustar cannot hold a path, link target or size. Because each
+//! header's length is a pure function of the entry, the store can compute every entry's offset at
+//! commit time and serve any byte range without materialising the archive.
+
+/// Size of a tar block; headers and data are padded to it.
+pub const BLOCK: u64 = 512;
+/// The end-of-archive marker: two zero blocks.
+pub const TRAILER_LEN: u64 = 2 * BLOCK;
+
+/// Largest size a ustar size field (11 octal digits) can hold.
+const USTAR_MAX_SIZE: u64 = 0o77777777777;
+
+/// What a tar header needs to know about an entry.
+pub struct HeaderSpec<'a> {
+    pub path: &'a str,
+    /// `None` for a regular file, the target for a symlink.
+    pub link_target: Option<&'a str>,
+    pub executable: bool,
+    pub size: u64,
+}
+
+/// Bytes of data plus padding to the next block boundary.
+pub fn padded(len: u64) -> u64 {
+    len.div_ceil(BLOCK) * BLOCK
+}
+
+/// The header bytes (optional PAX header + ustar header) that precede an entry's data.
+pub fn header_bytes(spec: &HeaderSpec<'_>) -> Vec<u8> {
+    let mut pax = Vec::new();
+    let (prefix, name) = match split_ustar_path(spec.path.as_bytes()) {
+        Some(split) => split,
+        None => {
+            pax_record(&mut pax, "path", spec.path);
+            (&b""[..], truncate(spec.path.as_bytes(), 100))
+        }
+    };
+    let link = spec.link_target.unwrap_or("");
+    if link.len() > 100 {
+        pax_record(&mut pax, "linkpath", link);
+    }
+    let size = if spec.link_target.is_some() { 0 } else { spec.size };
+    if size > USTAR_MAX_SIZE {
+        pax_record(&mut pax, "size", &size.to_string());
+    }
+
+    let mut out = Vec::with_capacity(if pax.is_empty() { 512 } else { 1536 + pax.len() });
+    if !pax.is_empty() {
+        let pax_len = pax.len() as u64;
+        out.extend_from_slice(&ustar_block(b"", b"PaxHeader", 0o644, pax_len, b'x', b""));
+        out.extend_from_slice(&pax);
+        out.resize(out.len() + (padded(pax_len) - pax_len) as usize, 0);
+    }
+    let (mode, kind) = match spec.link_target {
+        Some(_) => (0o777, b'2'),
+        None if spec.executable => (0o755, b'0'),
+        None => (0o644, b'0'),
+    };
+    let size_field = if size > USTAR_MAX_SIZE { 0 } else { size };
+    out.extend_from_slice(&ustar_block(
+        prefix,
+        name,
+        mode,
+        size_field,
+        kind,
+        truncate(link.as_bytes(), 100),
+    ));
+    out
+}
+
+/// Length of `header_bytes(spec)` without building it twice in hot loops.
+pub fn header_len(spec: &HeaderSpec<'_>) -> u64 {
+    header_bytes(spec).len() as u64
+}
+
+/// Splits a path into ustar `prefix` (≤155) and `name` (≤100) fields, if it fits.
+fn split_ustar_path(path: &[u8]) -> Option<(&[u8], &[u8])> {
+    if path.len() <= 100 {
+        return Some((b"", path));
+    }
+    // Split at the last '/' that leaves a name of at most 100 bytes and a prefix of at most 155.
+    path.iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, b)| **b == b'/')
+        .map(|(i, _)| (&path[..i], &path[i + 1..]))
+        .find(|(prefix, name)| prefix.len() <= 155 && name.len() <= 100 && !name.is_empty())
+}
+
+fn truncate(bytes: &[u8], max: usize) -> &[u8] {
+    &bytes[..bytes.len().min(max)]
+}
+
+/// Appends one PAX record: "LEN key=value\n", where LEN counts the whole record including itself.
+fn pax_record(out: &mut Vec<u8>, key: &str, value: &str) {
+    let body = key.len() + value.len() + 3; // ' ' + '=' + '\n'
+    let mut len = body + 1;
+    while len != body + len.to_string().len() {
+        len = body + len.to_string().len();
+    }
+    out.extend_from_slice(format!("{len} {key}={value}\n").as_bytes());
+}
+
+fn ustar_block(prefix: &[u8], name: &[u8], mode: u32, size: u64, kind: u8, link: &[u8]) -> [u8; 512] {
+    let mut h = [0u8; 512];
+    h[..name.len()].copy_from_slice(name);
+    octal(&mut h[100..108], mode as u64);
+    octal(&mut h[108..116], 0); // uid
+    octal(&mut h[116..124], 0); // gid
+    octal(&mut h[124..136], size);
+    octal(&mut h[136..148], 0); // mtime
+    h[156] = kind;
+    h[157..157 + link.len()].copy_from_slice(link);
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[345..345 + prefix.len()].copy_from_slice(prefix);
+    // The checksum is computed with its own field set to spaces.
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|b| *b as u32).sum();
+    let digits = format!("{sum:06o}\0 ");
+    h[148..156].copy_from_slice(digits.as_bytes());
+    h
+}
+
+/// Writes `value` as zero-padded octal digits followed by a NUL, filling `field`.
+fn octal(field: &mut [u8], value: u64) {
+    let width = field.len() - 1;
+    let digits = format!("{value:0width$o}");
+    let digits = digits.as_bytes();
+    let start = digits.len().saturating_sub(width);
+    field[..width].copy_from_slice(&digits[start..]);
+    field[width] = 0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn archive(entries: &[(HeaderSpec<'_>, &[u8])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (spec, data) in entries {
+            out.extend(header_bytes(spec));
+            out.extend_from_slice(data);
+            out.resize(out.len() + (padded(data.len() as u64) - data.len() as u64) as usize, 0);
+        }
+        out.resize(out.len() + TRAILER_LEN as usize, 0);
+        out
+    }
+
+    #[test]
+    fn readers_see_paths_modes_links_and_data() {
+        let long = format!("{}/{}", "d".repeat(150), "f".repeat(120));
+        let tar = archive(&[
+            (HeaderSpec { path: "a/b.yaml", link_target: None, executable: false, size: 5 }, b"hello"),
+            (HeaderSpec { path: "bin/run", link_target: None, executable: true, size: 2 }, b"#!"),
+            (HeaderSpec { path: &long, link_target: None, executable: false, size: 1 }, b"x"),
+            (HeaderSpec { path: "l", link_target: Some("a/b.yaml"), executable: false, size: 0 }, b""),
+        ]);
+        let mut seen = Vec::new();
+        let mut ar = tar::Archive::new(&tar[..]);
+        for e in ar.entries().unwrap() {
+            let mut e = e.unwrap();
+            let path = e.path().unwrap().to_string_lossy().into_owned();
+            let mode = e.header().mode().unwrap();
+            let link = e.link_name().unwrap().map(|l| l.to_string_lossy().into_owned());
+            let mut data = Vec::new();
+            e.read_to_end(&mut data).unwrap();
+            seen.push((path, mode, link, data));
+        }
+        assert_eq!(seen[0], ("a/b.yaml".into(), 0o644, None, b"hello".to_vec()));
+        assert_eq!(seen[1].1, 0o755);
+        assert_eq!(seen[2].0, long);
+        assert_eq!(seen[3].2.as_deref(), Some("a/b.yaml"));
+    }
+
+    #[test]
+    fn pax_record_length_counts_itself() {
+        let mut out = Vec::new();
+        pax_record(&mut out, "path", &"p".repeat(95));
+        let text = String::from_utf8(out).unwrap();
+        let (len, _) = text.split_once(' ').unwrap();
+        assert_eq!(len.parse::<usize>().unwrap(), text.len());
+    }
+
+    #[test]
+    fn header_is_deterministic_and_block_aligned() {
+        let spec = HeaderSpec { path: &"x/".repeat(200), link_target: None, executable: false, size: 9 };
+        assert_eq!(header_bytes(&spec), header_bytes(&spec));
+        assert_eq!(header_len(&spec) % BLOCK, 0);
+    }
+}

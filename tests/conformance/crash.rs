@@ -1,0 +1,149 @@
+//! kill -9 in the middle of an upload: the store reopens, every committed revision is intact,
+//! nothing of the interrupted one is visible, and its orphan chunks are collected.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+
+use crate::harness::*;
+use crate::tarutil::*;
+
+const KILL_AFTER: u64 = 150 << 20;
+
+fn revision_tree(seed: u64) -> Tree {
+    let mut t = Tree::new();
+    for i in 0..24 {
+        let size = 50_000 + (splitmix64(seed + i) % 250_000) as usize;
+        t.insert(
+            format!("manifests/m-{i:02}.yaml"),
+            file(random_bytes(seed * 1000 + i, size)),
+        );
+    }
+    t.insert(
+        "metadata/annotations.yaml".into(),
+        file(format!("seed: {seed}\n")),
+    );
+    t
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill9_during_upload_keeps_committed_revisions() {
+    let mut server = Server::start_temp(&[]);
+    server.create_bundle("ns", "app").await;
+    server.create_bundle("ns", "other").await;
+
+    // Committed state: two revisions of `app`, one of `other`.
+    let (tree1, tree2, tree_other) = (revision_tree(1), revision_tree(2), revision_tree(3));
+    let mut trees: BTreeMap<String, Tree> = BTreeMap::new();
+    for (name, tree) in [("app", &tree1), ("app", &tree2), ("other", &tree_other)] {
+        let b = server.upload_ok("ns", name, build_tar(tree), None).await;
+        trees.insert(str_at(&b, "/status/digest").to_owned(), tree.clone());
+    }
+    let app = server.get_json(&bundle("ns", "app")).await;
+    let (app_digest, app_content) = (
+        str_at(&app, "/status/digest").to_owned(),
+        str_at(&app, "/status/contentName").to_owned(),
+    );
+    assert_eq!(
+        app_digest,
+        digest_of(&server.download(&bundle_content("ns", "app")).await)
+    );
+    let contents_before = server.bundlecontent_names("ns").await;
+    let mut digests_before = BTreeMap::new();
+    for name in &contents_before {
+        let bc = server.get_json(&bundlecontent("ns", name)).await;
+        digests_before.insert(name.clone(), str_at(&bc, "/spec/digest").to_owned());
+    }
+    let chunks_before = server.metrics().await["stowage_chunks"];
+
+    // A ~400 MiB upload, killed once 150 MiB are on the wire.
+    let files = synth_files(99, 2, 200 << 20, 500);
+    let stream = stream_tar(files);
+    let sent = stream.sent.clone();
+    let upload = {
+        let client = server.client().clone();
+        let url = server.url(&bundle_content("ns", "app"));
+        tokio::spawn(async move {
+            client
+                .put(url)
+                .header("Content-Type", "application/x-tar")
+                .body(stream.body)
+                .send()
+                .await
+        })
+    };
+    let started = Instant::now();
+    while sent.load(Ordering::Relaxed) < KILL_AFTER {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "upload stalled at {} bytes",
+            sent.load(Ordering::Relaxed)
+        );
+        assert!(!upload.is_finished(), "upload ended before the kill");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.kill9();
+    let outcome = upload.await.unwrap();
+    assert!(
+        !matches!(&outcome, Ok(r) if r.status() == StatusCode::OK),
+        "the interrupted upload reported success: {outcome:?}"
+    );
+    let _ = stream.done.join();
+
+    // Restart on the same data directory.
+    server.restart();
+    let app = server.get_json(&bundle("ns", "app")).await;
+    assert_eq!(
+        str_at(&app, "/status/digest"),
+        app_digest,
+        "Bundle moved off its last good revision"
+    );
+    assert_eq!(str_at(&app, "/status/contentName"), app_content);
+    assert_eq!(
+        server.bundlecontent_names("ns").await,
+        contents_before,
+        "BundleContents changed across the crash (a revision of the interrupted upload?)"
+    );
+    for (name, digest) in &digests_before {
+        let tar = server.download(&bundlecontent_content("ns", name)).await;
+        assert_eq!(&digest_of(&tar), digest, "{name} after the crash");
+        assert_trees_equal(&trees[digest], &parse_served_tar(&tar), name);
+    }
+    for name in ["app", "other"] {
+        let b = server.get_json(&bundle("ns", name)).await;
+        let tar = server.download(&bundle_content("ns", name)).await;
+        assert_eq!(
+            digest_of(&tar),
+            str_at(&b, "/status/digest"),
+            "{name} after the crash"
+        );
+    }
+
+    // The interrupted upload's chunks are collected.
+    eventually(
+        Duration::from_secs(30),
+        "orphan chunks collected",
+        || async {
+            let m = server.metrics().await;
+            let staging = m.get(r#"stowage_revisions{state="staging"}"#).copied();
+            let chunks = m.get("stowage_chunks").copied();
+            if staging == Some(0.0) && chunks == Some(chunks_before) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "staging {staging:?}, chunks {chunks:?} (before: {chunks_before})"
+                ))
+            }
+        },
+    )
+    .await;
+
+    // And the store takes new writes.
+    let tree4 = revision_tree(4);
+    let b = server.upload_ok("ns", "app", build_tar(&tree4), None).await;
+    let tar = server.download(&bundle_content("ns", "app")).await;
+    assert_eq!(digest_of(&tar), str_at(&b, "/status/digest"));
+    assert_trees_equal(&tree4, &parse_served_tar(&tar), "upload after the crash");
+}

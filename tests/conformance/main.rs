@@ -1,0 +1,19 @@
+//! Black-box conformance tests for `stowage serve`.
+//!
+//! Every test starts its own server (the binary Cargo built for this package) in its own
+//! temporary data directory and talks to it only the way users do: kubectl and HTTPS with the
+//! admin client certificate the server generated. Nothing is shared between tests.
+//!
+//! Needs `kubectl` on PATH and the corpus at `../shared/corpus` (or `$STOWAGE_CORPUS`); a missing
+//! tool or corpus fails the tests, it never skips them.
+
+mod harness;
+mod tarutil;
+
+mod api;
+mod bad_input;
+mod big;
+mod content;
+mod crash;
+mod kubectl;
+mod range;
