@@ -3,7 +3,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "stowage", version, about = "Bundle content served through the Kubernetes API")]
+#[command(
+    name = "stowage",
+    version,
+    about = "Bundle content served through the Kubernetes API"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -23,7 +27,10 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("stowage: cannot start the runtime: {e}");

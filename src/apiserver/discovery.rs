@@ -1,8 +1,8 @@
 //! API discovery: `/api`, `/apis`, the group and the group-version resource list — what kubectl
 //! reads to map `kubectl get bundles` (or `bdl`) to a URL.
 
-use axum::response::Response;
 use axum::http::StatusCode;
+use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::handlers::json_response;
@@ -20,14 +20,22 @@ fn group_json() -> Value {
 
 /// `/api`: this server serves no core (legacy) group.
 pub async fn core_versions() -> Response {
-    json_response(StatusCode::OK, &json!({"kind": "APIVersions", "versions": [], "serverAddressByClientCIDRs": []}), &[])
+    json_response(
+        StatusCode::OK,
+        &json!({"kind": "APIVersions", "versions": [], "serverAddressByClientCIDRs": []}),
+        &[],
+    )
 }
 
 pub async fn groups() -> Response {
     let mut group = group_json();
     group["kind"] = json!("APIGroup");
     group["apiVersion"] = json!("v1");
-    json_response(StatusCode::OK, &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group_json()]}), &[])
+    json_response(
+        StatusCode::OK,
+        &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group_json()]}),
+        &[],
+    )
 }
 
 pub async fn group() -> Response {
@@ -54,7 +62,11 @@ pub async fn resources() -> Response {
             "shortNames": def.short_names,
             "categories": ["stowage"],
         }));
-        let content_verbs: &[&str] = if def.user_writable { &["get", "update"] } else { &["get"] };
+        let content_verbs: &[&str] = if def.user_writable {
+            &["get", "update"]
+        } else {
+            &["get"]
+        };
         list.push(json!({
             "name": format!("{}/content", def.plural),
             "singularName": "",

@@ -33,11 +33,15 @@ pub fn parse(headers: &HeaderMap, etag: &str, size: u64) -> RangeRequest {
             return RangeRequest::Full;
         }
     }
-    let Some(spec) = range.trim().strip_prefix("bytes=") else { return RangeRequest::Full };
+    let Some(spec) = range.trim().strip_prefix("bytes=") else {
+        return RangeRequest::Full;
+    };
     if spec.contains(',') {
         return RangeRequest::Full;
     }
-    let Some((first, last)) = spec.trim().split_once('-') else { return RangeRequest::Full };
+    let Some((first, last)) = spec.trim().split_once('-') else {
+        return RangeRequest::Full;
+    };
     let (first, last) = (first.trim(), last.trim());
     let parsed = match (first.is_empty(), last.is_empty()) {
         (true, true) => return RangeRequest::Full,
@@ -47,7 +51,9 @@ pub fn parse(headers: &HeaderMap, etag: &str, size: u64) -> RangeRequest {
             Err(_) => return RangeRequest::Full,
         },
         (false, _) => {
-            let Ok(start) = first.parse::<u64>() else { return RangeRequest::Full };
+            let Ok(start) = first.parse::<u64>() else {
+                return RangeRequest::Full;
+            };
             let end = if last.is_empty() {
                 size
             } else {
@@ -60,7 +66,9 @@ pub fn parse(headers: &HeaderMap, etag: &str, size: u64) -> RangeRequest {
         }
     };
     match parsed {
-        Some((start, end)) if start < size && start < end => RangeRequest::Partial(RangeSpec { start, end }),
+        Some((start, end)) if start < size && start < end => {
+            RangeRequest::Partial(RangeSpec { start, end })
+        }
         _ => RangeRequest::Unsatisfiable,
     }
 }
@@ -85,9 +93,21 @@ mod tests {
         assert_eq!(parse(&req("bytes=90-", None), "\"e\"", 100), p(90, 100));
         assert_eq!(parse(&req("bytes=-5", None), "\"e\"", 100), p(95, 100));
         assert_eq!(parse(&req("bytes=95-200", None), "\"e\"", 100), p(95, 100));
-        assert_eq!(parse(&req("bytes=100-", None), "\"e\"", 100), RangeRequest::Unsatisfiable);
-        assert_eq!(parse(&req("bytes=0-1,5-6", None), "\"e\"", 100), RangeRequest::Full);
-        assert_eq!(parse(&req("bytes=0-9", Some("\"old\"")), "\"e\"", 100), RangeRequest::Full);
-        assert_eq!(parse(&req("bytes=0-9", Some("\"e\"")), "\"e\"", 100), p(0, 10));
+        assert_eq!(
+            parse(&req("bytes=100-", None), "\"e\"", 100),
+            RangeRequest::Unsatisfiable
+        );
+        assert_eq!(
+            parse(&req("bytes=0-1,5-6", None), "\"e\"", 100),
+            RangeRequest::Full
+        );
+        assert_eq!(
+            parse(&req("bytes=0-9", Some("\"old\"")), "\"e\"", 100),
+            RangeRequest::Full
+        );
+        assert_eq!(
+            parse(&req("bytes=0-9", Some("\"e\"")), "\"e\"", 100),
+            p(0, 10)
+        );
     }
 }

@@ -23,18 +23,38 @@ pub struct Cause {
 
 impl Cause {
     /// `field: Invalid value: <value>: <detail>`
-    pub fn invalid(field: impl Into<String>, value: &serde_json::Value, detail: impl Into<String>) -> Cause {
+    pub fn invalid(
+        field: impl Into<String>,
+        value: &serde_json::Value,
+        detail: impl Into<String>,
+    ) -> Cause {
         let field = field.into();
         let detail = detail.into();
-        Cause { reason: "FieldValueInvalid".into(), message: format!("Invalid value: {value}: {detail}"), field }
+        Cause {
+            reason: "FieldValueInvalid".into(),
+            message: format!("Invalid value: {value}: {detail}"),
+            field,
+        }
     }
 
     pub fn required(field: impl Into<String>, detail: impl Into<String>) -> Cause {
-        Cause { reason: "FieldValueRequired".into(), message: format!("Required value: {}", detail.into()), field: field.into() }
+        Cause {
+            reason: "FieldValueRequired".into(),
+            message: format!("Required value: {}", detail.into()),
+            field: field.into(),
+        }
     }
 
-    pub fn not_supported(field: impl Into<String>, value: &serde_json::Value, supported: &[&str]) -> Cause {
-        let list = supported.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
+    pub fn not_supported(
+        field: impl Into<String>,
+        value: &serde_json::Value,
+        supported: &[&str],
+    ) -> Cause {
+        let list = supported
+            .iter()
+            .map(|s| format!("{s:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         Cause {
             reason: "FieldValueNotSupported".into(),
             message: format!("Unsupported value: {value}: supported values: {list}"),
@@ -43,10 +63,18 @@ impl Cause {
     }
 
     pub fn forbidden(field: impl Into<String>, detail: impl Into<String>) -> Cause {
-        Cause { reason: "FieldValueForbidden".into(), message: format!("Forbidden: {}", detail.into()), field: field.into() }
+        Cause {
+            reason: "FieldValueForbidden".into(),
+            message: format!("Forbidden: {}", detail.into()),
+            field: field.into(),
+        }
     }
 
-    pub fn type_invalid(field: impl Into<String>, value: &serde_json::Value, expected: &str) -> Cause {
+    pub fn type_invalid(
+        field: impl Into<String>,
+        value: &serde_json::Value,
+        expected: &str,
+    ) -> Cause {
         let field = field.into();
         Cause {
             reason: "FieldValueTypeInvalid".into(),
@@ -68,7 +96,12 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { code, reason, message: message.into(), details: None }
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
 
     fn with_details(mut self, details: serde_json::Value) -> ApiError {
@@ -77,8 +110,12 @@ impl ApiError {
     }
 
     pub fn not_found(resource: &str, name: &str) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "NotFound", format!("{resource}.{GROUP} {name:?} not found"))
-            .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{resource}.{GROUP} {name:?} not found"),
+        )
+        .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
     }
 
     /// A 404 for something that is not an object (a path inside content, an unknown resource).
@@ -87,8 +124,12 @@ impl ApiError {
     }
 
     pub fn already_exists(resource: &str, name: &str) -> ApiError {
-        ApiError::new(StatusCode::CONFLICT, "AlreadyExists", format!("{resource}.{GROUP} {name:?} already exists"))
-            .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("{resource}.{GROUP} {name:?} already exists"),
+        )
+        .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
     }
 
     pub fn conflict(resource: &str, name: &str) -> ApiError {
@@ -105,10 +146,21 @@ impl ApiError {
 
     /// 422 with field causes, message in kube-apiserver's form.
     pub fn invalid(kind: &str, name: &str, causes: Vec<Cause>) -> ApiError {
-        let list = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect::<Vec<_>>();
-        let summary = if list.len() == 1 { list[0].clone() } else { format!("[{}]", list.join(", ")) };
-        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", format!("{kind}.{GROUP} {name:?} is invalid: {summary}"))
-            .with_details(json!({"name": name, "group": GROUP, "kind": kind, "causes": causes}))
+        let list = causes
+            .iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect::<Vec<_>>();
+        let summary = if list.len() == 1 {
+            list[0].clone()
+        } else {
+            format!("[{}]", list.join(", "))
+        };
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!("{kind}.{GROUP} {name:?} is invalid: {summary}"),
+        )
+        .with_details(json!({"name": name, "group": GROUP, "kind": kind, "causes": causes}))
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {
@@ -116,11 +168,19 @@ impl ApiError {
     }
 
     pub fn too_large(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge", message)
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            message,
+        )
     }
 
     pub fn unsupported_media_type(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType", message)
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            message,
+        )
     }
 
     pub fn method_not_allowed(message: impl Into<String>) -> ApiError {
@@ -132,21 +192,15 @@ impl ApiError {
     }
 
     pub fn range_not_satisfiable(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "RequestedRangeNotSatisfiable", message)
+        ApiError::new(
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            "RequestedRangeNotSatisfiable",
+            message,
+        )
     }
 
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
-    }
-
-    /// Maps a storage failure on an object to its Kubernetes status.
-    pub fn from_storage(resource: &str, name: &str, err: StorageError) -> ApiError {
-        match err {
-            StorageError::NotFound(_) => ApiError::not_found(resource, name),
-            StorageError::AlreadyExists(_) => ApiError::already_exists(resource, name),
-            StorageError::Conflict(_) => ApiError::conflict(resource, name),
-            other => other.into(),
-        }
     }
 
     pub fn status_body(&self) -> serde_json::Value {
@@ -170,6 +224,14 @@ impl From<StorageError> for ApiError {
     fn from(err: StorageError) -> ApiError {
         match err {
             StorageError::NotFound(what) => ApiError::not_found_message(format!("{what} not found")),
+            StorageError::AlreadyExists(what) => {
+                ApiError::new(StatusCode::CONFLICT, "AlreadyExists", format!("{what} already exists"))
+            }
+            StorageError::Conflict(what) => ApiError::new(
+                StatusCode::CONFLICT,
+                "Conflict",
+                format!("Operation cannot be fulfilled on {what}: the object has been modified; please apply your changes to the latest version and try again"),
+            ),
             StorageError::InvalidEntry { path, reason } => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "Invalid",
@@ -187,7 +249,12 @@ impl From<StorageError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = self.status_body();
-        (self.code, [(axum::http::header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+        (
+            self.code,
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response()
     }
 }
 

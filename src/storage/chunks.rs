@@ -12,7 +12,8 @@
 
 use std::collections::HashMap;
 
-use super::{key, Result, Store, StorageError};
+use super::packs::Location;
+use super::{key, Result, StorageError, Store};
 
 /// Chunk sizes (FastCDC): content-defined cut points between these bounds.
 pub const MIN_CHUNK: u32 = 16 * 1024;
@@ -21,7 +22,6 @@ pub const MAX_CHUNK: u32 = 64 * 1024;
 
 const CODEC_RAW: u8 = 0;
 const CODEC_ZSTD: u8 = 1;
-const HEADER: usize = 5; // codec byte + raw length (u32 LE)
 
 pub type Hash = [u8; 32];
 
@@ -45,7 +45,9 @@ impl ChunkRef {
 
     pub fn decode_all(bytes: &[u8]) -> Result<Vec<ChunkRef>> {
         if bytes.len() % CHUNK_REF_LEN != 0 {
-            return Err(StorageError::Corrupt("segment length is not a multiple of a chunk ref".into()));
+            return Err(StorageError::Corrupt(
+                "segment length is not a multiple of a chunk ref".into(),
+            ));
         }
         Ok(bytes
             .chunks_exact(CHUNK_REF_LEN)
@@ -97,31 +99,26 @@ fn candidate_key(hash: &Hash) -> Vec<u8> {
     key(b'z', &[hash])
 }
 
-/// Raw (uncompressed) length recorded in a stored chunk.
-pub fn raw_len(stored: &[u8]) -> Option<u32> {
-    let b = stored.get(1..HEADER)?;
-    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+/// Compresses a chunk unless that does not pay: (codec, payload).
+fn encode(data: &[u8], level: i32) -> (u8, Vec<u8>) {
+    match zstd::bulk::compress(data, level) {
+        Ok(compressed) if compressed.len() < data.len() => (CODEC_ZSTD, compressed),
+        _ => (CODEC_RAW, data.to_vec()),
+    }
 }
 
-fn encode(data: &[u8], level: i32) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER + data.len() / 2);
-    let compressed = zstd::bulk::compress(data, level).ok().filter(|c| c.len() < data.len());
-    out.push(if compressed.is_some() { CODEC_ZSTD } else { CODEC_RAW });
-    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    out.extend_from_slice(compressed.as_deref().unwrap_or(data));
-    out
-}
-
-fn decode(hash: &Hash, stored: &[u8]) -> Result<Vec<u8>> {
-    let corrupt = |what: &str| StorageError::Corrupt(format!("chunk {}: {what}", hex::encode(hash)));
-    let raw_len = raw_len(stored).ok_or_else(|| corrupt("short record"))? as usize;
-    if raw_len > super::chunks::MAX_CHUNK as usize {
+fn decode(hash: &Hash, at: &Location, payload: Vec<u8>) -> Result<Vec<u8>> {
+    let corrupt =
+        |what: &str| StorageError::Corrupt(format!("chunk {}: {what}", hex::encode(hash)));
+    let raw_len = at.raw_len as usize;
+    if raw_len > MAX_CHUNK as usize {
         return Err(corrupt("length out of range"));
     }
-    let payload = &stored[HEADER..];
-    let data = match stored[0] {
-        CODEC_RAW => payload.to_vec(),
-        CODEC_ZSTD => zstd::bulk::decompress(payload, raw_len).map_err(|e| corrupt(&format!("zstd: {e}")))?,
+    let data = match at.codec {
+        CODEC_RAW => payload,
+        CODEC_ZSTD => {
+            zstd::bulk::decompress(&payload, raw_len).map_err(|e| corrupt(&format!("zstd: {e}")))?
+        }
         _ => return Err(corrupt("unknown codec")),
     };
     if data.len() != raw_len || blake3::hash(&data).as_bytes() != hash {
@@ -136,37 +133,77 @@ impl Store {
     pub(super) fn put_chunk(&self, data: &[u8]) -> Result<ChunkRef> {
         let hash: Hash = *blake3::hash(data).as_bytes();
         self.lock_pins().pin(hash);
-        let stored = match self.tree().get(chunk_key(&hash)) {
-            Ok(Some(existing)) => existing.len() as u32,
-            Ok(None) => {
-                let value = encode(data, self.inner.options.zstd_level);
-                let len = value.len() as u32;
-                let mut batch = sled::Batch::default();
-                batch.insert(chunk_key(&hash), value);
-                batch.insert(candidate_key(&hash), &[][..]);
-                if let Err(e) = self.tree().apply_batch(batch) {
-                    self.lock_pins().unpin(&hash);
-                    return Err(e.into());
-                }
-                len
-            }
+        let stored = match self.store_new_chunk(&hash, data) {
+            Ok(stored) => stored,
             Err(e) => {
                 self.lock_pins().unpin(&hash);
-                return Err(e.into());
+                return Err(e);
             }
         };
-        Ok(ChunkRef { hash, len: data.len() as u32, stored })
+        Ok(ChunkRef {
+            hash,
+            len: data.len() as u32,
+            stored,
+        })
+    }
+
+    /// Writes the chunk's record unless the index already has it; returns its stored size.
+    fn store_new_chunk(&self, hash: &Hash, data: &[u8]) -> Result<u32> {
+        if let Some(existing) = self.tree().get(chunk_key(hash))? {
+            return Ok(Location::decode(&existing)?.stored_len);
+        }
+        let (codec, payload) = encode(data, self.inner.options.zstd_level);
+        let at = self
+            .inner
+            .packs
+            .append(hash, codec, data.len() as u32, &payload)?;
+        let mut batch = sled::Batch::default();
+        batch.insert(chunk_key(hash), at.encode());
+        batch.insert(candidate_key(hash), &[][..]);
+        self.tree().apply_batch(batch)?;
+        Ok(at.stored_len)
+    }
+
+    /// Where a chunk is, if stored.
+    pub(super) fn chunk_location(&self, hash: &Hash) -> Result<Option<Location>> {
+        self.tree()
+            .get(chunk_key(hash))?
+            .map(|v| Location::decode(&v))
+            .transpose()
+    }
+
+    /// Moves a chunk's index entry from `old` to `new` unless it changed meanwhile (compaction);
+    /// a chunk swept in between stays swept.
+    pub(super) fn relocate_chunk(&self, hash: &Hash, old: &Location, new: &Location) -> Result<()> {
+        let _pins = self.lock_pins();
+        // An Err(CompareAndSwapError) only means the entry changed; the copy is then dead bytes.
+        let _ = self.tree().compare_and_swap(
+            chunk_key(hash),
+            Some(old.encode()),
+            Some(new.encode()),
+        )?;
+        Ok(())
     }
 
     /// Reads and verifies one chunk.
     pub(super) fn get_chunk(&self, chunk: &ChunkRef) -> Result<Vec<u8>> {
-        let stored = self
-            .tree()
-            .get(chunk_key(&chunk.hash))?
-            .ok_or_else(|| StorageError::Corrupt(format!("chunk {} is missing", hex::encode(chunk.hash))))?;
-        let data = decode(&chunk.hash, &stored)?;
+        let at = self.chunk_location(&chunk.hash)?.ok_or_else(|| {
+            StorageError::Corrupt(format!("chunk {} is missing", hex::encode(chunk.hash)))
+        })?;
+        let payload = match self.inner.packs.read(&chunk.hash, &at) {
+            Ok(payload) => payload,
+            // Compaction may have moved the record between the lookup and the read: look again.
+            Err(first) => match self.chunk_location(&chunk.hash)? {
+                Some(moved) if moved != at => self.inner.packs.read(&chunk.hash, &moved)?,
+                _ => return Err(first),
+            },
+        };
+        let data = decode(&chunk.hash, &at, payload)?;
         if data.len() != chunk.len as usize {
-            return Err(StorageError::Corrupt(format!("chunk {} has the wrong length", hex::encode(chunk.hash))));
+            return Err(StorageError::Corrupt(format!(
+                "chunk {} has the wrong length",
+                hex::encode(chunk.hash)
+            )));
         }
         Ok(data)
     }
@@ -247,23 +284,43 @@ impl Store {
 mod tests {
     use super::*;
 
+    fn at(codec: u8, raw_len: usize) -> Location {
+        Location {
+            pack: 1,
+            offset: 0,
+            codec,
+            raw_len: raw_len as u32,
+            stored_len: 0,
+        }
+    }
+
     #[test]
     fn codec_round_trips_and_detects_corruption() {
         let data: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
         let hash = *blake3::hash(&data).as_bytes();
-        let mut stored = encode(&data, 3);
-        assert!(stored.len() < data.len());
-        assert_eq!(decode(&hash, &stored).unwrap(), data);
-        let last = stored.len() - 1;
-        stored[last] ^= 0xff;
-        assert!(decode(&hash, &stored).is_err());
+        let (codec, mut payload) = encode(&data, 3);
+        assert_eq!(codec, CODEC_ZSTD);
+        assert!(payload.len() < data.len());
+        assert_eq!(
+            decode(&hash, &at(codec, data.len()), payload.clone()).unwrap(),
+            data
+        );
+        let last = payload.len() - 1;
+        payload[last] ^= 0xff;
+        assert!(decode(&hash, &at(codec, data.len()), payload).is_err());
     }
 
     #[test]
     fn incompressible_chunks_are_stored_raw() {
-        let data: Vec<u8> = (0..1000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        let data: Vec<u8> = (0..1000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
         let hash = *blake3::hash(&data).as_bytes();
-        let stored = encode(&data, 3);
-        assert_eq!(decode(&hash, &stored).unwrap(), data);
+        let (codec, payload) = encode(&data, 3);
+        assert_eq!(codec, CODEC_RAW);
+        assert_eq!(
+            decode(&hash, &at(codec, data.len()), payload).unwrap(),
+            data
+        );
     }
 }

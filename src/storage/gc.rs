@@ -6,16 +6,27 @@
 //! `Staging` by a crash are released and the sweep collects chunks that were written but never
 //! referenced.
 
+use std::collections::HashMap;
+
 use super::chunks::ChunkRef;
 use super::objects::key_revision;
-use super::{be, decode_json, encode_json, key, Result, RevisionId, RevisionRecord, RevisionState, Store};
+use super::packs::Location;
+use super::{
+    be, decode_json, encode_json, key, Result, RevisionId, RevisionRecord, RevisionState, Store,
+};
 
 /// What a collection pass did.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct GcReport {
     pub revisions_released: u64,
     pub chunks_removed: u64,
+    pub packs_compacted: u64,
 }
+
+/// A pack is compacted once less than this fraction of it is still referenced.
+const COMPACT_BELOW_LIVE: f64 = 0.5;
+/// Records copied between fsync + index updates while compacting.
+const COMPACT_BATCH: usize = 4096;
 
 impl Store {
     pub(super) fn recover(&self) -> Result<()> {
@@ -24,7 +35,10 @@ impl Store {
             let (k, v) = item?;
             let mut record: RevisionRecord = decode_json(&v)?;
             if record.state == RevisionState::Staging {
-                tracing::info!(revision = record.id, "releasing a revision a crash left unfinished");
+                tracing::info!(
+                    revision = record.id,
+                    "releasing a revision a crash left unfinished"
+                );
                 record.state = RevisionState::Deleting;
                 batch.insert(k, encode_json(&record));
             }
@@ -56,6 +70,7 @@ impl Store {
         }
         report.chunks_removed = self.sweep_chunks()?;
         self.flush()?;
+        report.packs_compacted = self.compact_packs()?;
         Ok(report)
     }
 
@@ -78,6 +93,64 @@ impl Store {
         Ok(())
     }
 
+    /// Rewrites packs that are mostly dead: live records are copied to the active pack (fsynced
+    /// before the index points at the copies), then the old file is deleted.
+    fn compact_packs(&self) -> Result<u64> {
+        let packs = &self.inner.packs;
+        let mut live: HashMap<u64, u64> = HashMap::new();
+        for item in self.tree().scan_prefix(b"c") {
+            let (_, v) = item?;
+            let at = Location::decode(&v)?;
+            *live.entry(at.pack).or_insert(0) += at.record_len();
+        }
+        let active = packs.active_id();
+        let mut compacted = 0;
+        for id in packs.list()? {
+            if Some(id) == active {
+                continue;
+            }
+            let size = packs.size(id)?;
+            let live_bytes = live.get(&id).copied().unwrap_or(0);
+            if live_bytes == 0 {
+                packs.remove(id)?;
+                compacted += 1;
+            } else if (live_bytes as f64) < size as f64 * COMPACT_BELOW_LIVE {
+                self.compact_pack(id)?;
+                compacted += 1;
+            }
+        }
+        Ok(compacted)
+    }
+
+    fn compact_pack(&self, id: u64) -> Result<()> {
+        let packs = &self.inner.packs;
+        let mut moves: Vec<([u8; 32], Location, Location)> = Vec::new();
+        packs.scan(id, |offset, hash, codec, raw_len, payload| {
+            match self.chunk_location(&hash)? {
+                Some(at) if at.pack == id && at.offset == offset => {
+                    let copy = packs.append(&hash, codec, raw_len, &payload)?;
+                    moves.push((hash, at, copy));
+                }
+                _ => return Ok(()),
+            }
+            if moves.len() >= COMPACT_BATCH {
+                self.apply_moves(&mut moves)?;
+            }
+            Ok(())
+        })?;
+        self.apply_moves(&mut moves)?;
+        self.flush()?;
+        packs.remove(id)
+    }
+
+    fn apply_moves(&self, moves: &mut Vec<([u8; 32], Location, Location)>) -> Result<()> {
+        self.inner.packs.sync()?;
+        for (hash, old, new) in moves.drain(..) {
+            self.relocate_chunk(&hash, &old, &new)?;
+        }
+        Ok(())
+    }
+
     /// Asks the background collector for a pass (coalesced; never blocks).
     pub fn request_gc(&self) {
         let _ = self.inner.gc_requests.try_send(());
@@ -85,18 +158,23 @@ impl Store {
 }
 
 /// Runs collection passes on request until the store is dropped.
-pub(super) fn spawn_collector(store: std::sync::Weak<super::Inner>, requests: std::sync::mpsc::Receiver<()>) {
-    let spawned = std::thread::Builder::new().name("stowage-gc".into()).spawn(move || {
-        while requests.recv().is_ok() {
-            while requests.try_recv().is_ok() {}
-            let Some(inner) = store.upgrade() else { return };
-            let store = Store { inner };
-            match store.collect() {
-                Ok(report) => tracing::debug!(?report, "garbage collection"),
-                Err(e) => tracing::warn!(error = %e, "garbage collection failed"),
+pub(super) fn spawn_collector(
+    store: std::sync::Weak<super::Inner>,
+    requests: std::sync::mpsc::Receiver<()>,
+) {
+    let spawned = std::thread::Builder::new()
+        .name("stowage-gc".into())
+        .spawn(move || {
+            while requests.recv().is_ok() {
+                while requests.try_recv().is_ok() {}
+                let Some(inner) = store.upgrade() else { return };
+                let store = Store { inner };
+                match store.collect() {
+                    Ok(report) => tracing::debug!(?report, "garbage collection"),
+                    Err(e) => tracing::warn!(error = %e, "garbage collection failed"),
+                }
             }
-        }
-    });
+        });
     if let Err(e) = spawned {
         tracing::error!(error = %e, "could not start the garbage collector");
     }

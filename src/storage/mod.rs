@@ -1,15 +1,17 @@
 //! The store: API objects and bundle content in one embedded sled database.
 //!
-//! sled is used deliberately narrowly (it is unmaintained and has known weak spots): every value is
-//! small (chunks ≤ 64 KiB before compression, metadata records of a few KiB), compression is ours
-//! (zstd per chunk), every acknowledged write is flushed first, and every multi-key change that must
-//! be atomic is one `Batch` on one tree. Nothing outside this module sees sled.
+//! sled is used deliberately narrowly (it is unmaintained and has known weak spots): it holds only
+//! small metadata (chunk index, reference counts, file lists, API objects); chunk payloads,
+//! zstd-compressed by us, go to append-only pack files ([`packs`]) because sled kept every written
+//! value in memory. Every acknowledged write is flushed first (packs fsynced, then sled), and every
+//! multi-key change that must be atomic is one `Batch` on one tree. Nothing outside this module
+//! sees sled.
 //!
 //! Layout of the single tree (first byte = record kind, integers big-endian so keys sort):
 //!
 //! | key | value |
 //! |---|---|
-//! | `c` hash(32) | chunk: codec, raw length, payload ([`chunks`]) |
+//! | `c` hash(32) | where the chunk's record is in the pack files ([`packs`]) |
 //! | `r` hash(32) | reference count of the chunk (u64) |
 //! | `z` hash(32) | "may be garbage" marker: a new chunk, or one whose count fell to 0 |
 //! | `v` rev(8) | [`RevisionRecord`] (JSON) |
@@ -23,6 +25,7 @@
 mod chunks;
 mod gc;
 mod objects;
+mod packs;
 mod read;
 mod revision;
 pub mod tarfmt;
@@ -32,8 +35,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-pub use objects::{ChangeEvent, ObjectKey, ObjectWrite, Precondition, StoredObject, WriteOutcome};
 pub use gc::GcReport;
+pub use objects::{ChangeEvent, ObjectKey, ObjectWrite, Precondition, StoredObject, WriteOutcome};
 pub use read::{FileListing, RangeSpec, Sink};
 pub use revision::{PendingRevision, RevisionWriter};
 
@@ -162,7 +165,11 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { cache_bytes: 32 << 20, zstd_level: 3, change_log_len: 100_000 }
+        StoreOptions {
+            cache_bytes: 32 << 20,
+            zstd_level: 3,
+            change_log_len: 100_000,
+        }
     }
 }
 
@@ -186,6 +193,7 @@ struct Inner {
     gc_lock: Mutex<()>,
     events: tokio::sync::broadcast::Sender<u64>,
     gc_requests: std::sync::mpsc::SyncSender<()>,
+    packs: packs::Packs,
 }
 
 impl Store {
@@ -199,6 +207,7 @@ impl Store {
             .mode(sled::Mode::LowSpace)
             .open()?;
         let tree = (*db).clone();
+        let packs = packs::Packs::open(&dir.join("packs"))?;
         let (events, _) = tokio::sync::broadcast::channel(1024);
         let (gc_requests, gc_receiver) = std::sync::mpsc::sync_channel(1);
         let store = Store {
@@ -212,6 +221,7 @@ impl Store {
                 gc_lock: Mutex::new(()),
                 events,
                 gc_requests,
+                packs,
             }),
         };
         store.recover()?;
@@ -221,6 +231,8 @@ impl Store {
 
     /// Makes everything written so far durable.
     pub fn flush(&self) -> Result<()> {
+        // Pack data first: an index entry must never be durable before the bytes it points at.
+        self.inner.packs.sync()?;
         self.inner.db.flush()?;
         Ok(())
     }
@@ -239,9 +251,10 @@ impl Store {
         let mut stats = StoreStats::default();
         for item in self.tree().scan_prefix(b"c") {
             let (_, value) = item?;
+            let at = packs::Location::decode(&value)?;
             stats.chunks += 1;
-            stats.chunk_stored_bytes += value.len() as u64;
-            stats.chunk_raw_bytes += chunks::raw_len(&value).unwrap_or(0) as u64;
+            stats.chunk_stored_bytes += at.stored_len as u64;
+            stats.chunk_raw_bytes += at.raw_len as u64;
         }
         for item in self.tree().scan_prefix(b"v") {
             let (_, value) = item?;
@@ -252,7 +265,7 @@ impl Store {
                 RevisionState::Deleting => stats.revisions_deleting += 1,
             }
         }
-        stats.disk_bytes = dir_size(&self.inner.dir.join("db"))?;
+        stats.disk_bytes = dir_size(&self.inner.dir.join("db"))? + self.inner.packs.disk_bytes()?;
         Ok(stats)
     }
 }
@@ -262,13 +275,18 @@ fn dir_size(dir: &Path) -> Result<u64> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let meta = entry.metadata()?;
-        total += if meta.is_dir() { dir_size(&entry.path())? } else { meta.len() };
+        total += if meta.is_dir() {
+            dir_size(&entry.path())?
+        } else {
+            meta.len()
+        };
     }
     Ok(total)
 }
 
 fn decode_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
-    serde_json::from_slice(bytes).map_err(|e| StorageError::Corrupt(format!("undecodable record: {e}")))
+    serde_json::from_slice(bytes)
+        .map_err(|e| StorageError::Corrupt(format!("undecodable record: {e}")))
 }
 
 fn encode_json<T: Serialize>(value: &T) -> Vec<u8> {
