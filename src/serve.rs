@@ -38,24 +38,20 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
             .await
             .context("opening the store")??
     };
-    let tls_config = tls::server_config(&pki.serving_cert, &pki.serving_key, &pki.ca_cert)
-        .context("TLS configuration")?;
+    let tls_config =
+        tls::server_config(&pki.serving_cert, &pki.serving_key, &pki.ca_cert).context("TLS configuration")?;
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .with_context(|| format!("listening on {}", options.listen))?;
     let local = listener.local_addr()?;
-    let host = if local.ip().is_unspecified() {
-        "127.0.0.1".to_string()
-    } else {
-        local.ip().to_string()
-    };
+    let host = if local.ip().is_unspecified() { "127.0.0.1".to_string() } else { local.ip().to_string() };
     let url = if local.is_ipv6() {
         format!("https://[{host}]:{}", local.port())
     } else {
         format!("https://{host}:{}", local.port())
     };
-    let kubeconfig = pki::write_admin_kubeconfig(&options.data_dir, &pki, &url)
-        .context("writing the admin kubeconfig")?;
+    let kubeconfig =
+        pki::write_admin_kubeconfig(&options.data_dir, &pki, &url).context("writing the admin kubeconfig")?;
     let state = AppState {
         store,
         limits: Arc::new(Limits {
@@ -64,17 +60,8 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
             ..Limits::default()
         }),
     };
-    tracing::info!(
-        "stowage ready on {url} (kubectl --kubeconfig {})",
-        kubeconfig.display()
-    );
-    apiserver::listener::serve_tls(
-        listener,
-        tls_config,
-        apiserver::router(state),
-        shutdown_signal(),
-    )
-    .await?;
+    tracing::info!("stowage ready on {url} (kubectl --kubeconfig {})", kubeconfig.display());
+    apiserver::listener::serve_tls(listener, tls_config, apiserver::router(state), shutdown_signal()).await?;
     tracing::info!("stowage stopped");
     Ok(())
 }

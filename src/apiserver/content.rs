@@ -19,8 +19,7 @@ use super::resources::bundlecontent::{content_name, BUNDLE_CONTENT};
 use super::status::{ApiError, ApiResult, Cause};
 use super::{blocking, meta, AppState, API_VERSION};
 use crate::storage::{
-    FileEntry, ObjectKey, ObjectWrite, Precondition, RangeSpec, RevisionId, RevisionRecord,
-    StorageError, Store,
+    FileEntry, ObjectKey, ObjectWrite, Precondition, RangeSpec, RevisionId, RevisionRecord, StorageError, Store,
 };
 use crate::unpack::tar_ingest::{self, Encoding, IngestError, IngestLimits};
 use crate::unpack::EntrySink;
@@ -50,12 +49,7 @@ impl RevisionSink<'_> {
 
 impl EntrySink for RevisionSink<'_> {
     type Error = StorageError;
-    fn file(
-        &mut self,
-        path: &str,
-        executable: bool,
-        data: &mut dyn std::io::Read,
-    ) -> Result<(), StorageError> {
+    fn file(&mut self, path: &str, executable: bool, data: &mut dyn std::io::Read) -> Result<(), StorageError> {
         let path = self.place(path);
         self.writer.add_file(&path, executable, data)
     }
@@ -70,11 +64,7 @@ impl EntrySink for RevisionSink<'_> {
 }
 
 fn encoding(headers: &HeaderMap) -> ApiResult<Encoding> {
-    let value = headers
-        .get(header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .trim();
+    let value = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()).unwrap_or("").trim();
     match value.to_ascii_lowercase().as_str() {
         "" | "identity" => Ok(Encoding::Identity),
         "gzip" | "x-gzip" => Ok(Encoding::Gzip),
@@ -104,10 +94,8 @@ pub async fn put_bundle_content(
         )));
     };
     let limit = app.limits.max_body_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit) {
         return Err(ApiError::too_large(BodyTooLarge(limit).to_string()));
     }
@@ -116,33 +104,19 @@ pub async fn put_bundle_content(
 
     // Count bytes as they arrive; past the limit the stream fails with BodyTooLarge.
     let mut seen = 0u64;
-    let stream = body
-        .into_data_stream()
-        .map_err(std::io::Error::other)
-        .and_then(move |chunk: Bytes| {
-            seen += chunk.len() as u64;
-            let result = if seen > limit {
-                Err(std::io::Error::other(BodyTooLarge(limit)))
-            } else {
-                Ok(chunk)
-            };
-            std::future::ready(result)
-        });
+    let stream = body.into_data_stream().map_err(std::io::Error::other).and_then(move |chunk: Bytes| {
+        seen += chunk.len() as u64;
+        let result = if seen > limit { Err(std::io::Error::other(BodyTooLarge(limit))) } else { Ok(chunk) };
+        std::future::ready(result)
+    });
     let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
-    let ingest_limits = IngestLimits {
-        max_unpacked_bytes: app.limits.max_unpacked_bytes,
-        ..IngestLimits::default()
-    };
+    let ingest_limits = IngestLimits { max_unpacked_bytes: app.limits.max_unpacked_bytes, ..IngestLimits::default() };
     let store = app.store.clone();
     let bundle_name = name.clone();
     let pending = tokio::task::spawn_blocking(move || {
         let mut writer = store.begin_revision().map_err(ApiError::from)?;
-        let mut sink = RevisionSink {
-            writer: &mut writer,
-            prefix,
-        };
-        tar_ingest::ingest(reader, encoding, &ingest_limits, &mut sink)
-            .map_err(|e| ingest_error(&bundle_name, e))?;
+        let mut sink = RevisionSink { writer: &mut writer, prefix };
+        tar_ingest::ingest(reader, encoding, &ingest_limits, &mut sink).map_err(|e| ingest_error(&bundle_name, e))?;
         writer.finalize().map_err(ApiError::from)
     })
     .await
@@ -161,11 +135,7 @@ fn upload_source(bundle: &Value) -> Option<Value> {
 }
 
 fn upload_prefix(source: &Value) -> String {
-    let destination = source
-        .get("destination")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .trim_matches('/');
+    let destination = source.get("destination").and_then(Value::as_str).unwrap_or("").trim_matches('/');
     if destination.is_empty() {
         String::new()
     } else {
@@ -176,19 +146,12 @@ fn upload_prefix(source: &Value) -> String {
 fn ingest_error(bundle: &str, err: IngestError<StorageError>) -> ApiError {
     match err {
         IngestError::InvalidEntry { path, reason } => invalid_entry(bundle, path, reason),
-        IngestError::Sink(StorageError::InvalidEntry { path, reason }) => {
-            invalid_entry(bundle, path, reason)
+        IngestError::Sink(StorageError::InvalidEntry { path, reason }) => invalid_entry(bundle, path, reason),
+        IngestError::Corrupt(message) => ApiError::bad_request(format!("invalid archive: {message}")),
+        IngestError::TooLarge { limit } => {
+            ApiError::too_large(format!("archive expands past the maximum of {limit} bytes (--max-unpacked-bytes)"))
         }
-        IngestError::Corrupt(message) => {
-            ApiError::bad_request(format!("invalid archive: {message}"))
-        }
-        IngestError::TooLarge { limit } => ApiError::too_large(format!(
-            "archive expands past the maximum of {limit} bytes (--max-unpacked-bytes)"
-        )),
-        IngestError::Source(e) => match e
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<BodyTooLarge>())
-        {
+        IngestError::Source(e) => match e.get_ref().and_then(|inner| inner.downcast_ref::<BodyTooLarge>()) {
             Some(too_large) => ApiError::too_large(format!("{too_large} (--max-body-bytes)")),
             None => ApiError::bad_request(format!("reading the request body: {e}")),
         },
@@ -197,11 +160,7 @@ fn ingest_error(bundle: &str, err: IngestError<StorageError>) -> ApiError {
 }
 
 fn invalid_entry(bundle: &str, path: String, reason: String) -> ApiError {
-    let cause = Cause {
-        reason: "FieldValueInvalid".into(),
-        message: format!("{path}: {reason}"),
-        field: path,
-    };
+    let cause = Cause { reason: "FieldValueInvalid".into(), message: format!("{path}: {reason}"), field: path };
     ApiError::invalid(BUNDLE.kind, bundle, vec![cause])
 }
 
@@ -220,12 +179,10 @@ async fn commit_upload(
         let mut pending = pending;
         // Retry on conflict: the Bundle may be updated while a long upload runs.
         for _ in 0..5 {
-            let Some(bundle) = store.get_object(&ObjectKey::new("bundles", &namespace, &name))?
-            else {
+            let Some(bundle) = store.get_object(&ObjectKey::new("bundles", &namespace, &name))? else {
                 return Err(StorageError::NotFound(format!("bundles {name:?}")));
             };
-            let existing =
-                store.get_object(&ObjectKey::new("bundlecontents", &namespace, &content))?;
+            let existing = store.get_object(&ObjectKey::new("bundlecontents", &namespace, &content))?;
             let mut updated = bundle.value.clone();
             updated["status"] = uploaded_status(&bundle.value, &content, &record);
             let bundle_write = ObjectWrite::Put {
@@ -234,10 +191,9 @@ async fn commit_upload(
                 precondition: Precondition::ResourceVersion(bundle.resource_version),
                 revision: None,
             };
-            let already_stored = existing
-                .as_ref()
-                .and_then(|e| e.value.pointer("/spec/digest").and_then(Value::as_str))
-                == Some(record.digest.as_str());
+            let already_stored =
+                existing.as_ref().and_then(|e| e.value.pointer("/spec/digest").and_then(Value::as_str))
+                    == Some(record.digest.as_str());
             let result = if already_stored {
                 // Identical content is already stored: the new copy is released when `pending` drops.
                 store.write_objects(vec![bundle_write])
@@ -263,25 +219,15 @@ async fn commit_upload(
 }
 
 fn uploaded_status(bundle: &Value, content: &str, record: &RevisionRecord) -> Value {
-    let generation = bundle
-        .pointer("/metadata/generation")
-        .and_then(Value::as_u64)
-        .unwrap_or(1);
-    let mut status = bundle
-        .get("status")
-        .cloned()
-        .filter(Value::is_object)
-        .unwrap_or_else(|| json!({}));
+    let generation = bundle.pointer("/metadata/generation").and_then(Value::as_u64).unwrap_or(1);
+    let mut status = bundle.get("status").cloned().filter(Value::is_object).unwrap_or_else(|| json!({}));
     let previous = status.pointer("/conditions/0").cloned();
     let transition = match previous {
         Some(c) if c.get("status") == Some(&json!("True")) => c.get("lastTransitionTime").cloned(),
         _ => None,
     }
     .unwrap_or_else(|| json!(meta::now_timestamp()));
-    let format = bundle
-        .pointer("/spec/format")
-        .and_then(Value::as_str)
-        .unwrap_or("");
+    let format = bundle.pointer("/spec/format").and_then(Value::as_str).unwrap_or("");
     status["observedGeneration"] = json!(generation);
     status["phase"] = json!("Unpacked");
     status["conditions"] = json!([{
@@ -302,14 +248,8 @@ fn uploaded_status(bundle: &Value, content: &str, record: &RevisionRecord) -> Va
 }
 
 fn bundle_content_object(bundle: &Value, content: &str, record: &RevisionRecord) -> Value {
-    let name = bundle
-        .pointer("/metadata/name")
-        .cloned()
-        .unwrap_or(Value::Null);
-    let namespace = bundle
-        .pointer("/metadata/namespace")
-        .cloned()
-        .unwrap_or(Value::Null);
+    let name = bundle.pointer("/metadata/name").cloned().unwrap_or(Value::Null);
+    let namespace = bundle.pointer("/metadata/namespace").cloned().unwrap_or(Value::Null);
     json!({
         "apiVersion": API_VERSION,
         "kind": BUNDLE_CONTENT.kind,
@@ -353,10 +293,7 @@ pub async fn get_content(
     let def = resource_def(&resource)?;
     let (revision, record) = resolve_revision(&app, def.plural, &namespace, &name).await?;
     let wants_listing = wants_listing(&headers);
-    let path = params
-        .get("path")
-        .map(|p| p.trim_start_matches('/').to_string())
-        .unwrap_or_default();
+    let path = params.get("path").map(|p| p.trim_start_matches('/').to_string()).unwrap_or_default();
     if wants_listing {
         return listing(&app, revision, record, path).await;
     }
@@ -378,14 +315,9 @@ pub async fn get_content(
         Some(entry) => {
             let etag = format!("sha256:{}", entry.sha256);
             let size = entry.size;
-            serve_ranged(
-                &app,
-                &headers,
-                &etag,
-                size,
-                "application/octet-stream",
-                move |store, range, out| store.read_file(revision, &entry, range, out),
-            )
+            serve_ranged(&app, &headers, &etag, size, "application/octet-stream", move |store, range, out| {
+                store.read_file(revision, &entry, range, out)
+            })
         }
         None => subtree(&app, revision, &path).await,
     }
@@ -395,23 +327,12 @@ pub async fn get_content(
 /// client-go send `application/json, */*` by default, and `kubectl get --raw …/content > x.tar`
 /// must get the tar.
 fn wants_listing(headers: &HeaderMap) -> bool {
-    let accept = headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect::<Vec<_>>()
-        .join(",");
-    let types: Vec<&str> = accept
-        .split(',')
-        .map(|m| m.split(';').next().unwrap_or("").trim())
-        .collect();
+    let accept = headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>().join(",");
+    let types: Vec<&str> = accept.split(',').map(|m| m.split(';').next().unwrap_or("").trim()).collect();
     types.contains(&"application/json")
-        && !types.iter().any(|t| {
-            matches!(
-                *t,
-                "*/*" | "application/*" | "application/x-tar" | "application/octet-stream"
-            )
-        })
+        && !types
+            .iter()
+            .any(|t| matches!(*t, "*/*" | "application/*" | "application/x-tar" | "application/octet-stream"))
 }
 
 /// The revision an object serves: a BundleContent's own, or a Bundle's active one.
@@ -423,15 +344,9 @@ async fn resolve_revision(
 ) -> ApiResult<(RevisionId, RevisionRecord)> {
     let content = if plural == BUNDLE.plural {
         let bundle = get_object(app, &BUNDLE, namespace, name).await?;
-        let content = bundle
-            .pointer("/status/contentName")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
+        let content = bundle.pointer("/status/contentName").and_then(Value::as_str).unwrap_or("").to_string();
         if content.is_empty() {
-            return Err(ApiError::not_found_message(format!(
-                "Bundle {name:?} has no content yet"
-            )));
+            return Err(ApiError::not_found_message(format!("Bundle {name:?} has no content yet")));
         }
         content
     } else {
@@ -447,11 +362,7 @@ async fn resolve_revision(
 }
 
 /// Follows symlinks inside the revision (a few hops) to a regular file.
-fn resolve_file(
-    store: &Store,
-    revision: RevisionId,
-    path: &str,
-) -> Result<Option<FileEntry>, StorageError> {
+fn resolve_file(store: &Store, revision: RevisionId, path: &str) -> Result<Option<FileEntry>, StorageError> {
     let mut path = path.to_string();
     for _ in 0..8 {
         let Some(entry) = store.file(revision, &path)? else {
@@ -480,29 +391,16 @@ async fn subtree(app: &AppState, revision: RevisionId, path: &str) -> ApiResult<
     let prefix = format!("{}/", path.trim_end_matches('/'));
     let exists = {
         let prefix = prefix.clone();
-        blocking(app, move |store| {
-            store.files(revision, &prefix).next().transpose()
-        })
-        .await?
-        .is_some()
+        blocking(app, move |store| store.files(revision, &prefix).next().transpose()).await?.is_some()
     };
     if !exists {
-        return Err(ApiError::not_found_message(format!(
-            "path {path:?} not found in the content"
-        )));
+        return Err(ApiError::not_found_message(format!("path {path:?} not found in the content")));
     }
-    let body = stream_body(app.store.clone(), move |store, out| {
-        store.write_subtree_tar(revision, &prefix, out)
-    });
+    let body = stream_body(app.store.clone(), move |store, out| store.write_subtree_tar(revision, &prefix, out));
     Ok(([(header::CONTENT_TYPE, "application/x-tar")], body).into_response())
 }
 
-async fn listing(
-    app: &AppState,
-    revision: RevisionId,
-    record: RevisionRecord,
-    path: String,
-) -> ApiResult<Response> {
+async fn listing(app: &AppState, revision: RevisionId, record: RevisionRecord, path: String) -> ApiResult<Response> {
     let body = stream_body(app.store.clone(), move |store, out| {
         let head = json!({"kind": "BundleContentFileList", "apiVersion": API_VERSION, "digest": record.digest});
         let head = head.to_string();
@@ -544,30 +442,20 @@ fn serve_ranged<F>(
     read: F,
 ) -> ApiResult<Response>
 where
-    F: FnOnce(&Store, RangeSpec, &mut crate::storage::Sink<'_>) -> Result<(), StorageError>
-        + Send
-        + 'static,
+    F: FnOnce(&Store, RangeSpec, &mut crate::storage::Sink<'_>) -> Result<(), StorageError> + Send + 'static,
 {
     let quoted = format!("\"{etag}\"");
-    let etag_value =
-        HeaderValue::from_str(&quoted).map_err(|e| ApiError::internal(e.to_string()))?;
+    let etag_value = HeaderValue::from_str(&quoted).map_err(|e| ApiError::internal(e.to_string()))?;
     if range::if_none_match(headers, &quoted) {
         return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag_value)]).into_response());
     }
     let (code, spec) = match range::parse(headers, &quoted, size) {
-        RangeRequest::Full => (
-            StatusCode::OK,
-            RangeSpec {
-                start: 0,
-                end: size,
-            },
-        ),
+        RangeRequest::Full => (StatusCode::OK, RangeSpec { start: 0, end: size }),
         RangeRequest::Partial(spec) => (StatusCode::PARTIAL_CONTENT, spec),
         RangeRequest::Unsatisfiable => {
-            let mut response = ApiError::range_not_satisfiable(format!(
-                "range not satisfiable: the content has {size} bytes"
-            ))
-            .into_response();
+            let mut response =
+                ApiError::range_not_satisfiable(format!("range not satisfiable: the content has {size} bytes"))
+                    .into_response();
             if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
                 response.headers_mut().insert(header::CONTENT_RANGE, v);
             }
@@ -581,14 +469,9 @@ where
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::ETAG, etag_value);
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    h.insert(
-        header::CONTENT_LENGTH,
-        HeaderValue::from(spec.end - spec.start),
-    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(spec.end - spec.start));
     if code == StatusCode::PARTIAL_CONTENT {
-        if let Ok(v) =
-            HeaderValue::from_str(&format!("bytes {}-{}/{size}", spec.start, spec.end - 1))
-        {
+        if let Ok(v) = HeaderValue::from_str(&format!("bytes {}-{}/{size}", spec.start, spec.end - 1)) {
             h.insert(header::CONTENT_RANGE, v);
         }
     }
@@ -608,8 +491,7 @@ where
             buffer.extend_from_slice(bytes);
             if buffer.len() >= OUT_CHUNK {
                 let full = std::mem::replace(&mut buffer, Vec::with_capacity(OUT_CHUNK));
-                tx.blocking_send(Ok(Bytes::from(full)))
-                    .map_err(|_| StorageError::Cancelled)?;
+                tx.blocking_send(Ok(Bytes::from(full))).map_err(|_| StorageError::Cancelled)?;
             }
             Ok(())
         };
@@ -629,8 +511,6 @@ where
             }
         }
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
     Body::from_stream(stream)
 }

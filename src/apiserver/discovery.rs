@@ -31,11 +31,7 @@ pub async fn groups() -> Response {
     let mut group = group_json();
     group["kind"] = json!("APIGroup");
     group["apiVersion"] = json!("v1");
-    json_response(
-        StatusCode::OK,
-        &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group_json()]}),
-        &[],
-    )
+    json_response(StatusCode::OK, &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group_json()]}), &[])
 }
 
 pub async fn group() -> Response {
@@ -48,11 +44,8 @@ pub async fn group() -> Response {
 pub async fn resources() -> Response {
     let mut list = Vec::new();
     for def in RESOURCES {
-        let verbs: &[&str] = if def.user_writable {
-            &["create", "delete", "get", "list", "update"]
-        } else {
-            &["delete", "get", "list"]
-        };
+        let verbs: &[&str] =
+            if def.user_writable { &["create", "delete", "get", "list", "update"] } else { &["delete", "get", "list"] };
         list.push(json!({
             "name": def.plural,
             "singularName": def.singular,
@@ -62,11 +55,7 @@ pub async fn resources() -> Response {
             "shortNames": def.short_names,
             "categories": ["stowage"],
         }));
-        let content_verbs: &[&str] = if def.user_writable {
-            &["get", "update"]
-        } else {
-            &["get"]
-        };
+        let content_verbs: &[&str] = if def.user_writable { &["get", "update"] } else { &["get"] };
         list.push(json!({
             "name": format!("{}/content", def.plural),
             "singularName": "",

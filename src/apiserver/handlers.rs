@@ -20,20 +20,14 @@ pub type Params = Query<HashMap<String, String>>;
 
 pub fn resource_def(plural: &str) -> ApiResult<&'static ResourceDef> {
     resources::lookup(plural).ok_or_else(|| {
-        ApiError::not_found_message(format!(
-            "the server could not find the requested resource ({plural})"
-        ))
+        ApiError::not_found_message(format!("the server could not find the requested resource ({plural})"))
     })
 }
 
 /// JSON response with optional `Warning` headers.
 pub fn json_response(code: StatusCode, body: &Value, warnings: &[String]) -> Response {
-    let mut response = (
-        code,
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response();
+    let mut response =
+        (code, [(axum::http::header::CONTENT_TYPE, "application/json")], body.to_string()).into_response();
     for warning in warnings {
         let text = format!("299 - {:?}", warning);
         if let Ok(value) = HeaderValue::from_str(&text) {
@@ -43,35 +37,19 @@ pub fn json_response(code: StatusCode, body: &Value, warnings: &[String]) -> Res
     response
 }
 
-fn render(
-    def: &ResourceDef,
-    obj: &Value,
-    headers: &HeaderMap,
-    params: &HashMap<String, String>,
-) -> Value {
+fn render(def: &ResourceDef, obj: &Value, headers: &HeaderMap, params: &HashMap<String, String>) -> Value {
     match table::negotiate(headers, params.get("includeObject").map(String::as_str)) {
         Representation::Object => obj.clone(),
         Representation::Table { include } => {
-            let rv = obj
-                .pointer("/metadata/resourceVersion")
-                .cloned()
-                .unwrap_or(Value::Null);
-            table::table(
-                def,
-                std::slice::from_ref(obj),
-                include,
-                json!({"resourceVersion": rv}),
-            )
+            let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null);
+            table::table(def, std::slice::from_ref(obj), include, json!({"resourceVersion": rv}))
         }
     }
 }
 
 /// Fields a field selector may name, per resource.
 fn selectable_fields(def: &ResourceDef) -> Vec<(&'static str, &'static str)> {
-    let mut fields = vec![
-        ("metadata.name", "/metadata/name"),
-        ("metadata.namespace", "/metadata/namespace"),
-    ];
+    let mut fields = vec![("metadata.name", "/metadata/name"), ("metadata.namespace", "/metadata/namespace")];
     match def.plural {
         "bundles" => fields.push(("status.phase", "/status/phase")),
         "bundlecontents" => fields.push(("spec.bundle", "/spec/bundle")),
@@ -109,28 +87,12 @@ async fn list(
     if params.get("watch").is_some_and(|w| w == "true" || w == "1") {
         return Err(ApiError::method_not_allowed("watch is not supported yet"));
     }
-    let labels = LabelSelector::parse(
-        params
-            .get("labelSelector")
-            .map(String::as_str)
-            .unwrap_or(""),
-    )?;
-    let fields = FieldSelector::parse(
-        params
-            .get("fieldSelector")
-            .map(String::as_str)
-            .unwrap_or(""),
-        &selectable_fields(def),
-    )?;
-    let (objects, rv) = blocking(&app, move |store| {
-        store.list_objects(def.plural, namespace.as_deref())
-    })
-    .await?;
-    let items: Vec<Value> = objects
-        .into_iter()
-        .map(|o| o.value)
-        .filter(|o| labels.matches(o) && fields.matches(o))
-        .collect();
+    let labels = LabelSelector::parse(params.get("labelSelector").map(String::as_str).unwrap_or(""))?;
+    let fields =
+        FieldSelector::parse(params.get("fieldSelector").map(String::as_str).unwrap_or(""), &selectable_fields(def))?;
+    let (objects, rv) = blocking(&app, move |store| store.list_objects(def.plural, namespace.as_deref())).await?;
+    let items: Vec<Value> =
+        objects.into_iter().map(|o| o.value).filter(|o| labels.matches(o) && fields.matches(o)).collect();
     let list_meta = json!({"resourceVersion": rv.to_string()});
     let body = match table::negotiate(&headers, params.get("includeObject").map(String::as_str)) {
         Representation::Table { include } => table::table(def, &items, include, list_meta),
@@ -152,19 +114,10 @@ pub async fn get(
 ) -> ApiResult<Response> {
     let def = resource_def(&resource)?;
     let obj = get_object(&app, def, &namespace, &name).await?;
-    Ok(json_response(
-        StatusCode::OK,
-        &render(def, &obj, &headers, &params),
-        &[],
-    ))
+    Ok(json_response(StatusCode::OK, &render(def, &obj, &headers, &params), &[]))
 }
 
-pub async fn get_object(
-    app: &AppState,
-    def: &ResourceDef,
-    namespace: &str,
-    name: &str,
-) -> ApiResult<Value> {
+pub async fn get_object(app: &AppState, def: &ResourceDef, namespace: &str, name: &str) -> ApiResult<Value> {
     let key = ObjectKey::new(def.plural, namespace, name);
     blocking(app, move |store| store.get_object(&key))
         .await?
@@ -174,16 +127,10 @@ pub async fn get_object(
 
 /// Parses a request body into an object of `def`'s kind: schema check, unknown-field handling per
 /// `fieldValidation`, pruning. Returns the object and any warnings.
-fn decode_body(
-    def: &ResourceDef,
-    body: &Bytes,
-    params: &HashMap<String, String>,
-) -> ApiResult<(Value, Vec<String>)> {
+fn decode_body(def: &ResourceDef, body: &Bytes, params: &HashMap<String, String>) -> ApiResult<(Value, Vec<String>)> {
     let kind = def.kind;
     let cannot = |detail: String| {
-        ApiError::bad_request(format!(
-            "{kind} in version \"v1alpha1\" cannot be handled as a {kind}: {detail}"
-        ))
+        ApiError::bad_request(format!("{kind} in version \"v1alpha1\" cannot be handled as a {kind}: {detail}"))
     };
     let mut obj: Value = serde_json::from_slice(body).map_err(|e| cannot(e.to_string()))?;
     if !obj.is_object() {
@@ -201,18 +148,9 @@ fn decode_body(
     let report = schema::check(&schema, &obj);
     let mut warnings = Vec::new();
     if !report.unknown.is_empty() {
-        let unknown: Vec<String> = report
-            .unknown
-            .iter()
-            .map(|f| format!("unknown field {f:?}"))
-            .collect();
+        let unknown: Vec<String> = report.unknown.iter().map(|f| format!("unknown field {f:?}")).collect();
         match params.get("fieldValidation").map(String::as_str) {
-            Some("Strict") => {
-                return Err(cannot(format!(
-                    "strict decoding error: {}",
-                    unknown.join(", ")
-                )))
-            }
+            Some("Strict") => return Err(cannot(format!("strict decoding error: {}", unknown.join(", ")))),
             Some("Ignore") => {}
             None | Some("Warn") => warnings = unknown,
             Some(other) => {
@@ -222,11 +160,7 @@ fn decode_body(
             }
         }
     }
-    let name = obj
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
     if !report.causes.is_empty() {
         return Err(ApiError::invalid(def.kind, &name, report.causes));
     }
@@ -249,10 +183,7 @@ fn put_metadata(obj: &mut Value, meta: serde_json::Map<String, Value>) {
 }
 
 fn validate(def: &ResourceDef, obj: &Value) -> ApiResult<()> {
-    let name = obj
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("");
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
     let mut causes = Vec::new();
     for error in meta::dns1123_subdomain_errors(name) {
         causes.push(Cause::invalid("metadata.name", &json!(name), error));
@@ -270,9 +201,9 @@ fn dry_run(params: &HashMap<String, String>) -> ApiResult<bool> {
     match params.get("dryRun").map(String::as_str) {
         None | Some("") => Ok(false),
         Some("All") => Ok(true),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "unsupported dryRun value {other:?}: only \"All\" is supported"
-        ))),
+        Some(other) => {
+            Err(ApiError::bad_request(format!("unsupported dryRun value {other:?}: only \"All\" is supported")))
+        }
     }
 }
 
@@ -280,11 +211,7 @@ fn dry_run(params: &HashMap<String, String>) -> ApiResult<bool> {
 fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let bytes = uuid::Uuid::new_v4().into_bytes();
-    bytes
-        .iter()
-        .take(5)
-        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
-        .collect()
+    bytes.iter().take(5).map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect()
 }
 
 pub async fn create(
@@ -295,39 +222,27 @@ pub async fn create(
 ) -> ApiResult<Response> {
     let def = resource_def(&resource)?;
     if !def.user_writable {
-        return Err(ApiError::method_not_allowed(format!(
-            "{} are written only by the server",
-            def.plural
-        )));
+        return Err(ApiError::method_not_allowed(format!("{} are written only by the server", def.plural)));
     }
     let (mut obj, warnings) = decode_body(def, &body, &params)?;
     let mut meta = take_metadata(&mut obj);
     match meta.get("namespace").and_then(Value::as_str) {
-        Some(ns) if !ns.is_empty() && ns != namespace => return Err(ApiError::bad_request(
-            "the namespace of the provided object does not match the namespace sent on the request",
-        )),
+        Some(ns) if !ns.is_empty() && ns != namespace => {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ))
+        }
         _ => {}
     }
-    let name = meta
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
+    let name = meta.get("name").and_then(Value::as_str).unwrap_or("").to_string();
     let name = if name.is_empty() {
-        match meta
-            .get("generateName")
-            .and_then(Value::as_str)
-            .filter(|g| !g.is_empty())
-        {
+        match meta.get("generateName").and_then(Value::as_str).filter(|g| !g.is_empty()) {
             Some(prefix) => format!("{prefix}{}", random_suffix()),
             None => {
                 return Err(ApiError::invalid(
                     def.kind,
                     "",
-                    vec![Cause::required(
-                        "metadata.name",
-                        "name or generateName is required",
-                    )],
+                    vec![Cause::required("metadata.name", "name or generateName is required")],
                 ))
             }
         }
@@ -338,11 +253,7 @@ pub async fn create(
         return Err(ApiError::invalid(
             def.kind,
             &name,
-            vec![Cause::invalid(
-                "metadata.namespace",
-                &json!(namespace),
-                error,
-            )],
+            vec![Cause::invalid("metadata.namespace", &json!(namespace), error)],
         ));
     }
     meta.insert("name".into(), json!(name));
@@ -350,19 +261,12 @@ pub async fn create(
     meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
     meta.insert("creationTimestamp".into(), json!(meta::now_timestamp()));
     meta.insert("generation".into(), json!(1));
-    for field in [
-        "resourceVersion",
-        "deletionTimestamp",
-        "deletionGracePeriodSeconds",
-        "selfLink",
-    ] {
+    for field in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
         meta.remove(field);
     }
     put_metadata(&mut obj, meta);
     validate(def, &obj)?;
-    let obj_map = obj
-        .as_object_mut()
-        .ok_or_else(|| ApiError::internal("object is not a map"))?;
+    let obj_map = obj.as_object_mut().ok_or_else(|| ApiError::internal("object is not a map"))?;
     obj_map.remove("status");
     if let Some(status) = (def.initial_status)(&obj) {
         obj["status"] = status;
@@ -371,15 +275,9 @@ pub async fn create(
         return Ok(json_response(StatusCode::CREATED, &obj, &warnings));
     }
     let key = ObjectKey::new(def.plural, &namespace, &name);
-    let write = ObjectWrite::Put {
-        key,
-        object: obj,
-        precondition: Precondition::MustNotExist,
-        revision: None,
-    };
-    let outcome = blocking(&app, move |store| store.write_objects(vec![write]))
-        .await
-        .map_err(|e| relabel(e, def, &name))?;
+    let write = ObjectWrite::Put { key, object: obj, precondition: Precondition::MustNotExist, revision: None };
+    let outcome =
+        blocking(&app, move |store| store.write_objects(vec![write])).await.map_err(|e| relabel(e, def, &name))?;
     let created = outcome.objects.into_iter().next().unwrap_or(Value::Null);
     Ok(json_response(StatusCode::CREATED, &created, &warnings))
 }
@@ -407,16 +305,7 @@ pub async fn update(
     params: Params,
     body: Bytes,
 ) -> ApiResult<Response> {
-    update_scoped(
-        state,
-        namespace,
-        resource,
-        name,
-        params,
-        body,
-        UpdateScope::Main,
-    )
-    .await
+    update_scoped(state, namespace, resource, name, params, body, UpdateScope::Main).await
 }
 
 pub async fn update_status(
@@ -425,16 +314,7 @@ pub async fn update_status(
     params: Params,
     body: Bytes,
 ) -> ApiResult<Response> {
-    update_scoped(
-        state,
-        namespace,
-        resource,
-        name,
-        params,
-        body,
-        UpdateScope::Status,
-    )
-    .await
+    update_scoped(state, namespace, resource, name, params, body, UpdateScope::Status).await
 }
 
 async fn update_scoped(
@@ -448,40 +328,24 @@ async fn update_scoped(
 ) -> ApiResult<Response> {
     let def = resource_def(&resource)?;
     if !def.user_writable {
-        return Err(ApiError::method_not_allowed(format!(
-            "{} are written only by the server",
-            def.plural
-        )));
+        return Err(ApiError::method_not_allowed(format!("{} are written only by the server", def.plural)));
     }
     let (mut obj, warnings) = decode_body(def, &body, &params)?;
-    let body_name = obj
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("");
+    let body_name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
     if body_name != name {
         return Err(ApiError::bad_request(format!(
             "the name of the object ({body_name}) does not match the name on the URL ({name})"
         )));
     }
-    let rv_text = obj
-        .pointer("/metadata/resourceVersion")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
+    let rv_text = obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("").to_string();
     if rv_text.is_empty() {
         return Err(ApiError::invalid(
             def.kind,
             &name,
-            vec![Cause::invalid(
-                "metadata.resourceVersion",
-                &json!("0x0"),
-                "must be specified for an update",
-            )],
+            vec![Cause::invalid("metadata.resourceVersion", &json!("0x0"), "must be specified for an update")],
         ));
     }
-    let rv: u64 = rv_text
-        .parse()
-        .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv_text:?}")))?;
+    let rv: u64 = rv_text.parse().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv_text:?}")))?;
     let old = get_object(&app, def, &namespace, &name).await?;
     // Server-owned metadata never changes through an update.
     let mut meta = take_metadata(&mut obj);
@@ -494,11 +358,7 @@ async fn update_scoped(
         UpdateScope::Main => {
             obj["status"] = old.get("status").cloned().unwrap_or(Value::Null);
             if obj.get("spec") != old.get("spec") {
-                let generation = old
-                    .pointer("/metadata/generation")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(1)
-                    + 1;
+                let generation = old.pointer("/metadata/generation").and_then(Value::as_u64).unwrap_or(1) + 1;
                 meta.insert("generation".into(), json!(generation));
             }
             put_metadata(&mut obj, meta);
@@ -520,15 +380,9 @@ async fn update_scoped(
         return Ok(json_response(StatusCode::OK, &obj, &warnings));
     }
     let key = ObjectKey::new(def.plural, &namespace, &name);
-    let write = ObjectWrite::Put {
-        key,
-        object: obj,
-        precondition: Precondition::ResourceVersion(rv),
-        revision: None,
-    };
-    let outcome = blocking(&app, move |store| store.write_objects(vec![write]))
-        .await
-        .map_err(|e| relabel(e, def, &name))?;
+    let write = ObjectWrite::Put { key, object: obj, precondition: Precondition::ResourceVersion(rv), revision: None };
+    let outcome =
+        blocking(&app, move |store| store.write_objects(vec![write])).await.map_err(|e| relabel(e, def, &name))?;
     let updated = outcome.objects.into_iter().next().unwrap_or(Value::Null);
     Ok(json_response(StatusCode::OK, &updated, &warnings))
 }
@@ -543,51 +397,29 @@ pub async fn delete(
     let options: Value = if body.is_empty() {
         json!({})
     } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?
+        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?
     };
     let old = get_object(&app, def, &namespace, &name).await?;
-    let uid = options
-        .pointer("/preconditions/uid")
-        .and_then(Value::as_str);
+    let uid = options.pointer("/preconditions/uid").and_then(Value::as_str);
     if uid.is_some_and(|uid| Some(uid) != old.pointer("/metadata/uid").and_then(Value::as_str)) {
         return Err(ApiError::conflict(def.plural, &name));
     }
-    let precondition = match options
-        .pointer("/preconditions/resourceVersion")
-        .and_then(Value::as_str)
-    {
+    let precondition = match options.pointer("/preconditions/resourceVersion").and_then(Value::as_str) {
         Some(rv) => Precondition::ResourceVersion(
-            rv.parse()
-                .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv:?}")))?,
+            rv.parse().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv:?}")))?,
         ),
         None => Precondition::MustExist,
     };
-    let mut writes = vec![ObjectWrite::Delete {
-        key: ObjectKey::new(def.plural, &namespace, &name),
-        precondition,
-    }];
+    let mut writes = vec![ObjectWrite::Delete { key: ObjectKey::new(def.plural, &namespace, &name), precondition }];
     if def.plural == "bundles" {
         // A Bundle's revisions go with it (they are owned by it).
         let (contents, _) = {
             let namespace = namespace.clone();
-            blocking(&app, move |store| {
-                store.list_objects("bundlecontents", Some(&namespace))
-            })
-            .await?
+            blocking(&app, move |store| store.list_objects("bundlecontents", Some(&namespace))).await?
         };
         for content in contents {
-            if content
-                .value
-                .pointer("/spec/bundle")
-                .and_then(Value::as_str)
-                == Some(name.as_str())
-            {
-                let content_name = content
-                    .value
-                    .pointer("/metadata/name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
+            if content.value.pointer("/spec/bundle").and_then(Value::as_str) == Some(name.as_str()) {
+                let content_name = content.value.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
                 writes.push(ObjectWrite::Delete {
                     key: ObjectKey::new("bundlecontents", &namespace, content_name),
                     precondition: Precondition::None,
@@ -598,9 +430,7 @@ pub async fn delete(
     if dry_run(&params)? {
         return Ok(json_response(StatusCode::OK, &old, &[]));
     }
-    let outcome = blocking(&app, move |store| store.write_objects(writes))
-        .await
-        .map_err(|e| relabel(e, def, &name))?;
+    let outcome = blocking(&app, move |store| store.write_objects(writes)).await.map_err(|e| relabel(e, def, &name))?;
     let deleted = outcome.objects.into_iter().next().unwrap_or(old);
     Ok(json_response(StatusCode::OK, &deleted, &[]))
 }

@@ -41,10 +41,7 @@ pub async fn serve_tls(
 ) -> std::io::Result<()> {
     let acceptor = TlsAcceptor::from(tls);
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
     builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
 
@@ -65,23 +62,14 @@ pub async fn serve_tls(
                 }
             },
         };
-        tokio::spawn(serve_connection(
-            stream,
-            acceptor.clone(),
-            app.clone(),
-            builder.clone(),
-            shutdown_rx.clone(),
-        ));
+        tokio::spawn(serve_connection(stream, acceptor.clone(), app.clone(), builder.clone(), shutdown_rx.clone()));
         tracing::trace!(%peer, "accepted connection");
     }
 
     drop(listener);
     drop(shutdown_rx);
     let _ = shutdown_tx.send(true);
-    if tokio::time::timeout(SHUTDOWN_GRACE, shutdown_tx.closed())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(SHUTDOWN_GRACE, shutdown_tx.closed()).await.is_err() {
         tracing::info!(
             open = shutdown_tx.receiver_count(),
             "shutdown grace period elapsed; abandoning open connections"
@@ -122,19 +110,14 @@ async fn serve_connection(
     // rustls only exposes peer certificates that the client verifier accepted, so this is a
     // verified identity, not a claim.
     let identity = PeerIdentity(
-        tls.get_ref()
-            .1
-            .peer_certificates()
-            .and_then(|chain| chain.first())
-            .and_then(identity_from_certificate),
+        tls.get_ref().1.peer_certificates().and_then(|chain| chain.first()).and_then(identity_from_certificate),
     );
 
     let service = app.map_request(move |mut request: http::Request<Incoming>| {
         request.extensions_mut().insert(identity.clone());
         request
     });
-    let conn = builder
-        .serve_connection_with_upgrades(TokioIo::new(tls), TowerToHyperService::new(service));
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), TowerToHyperService::new(service));
     tokio::pin!(conn);
 
     let result = tokio::select! {
@@ -167,9 +150,7 @@ mod tests {
 
     fn client(pki: &pki::StandalonePki, with_cert: bool) -> reqwest::Client {
         let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.ca_cert).unwrap()).unwrap();
-        let mut builder = reqwest::Client::builder()
-            .tls_certs_only([ca])
-            .tls_backend_rustls();
+        let mut builder = reqwest::Client::builder().tls_certs_only([ca]).tls_backend_rustls();
         if with_cert {
             let mut pem = std::fs::read(&pki.admin_cert).unwrap();
             pem.extend(std::fs::read(&pki.admin_key).unwrap());
@@ -207,11 +188,7 @@ mod tests {
         // close it (GOAWAY) rather than wait out the grace period.
 
         stop_tx.send(()).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), server)
-            .await
-            .expect("server stops promptly")
-            .unwrap()
-            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), server).await.expect("server stops promptly").unwrap().unwrap();
         assert!(TcpStream::connect(addr).await.is_err());
     }
 }

@@ -11,17 +11,9 @@ pub fn dns1123_subdomain_errors(value: &str) -> Vec<String> {
     if value.len() > 253 {
         errors.push("must be no more than 253 characters".to_string());
     }
-    let ok_chars = value
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
-    let ok_ends = value
-        .bytes()
-        .next()
-        .is_some_and(|b| b.is_ascii_alphanumeric())
-        && value
-            .bytes()
-            .last()
-            .is_some_and(|b| b.is_ascii_alphanumeric());
+    let ok_chars = value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    let ok_ends = value.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && value.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
     if value.is_empty() || !ok_chars || !ok_ends {
         errors.push(
             "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and \
@@ -39,17 +31,9 @@ pub fn dns1123_label_errors(value: &str) -> Vec<String> {
     if value.len() > 63 {
         errors.push("must be no more than 63 characters".to_string());
     }
-    let ok_chars = value
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    let ok_ends = value
-        .bytes()
-        .next()
-        .is_some_and(|b| b.is_ascii_alphanumeric())
-        && value
-            .bytes()
-            .last()
-            .is_some_and(|b| b.is_ascii_alphanumeric());
+    let ok_chars = value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    let ok_ends = value.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && value.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
     if value.is_empty() || !ok_chars || !ok_ends {
         errors.push(
             "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start \
@@ -64,17 +48,9 @@ pub fn dns1123_label_errors(value: &str) -> Vec<String> {
 fn label_value_ok(value: &str) -> bool {
     value.is_empty()
         || (value.len() <= 63
-            && value
-                .bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_alphanumeric())
-            && value
-                .bytes()
-                .last()
-                .is_some_and(|b| b.is_ascii_alphanumeric())
-            && value
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.'))
+            && value.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && value.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+            && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.'))
 }
 
 /// Label keys (`[prefix/]name`) and values, as Kubernetes validates them.

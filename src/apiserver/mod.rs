@@ -47,11 +47,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            max_body_bytes: 64 << 30,
-            max_unpacked_bytes: 64 << 30,
-            max_object_bytes: 3 << 20,
-        }
+        Limits { max_body_bytes: 64 << 30, max_unpacked_bytes: 64 << 30, max_object_bytes: 3 << 20 }
     }
 }
 
@@ -91,9 +87,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route(
             &format!("{base}/namespaces/{{namespace}}/{{resource}}/{{name}}"),
-            get(handlers::get)
-                .put(handlers::update)
-                .delete(handlers::delete),
+            get(handlers::get).put(handlers::update).delete(handlers::delete),
         )
         .route(
             &format!("{base}/namespaces/{{namespace}}/{{resource}}/{{name}}/status"),
@@ -102,15 +96,10 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(object_limit))
         .route(
             &format!("{base}/namespaces/{{namespace}}/{{resource}}/{{name}}/content"),
-            get(content::get_content)
-                .put(content::put_bundle_content)
-                .layer(DefaultBodyLimit::disable()),
+            get(content::get_content).put(content::put_bundle_content).layer(DefaultBodyLimit::disable()),
         )
         .route("/openapi/v3", get(openapi::v3_root))
-        .route(
-            "/openapi/v3/apis/content.stowage.dev/v1alpha1",
-            get(openapi::v3_group_version),
-        )
+        .route("/openapi/v3/apis/content.stowage.dev/v1alpha1", get(openapi::v3_group_version))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(middleware::from_fn(require_identity));
@@ -127,18 +116,12 @@ async fn ok() -> &'static str {
 }
 
 async fn not_found(request: Request) -> ApiError {
-    ApiError::not_found_message(format!(
-        "the server could not find the requested resource ({})",
-        request.uri().path()
-    ))
+    ApiError::not_found_message(format!("the server could not find the requested resource ({})", request.uri().path()))
 }
 
 /// Until delegated authentication lands, only holders of a client certificate from our CA pass.
 async fn require_identity(request: Request, next: Next) -> Response {
-    let identified = request
-        .extensions()
-        .get::<PeerIdentity>()
-        .is_some_and(|p| p.0.is_some());
+    let identified = request.extensions().get::<PeerIdentity>().is_some_and(|p| p.0.is_some());
     if !identified {
         return ApiError::unauthorized().into_response();
     }
@@ -165,12 +148,5 @@ async fn metrics(State(app): State<AppState>) -> ApiResult<Response> {
         stats.disk_bytes,
         rv,
     );
-    Ok((
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
-        )],
-        text,
-    )
-        .into_response())
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

@@ -35,18 +35,10 @@ fn json_content(kind: &str) -> Value {
 fn operation(def: &ResourceDef, action: &str, id: &str, kind: &str, write: bool) -> Value {
     let mut params = Vec::new();
     if write {
-        params.push(query_param(
-            "dryRun",
-            "When present, the request is not persisted (\"All\").",
-        ));
-        params.push(query_param(
-            "fieldManager",
-            "Name of the actor making the change.",
-        ));
-        params.push(query_param(
-            "fieldValidation",
-            "How unknown fields are handled: Ignore, Warn (default) or Strict.",
-        ));
+        params.push(query_param("dryRun", "When present, the request is not persisted (\"All\")."));
+        params.push(query_param("fieldManager", "Name of the actor making the change."));
+        params
+            .push(query_param("fieldValidation", "How unknown fields are handled: Ignore, Warn (default) or Strict."));
     }
     let mut op = json!({
         "operationId": format!("{id}{}", def.kind),
@@ -63,17 +55,10 @@ fn operation(def: &ResourceDef, action: &str, id: &str, kind: &str, write: bool)
 }
 
 fn list_params() -> Vec<Value> {
-    [
-        "labelSelector",
-        "fieldSelector",
-        "limit",
-        "continue",
-        "resourceVersion",
-        "watch",
-    ]
-    .iter()
-    .map(|p| query_param(p, ""))
-    .collect()
+    ["labelSelector", "fieldSelector", "limit", "continue", "resourceVersion", "watch"]
+        .iter()
+        .map(|p| query_param(p, ""))
+        .collect()
 }
 
 /// The group-version document.
@@ -119,14 +104,8 @@ pub fn group_version_document() -> Value {
             }});
             item["patch"] = patch;
         }
-        paths.insert(
-            format!("/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{plural}"),
-            collection,
-        );
-        paths.insert(
-            format!("/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{plural}/{{name}}"),
-            item,
-        );
+        paths.insert(format!("/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{plural}"), collection);
+        paths.insert(format!("/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{plural}/{{name}}"), item);
         let mut all = json!({"get": operation(def, "list", "list", def.list_kind, false)});
         all["get"]["operationId"] = json!(format!("list{}ForAllNamespaces", def.kind));
         paths.insert(format!("/apis/{GROUP}/{VERSION}/{plural}"), all);
@@ -148,11 +127,7 @@ fn document_hash() -> String {
 
 pub async fn v3_root() -> Response {
     let url = format!("/openapi/v3/{GV_PATH}?hash={}", document_hash());
-    json_response(
-        StatusCode::OK,
-        &json!({"paths": {GV_PATH: {"serverRelativeURL": url}}}),
-        &[],
-    )
+    json_response(StatusCode::OK, &json!({"paths": {GV_PATH: {"serverRelativeURL": url}}}), &[])
 }
 
 pub async fn v3_group_version() -> Response {

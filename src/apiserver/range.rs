@@ -66,9 +66,7 @@ pub fn parse(headers: &HeaderMap, etag: &str, size: u64) -> RangeRequest {
         }
     };
     match parsed {
-        Some((start, end)) if start < size && start < end => {
-            RangeRequest::Partial(RangeSpec { start, end })
-        }
+        Some((start, end)) if start < size && start < end => RangeRequest::Partial(RangeSpec { start, end }),
         _ => RangeRequest::Unsatisfiable,
     }
 }
@@ -93,21 +91,9 @@ mod tests {
         assert_eq!(parse(&req("bytes=90-", None), "\"e\"", 100), p(90, 100));
         assert_eq!(parse(&req("bytes=-5", None), "\"e\"", 100), p(95, 100));
         assert_eq!(parse(&req("bytes=95-200", None), "\"e\"", 100), p(95, 100));
-        assert_eq!(
-            parse(&req("bytes=100-", None), "\"e\"", 100),
-            RangeRequest::Unsatisfiable
-        );
-        assert_eq!(
-            parse(&req("bytes=0-1,5-6", None), "\"e\"", 100),
-            RangeRequest::Full
-        );
-        assert_eq!(
-            parse(&req("bytes=0-9", Some("\"old\"")), "\"e\"", 100),
-            RangeRequest::Full
-        );
-        assert_eq!(
-            parse(&req("bytes=0-9", Some("\"e\"")), "\"e\"", 100),
-            p(0, 10)
-        );
+        assert_eq!(parse(&req("bytes=100-", None), "\"e\"", 100), RangeRequest::Unsatisfiable);
+        assert_eq!(parse(&req("bytes=0-1,5-6", None), "\"e\"", 100), RangeRequest::Full);
+        assert_eq!(parse(&req("bytes=0-9", Some("\"old\"")), "\"e\"", 100), RangeRequest::Full);
+        assert_eq!(parse(&req("bytes=0-9", Some("\"e\"")), "\"e\"", 100), p(0, 10));
     }
 }

@@ -32,16 +32,11 @@ fn walk(schema: &Value, value: &Value, path: &str, report: &mut SchemaReport) {
     if value.is_null() {
         return; // null means "unset" for optional fields, as in the Kubernetes decoder
     }
-    let preserve = schema
-        .get("x-kubernetes-preserve-unknown-fields")
-        .and_then(Value::as_bool)
-        == Some(true);
+    let preserve = schema.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true);
     match schema.get("type").and_then(Value::as_str) {
         Some("object") => {
             let Some(map) = value.as_object() else {
-                report
-                    .causes
-                    .push(Cause::type_invalid(path, value, "object"));
+                report.causes.push(Cause::type_invalid(path, value, "object"));
                 return;
             };
             let properties = schema.get("properties").and_then(Value::as_object);
@@ -57,9 +52,7 @@ fn walk(schema: &Value, value: &Value, path: &str, report: &mut SchemaReport) {
         }
         Some("array") => {
             let Some(items) = value.as_array() else {
-                report
-                    .causes
-                    .push(Cause::type_invalid(path, value, "array"));
+                report.causes.push(Cause::type_invalid(path, value, "array"));
                 return;
             };
             if let Some(item_schema) = schema.get("items") {
@@ -69,26 +62,20 @@ fn walk(schema: &Value, value: &Value, path: &str, report: &mut SchemaReport) {
             }
         }
         Some("string") => match value.as_str() {
-            None => report
-                .causes
-                .push(Cause::type_invalid(path, value, "string")),
+            None => report.causes.push(Cause::type_invalid(path, value, "string")),
             Some(s) => {
                 if let Some(allowed) = schema.get("enum").and_then(Value::as_array) {
                     if !allowed.iter().any(|a| a.as_str() == Some(s)) {
                         let names: Vec<&str> = allowed.iter().filter_map(Value::as_str).collect();
-                        report
-                            .causes
-                            .push(Cause::not_supported(path, value, &names));
+                        report.causes.push(Cause::not_supported(path, value, &names));
                     }
                 }
             }
         },
-        Some("integer") if !(value.is_i64() || value.is_u64()) => report
-            .causes
-            .push(Cause::type_invalid(path, value, "integer")),
-        Some("boolean") if !value.is_boolean() => report
-            .causes
-            .push(Cause::type_invalid(path, value, "boolean")),
+        Some("integer") if !(value.is_i64() || value.is_u64()) => {
+            report.causes.push(Cause::type_invalid(path, value, "integer"))
+        }
+        Some("boolean") if !value.is_boolean() => report.causes.push(Cause::type_invalid(path, value, "boolean")),
         _ => {}
     }
 }
@@ -185,18 +172,12 @@ mod tests {
     fn reports_unknown_fields_and_types() {
         let schema = kind_root(
             "t",
-            object(
-                "s",
-                json!({"paused": boolean(), "items": array_of(object("i", json!({"a": string()})))}),
-            ),
+            object("s", json!({"paused": boolean(), "items": array_of(object("i", json!({"a": string()})))})),
             object("st", json!({})),
         );
         let body = json!({"apiVersion": "x", "metadata": {"name": "n", "bogus": 1}, "spec": {"paused": "yes", "items": [{"a": "x", "b": 2}], "zzz": 1}});
         let report = check(&schema, &body);
-        assert_eq!(
-            report.unknown,
-            vec!["metadata.bogus", "spec.items[0].b", "spec.zzz"]
-        );
+        assert_eq!(report.unknown, vec!["metadata.bogus", "spec.items[0].b", "spec.zzz"]);
         assert_eq!(report.causes.len(), 1);
         assert_eq!(report.causes[0].field, "spec.paused");
     }
@@ -204,20 +185,14 @@ mod tests {
 
 /// Removes every field the schema does not declare (CRD pruning), after [`check`] reported them.
 pub fn prune(schema: &Value, value: &mut Value) {
-    if schema
-        .get("x-kubernetes-preserve-unknown-fields")
-        .and_then(Value::as_bool)
-        == Some(true)
-    {
+    if schema.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true) {
         return;
     }
     match (schema.get("type").and_then(Value::as_str), value) {
         (Some("object"), Value::Object(map)) => {
             let properties = schema.get("properties").and_then(Value::as_object);
             let additional = schema.get("additionalProperties").filter(|a| a.is_object());
-            map.retain(|field, _| {
-                properties.is_some_and(|p| p.contains_key(field)) || additional.is_some()
-            });
+            map.retain(|field, _| properties.is_some_and(|p| p.contains_key(field)) || additional.is_some());
             for (field, child) in map.iter_mut() {
                 if let Some(s) = properties.and_then(|p| p.get(field)).or(additional) {
                     prune(s, child);

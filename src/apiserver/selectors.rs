@@ -26,11 +26,7 @@ impl LabelSelector {
             if term.is_empty() {
                 continue;
             }
-            let bad = || {
-                ApiError::bad_request(format!(
-                    "unable to parse requirement: invalid label selector {term:?}"
-                ))
-            };
+            let bad = || ApiError::bad_request(format!("unable to parse requirement: invalid label selector {term:?}"));
             let req = if let Some(key) = term.strip_prefix('!') {
                 Requirement::NotExists(key.trim().to_string())
             } else if let Some((k, v)) = term.split_once("!=") {
@@ -41,10 +37,7 @@ impl LabelSelector {
                 Requirement::NotIn(k.trim().into(), parse_set(rest).ok_or_else(bad)?)
             } else if let Some((k, rest)) = term.split_once(" in ") {
                 Requirement::In(k.trim().into(), parse_set(rest).ok_or_else(bad)?)
-            } else if term
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
-            {
+            } else if term.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c)) {
                 Requirement::Exists(term.to_string())
             } else {
                 return Err(bad());
@@ -89,13 +82,7 @@ fn split_terms(text: &str) -> Vec<&str> {
 
 fn parse_set(text: &str) -> Option<Vec<String>> {
     let inner = text.trim().strip_prefix('(')?.strip_suffix(')')?;
-    Some(
-        inner
-            .split(',')
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect(),
-    )
+    Some(inner.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect())
 }
 
 /// A parsed field selector over the fields a resource supports.
@@ -112,9 +99,7 @@ impl FieldSelector {
             } else if let Some((f, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
                 (f, v, true)
             } else {
-                return Err(ApiError::bad_request(format!(
-                    "invalid selector: {term:?}; can't understand {term:?}"
-                )));
+                return Err(ApiError::bad_request(format!("invalid selector: {term:?}; can't understand {term:?}")));
             };
             let Some((_, pointer)) = fields.iter().find(|(name, _)| *name == field.trim()) else {
                 let known: Vec<String> = fields.iter().map(|(n, _)| format!("{n:?}")).collect();
@@ -154,27 +139,16 @@ mod tests {
             ("!tier", false),
             ("missing!=1", true),
         ] {
-            assert_eq!(
-                LabelSelector::parse(sel).unwrap().matches(&obj),
-                want,
-                "{sel}"
-            );
+            assert_eq!(LabelSelector::parse(sel).unwrap().matches(&obj), want, "{sel}");
         }
     }
 
     #[test]
     fn field_selectors() {
         let obj = json!({"metadata": {"name": "a", "namespace": "n"}});
-        let fields = [
-            ("metadata.name", "/metadata/name"),
-            ("metadata.namespace", "/metadata/namespace"),
-        ];
-        assert!(FieldSelector::parse("metadata.name=a", &fields)
-            .unwrap()
-            .matches(&obj));
-        assert!(!FieldSelector::parse("metadata.name!=a", &fields)
-            .unwrap()
-            .matches(&obj));
+        let fields = [("metadata.name", "/metadata/name"), ("metadata.namespace", "/metadata/namespace")];
+        assert!(FieldSelector::parse("metadata.name=a", &fields).unwrap().matches(&obj));
+        assert!(!FieldSelector::parse("metadata.name!=a", &fields).unwrap().matches(&obj));
         assert!(FieldSelector::parse("spec.x=a", &fields).is_err());
     }
 }

@@ -23,18 +23,10 @@ pub struct Cause {
 
 impl Cause {
     /// `field: Invalid value: <value>: <detail>`
-    pub fn invalid(
-        field: impl Into<String>,
-        value: &serde_json::Value,
-        detail: impl Into<String>,
-    ) -> Cause {
+    pub fn invalid(field: impl Into<String>, value: &serde_json::Value, detail: impl Into<String>) -> Cause {
         let field = field.into();
         let detail = detail.into();
-        Cause {
-            reason: "FieldValueInvalid".into(),
-            message: format!("Invalid value: {value}: {detail}"),
-            field,
-        }
+        Cause { reason: "FieldValueInvalid".into(), message: format!("Invalid value: {value}: {detail}"), field }
     }
 
     pub fn required(field: impl Into<String>, detail: impl Into<String>) -> Cause {
@@ -45,16 +37,8 @@ impl Cause {
         }
     }
 
-    pub fn not_supported(
-        field: impl Into<String>,
-        value: &serde_json::Value,
-        supported: &[&str],
-    ) -> Cause {
-        let list = supported
-            .iter()
-            .map(|s| format!("{s:?}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+    pub fn not_supported(field: impl Into<String>, value: &serde_json::Value, supported: &[&str]) -> Cause {
+        let list = supported.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
         Cause {
             reason: "FieldValueNotSupported".into(),
             message: format!("Unsupported value: {value}: supported values: {list}"),
@@ -70,11 +54,7 @@ impl Cause {
         }
     }
 
-    pub fn type_invalid(
-        field: impl Into<String>,
-        value: &serde_json::Value,
-        expected: &str,
-    ) -> Cause {
+    pub fn type_invalid(field: impl Into<String>, value: &serde_json::Value, expected: &str) -> Cause {
         let field = field.into();
         Cause {
             reason: "FieldValueTypeInvalid".into(),
@@ -96,12 +76,7 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            code,
-            reason,
-            message: message.into(),
-            details: None,
-        }
+        ApiError { code, reason, message: message.into(), details: None }
     }
 
     fn with_details(mut self, details: serde_json::Value) -> ApiError {
@@ -110,12 +85,8 @@ impl ApiError {
     }
 
     pub fn not_found(resource: &str, name: &str) -> ApiError {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!("{resource}.{GROUP} {name:?} not found"),
-        )
-        .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
+        ApiError::new(StatusCode::NOT_FOUND, "NotFound", format!("{resource}.{GROUP} {name:?} not found"))
+            .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
     }
 
     /// A 404 for something that is not an object (a path inside content, an unknown resource).
@@ -124,12 +95,8 @@ impl ApiError {
     }
 
     pub fn already_exists(resource: &str, name: &str) -> ApiError {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            "AlreadyExists",
-            format!("{resource}.{GROUP} {name:?} already exists"),
-        )
-        .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
+        ApiError::new(StatusCode::CONFLICT, "AlreadyExists", format!("{resource}.{GROUP} {name:?} already exists"))
+            .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
     }
 
     pub fn conflict(resource: &str, name: &str) -> ApiError {
@@ -146,15 +113,8 @@ impl ApiError {
 
     /// 422 with field causes, message in kube-apiserver's form.
     pub fn invalid(kind: &str, name: &str, causes: Vec<Cause>) -> ApiError {
-        let list = causes
-            .iter()
-            .map(|c| format!("{}: {}", c.field, c.message))
-            .collect::<Vec<_>>();
-        let summary = if list.len() == 1 {
-            list[0].clone()
-        } else {
-            format!("[{}]", list.join(", "))
-        };
+        let list = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect::<Vec<_>>();
+        let summary = if list.len() == 1 { list[0].clone() } else { format!("[{}]", list.join(", ")) };
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "Invalid",
@@ -168,19 +128,11 @@ impl ApiError {
     }
 
     pub fn too_large(message: impl Into<String>) -> ApiError {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "RequestEntityTooLarge",
-            message,
-        )
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge", message)
     }
 
     pub fn unsupported_media_type(message: impl Into<String>) -> ApiError {
-        ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "UnsupportedMediaType",
-            message,
-        )
+        ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType", message)
     }
 
     pub fn method_not_allowed(message: impl Into<String>) -> ApiError {
@@ -192,11 +144,7 @@ impl ApiError {
     }
 
     pub fn range_not_satisfiable(message: impl Into<String>) -> ApiError {
-        ApiError::new(
-            StatusCode::RANGE_NOT_SATISFIABLE,
-            "RequestedRangeNotSatisfiable",
-            message,
-        )
+        ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "RequestedRangeNotSatisfiable", message)
     }
 
     pub fn internal(message: impl Into<String>) -> ApiError {
@@ -249,12 +197,7 @@ impl From<StorageError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = self.status_body();
-        (
-            self.code,
-            [(axum::http::header::CONTENT_TYPE, "application/json")],
-            body.to_string(),
-        )
-            .into_response()
+        (self.code, [(axum::http::header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
     }
 }
 

@@ -22,16 +22,9 @@ pub enum IncludeObject {
 
 /// Picks the first acceptable representation from `Accept`, like kube-apiserver's negotiation.
 pub fn negotiate(headers: &HeaderMap, include_object: Option<&str>) -> Representation {
-    let accept = headers
-        .get(axum::http::header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+    let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
     for media in accept.split(',') {
-        let params: Vec<(&str, &str)> = media
-            .split(';')
-            .skip(1)
-            .filter_map(|p| p.trim().split_once('='))
-            .collect();
+        let params: Vec<(&str, &str)> = media.split(';').skip(1).filter_map(|p| p.trim().split_once('=')).collect();
         let get = |k: &str| params.iter().find(|(key, _)| *key == k).map(|(_, v)| *v);
         let base = media.split(';').next().unwrap_or("").trim();
         if base != "application/json" && base != "*/*" {
@@ -54,12 +47,7 @@ pub fn negotiate(headers: &HeaderMap, include_object: Option<&str>) -> Represent
 }
 
 /// A `Table` of `objects`, with the list's resourceVersion / continue in its metadata.
-pub fn table(
-    def: &ResourceDef,
-    objects: &[Value],
-    include: IncludeObject,
-    list_meta: Value,
-) -> Value {
+pub fn table(def: &ResourceDef, objects: &[Value], include: IncludeObject, list_meta: Value) -> Value {
     let columns: Vec<Value> = def
         .columns
         .iter()
@@ -114,12 +102,7 @@ mod tests {
                 .parse()
                 .unwrap(),
         );
-        assert_eq!(
-            negotiate(&headers, None),
-            Representation::Table {
-                include: IncludeObject::Metadata
-            }
-        );
+        assert_eq!(negotiate(&headers, None), Representation::Table { include: IncludeObject::Metadata });
         headers.insert("accept", "application/json".parse().unwrap());
         assert_eq!(negotiate(&headers, None), Representation::Object);
     }

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
 };
 use x509_parser::extensions::ParsedExtension;
 
@@ -92,12 +92,8 @@ pub fn ensure_standalone(data_dir: &Path) -> Result<StandalonePki, PkiError> {
         key: &pki.serving_key,
         params: serving_params,
     };
-    let admin = LeafSpec {
-        what: "admin client certificate",
-        cert: &pki.admin_cert,
-        key: &pki.admin_key,
-        params: admin_params,
-    };
+    let admin =
+        LeafSpec { what: "admin client certificate", cert: &pki.admin_cert, key: &pki.admin_key, params: admin_params };
     for leaf in [serving, admin] {
         if ca_is_new || !leaf_is_usable(&leaf, &ca.key_id) {
             issue_leaf(&leaf, &ca)?;
@@ -109,11 +105,7 @@ pub fn ensure_standalone(data_dir: &Path) -> Result<StandalonePki, PkiError> {
 
 /// Writes DATA_DIR/admin.kubeconfig (mode 0600), rewritten on every start so it names the current
 /// address.
-pub fn write_admin_kubeconfig(
-    data_dir: &Path,
-    pki: &StandalonePki,
-    server_url: &str,
-) -> Result<PathBuf, PkiError> {
+pub fn write_admin_kubeconfig(data_dir: &Path, pki: &StandalonePki, server_url: &str) -> Result<PathBuf, PkiError> {
     let b64 = |path: &Path| -> Result<String, PkiError> {
         let bytes = fs::read(path).map_err(|source| io_err("read", path, source))?;
         Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
@@ -189,11 +181,7 @@ fn generate_ca(pki: &StandalonePki) -> Result<Ca, PkiError> {
     let mut params = CertificateParams::default();
     params.distinguished_name = dn(CA_COMMON_NAME, None);
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     set_validity(&mut params, CA_VALIDITY_DAYS);
     let cert = params.self_signed(&key).map_err(gen)?;
     let key_id = params.key_identifier(&key);
@@ -202,17 +190,11 @@ fn generate_ca(pki: &StandalonePki) -> Result<Ca, PkiError> {
     write_atomic(&pki.ca_key(), key.serialize_pem().as_bytes(), 0o600)?;
     write_atomic(&pki.ca_cert, cert.pem().as_bytes(), 0o644)?;
     tracing::info!(path = %pki.ca_cert.display(), "generated standalone CA");
-    Ok(Ca {
-        issuer: Issuer::new(params, key),
-        key_id,
-    })
+    Ok(Ca { issuer: Issuer::new(params, key), key_id })
 }
 
 fn issue_leaf(leaf: &LeafSpec<'_>, ca: &Ca) -> Result<(), PkiError> {
-    let gen = |source| PkiError::Generate {
-        what: leaf.what,
-        source,
-    };
+    let gen = |source| PkiError::Generate { what: leaf.what, source };
     let key = KeyPair::generate().map_err(gen)?;
     let mut params = (leaf.params)().map_err(gen)?;
     params.use_authority_key_identifier_extension = true;
@@ -224,11 +206,7 @@ fn issue_leaf(leaf: &LeafSpec<'_>, ca: &Ca) -> Result<(), PkiError> {
 }
 
 fn serving_params() -> Result<CertificateParams, rcgen::Error> {
-    let mut names = vec![
-        "localhost".to_owned(),
-        "127.0.0.1".to_owned(),
-        "::1".to_owned(),
-    ];
+    let mut names = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()];
     names.extend(hostname());
     let mut params = CertificateParams::new(names)?;
     params.distinguished_name = dn("stowage", None);
@@ -273,17 +251,14 @@ fn hostname() -> Option<String> {
     let valid = !name.is_empty()
         && name.len() <= 253
         && name != "localhost"
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
         && !name.starts_with(['-', '.']);
     valid.then_some(name)
 }
 
 /// Whether an existing leaf can be kept: readable, key matches, signed by `ca_key_id`, not expiring.
 fn leaf_is_usable(leaf: &LeafSpec<'_>, ca_key_id: &[u8]) -> bool {
-    let (Ok(cert_pem), Ok(key_pem)) = (fs::read_to_string(leaf.cert), fs::read_to_string(leaf.key))
-    else {
+    let (Ok(cert_pem), Ok(key_pem)) = (fs::read_to_string(leaf.cert), fs::read_to_string(leaf.key)) else {
         return false;
     };
     let (Some(der), Ok(key)) = (pem_der(&cert_pem), KeyPair::from_pem(&key_pem)) else {
@@ -292,9 +267,7 @@ fn leaf_is_usable(leaf: &LeafSpec<'_>, ca_key_id: &[u8]) -> bool {
     let Ok((_, cert)) = x509_parser::parse_x509_certificate(&der) else {
         return false;
     };
-    key_matches(&cert, &key)
-        && !expires_soon(&cert)
-        && authority_key_id(&cert).is_some_and(|id| id == ca_key_id)
+    key_matches(&cert, &key) && !expires_soon(&cert) && authority_key_id(&cert).is_some_and(|id| id == ca_key_id)
 }
 
 fn pem_der(pem: &str) -> Option<Vec<u8>> {
@@ -312,23 +285,17 @@ fn expires_soon(cert: &x509_parser::certificate::X509Certificate<'_>) -> bool {
 }
 
 fn subject_key_id(cert: &x509_parser::certificate::X509Certificate<'_>) -> Option<Vec<u8>> {
-    cert.extensions()
-        .iter()
-        .find_map(|ext| match ext.parsed_extension() {
-            ParsedExtension::SubjectKeyIdentifier(id) => Some(id.0.to_vec()),
-            _ => None,
-        })
+    cert.extensions().iter().find_map(|ext| match ext.parsed_extension() {
+        ParsedExtension::SubjectKeyIdentifier(id) => Some(id.0.to_vec()),
+        _ => None,
+    })
 }
 
 fn authority_key_id(cert: &x509_parser::certificate::X509Certificate<'_>) -> Option<Vec<u8>> {
-    cert.extensions()
-        .iter()
-        .find_map(|ext| match ext.parsed_extension() {
-            ParsedExtension::AuthorityKeyIdentifier(aki) => {
-                aki.key_identifier.as_ref().map(|id| id.0.to_vec())
-            }
-            _ => None,
-        })
+    cert.extensions().iter().find_map(|ext| match ext.parsed_extension() {
+        ParsedExtension::AuthorityKeyIdentifier(aki) => aki.key_identifier.as_ref().map(|id| id.0.to_vec()),
+        _ => None,
+    })
 }
 
 fn create_private_dir(dir: &Path) -> Result<(), PkiError> {
@@ -336,18 +303,13 @@ fn create_private_dir(dir: &Path) -> Result<(), PkiError> {
     builder.recursive(true);
     #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder
-        .create(dir)
-        .map_err(|source| io_err("create directory", dir, source))
+    builder.create(dir).map_err(|source| io_err("create directory", dir, source))
 }
 
 /// Writes through a temporary file and a rename, so readers (and a crash) never see a partial file,
 /// and the final file has `mode` from the moment it appears.
 fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), PkiError> {
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
+    let file_name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{file_name}.tmp.{}", std::process::id()));
     let result = (|| {
         let mut options = fs::OpenOptions::new();
@@ -374,11 +336,7 @@ fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), PkiError>
 }
 
 fn io_err(action: &'static str, path: &Path, source: std::io::Error) -> PkiError {
-    PkiError::Io {
-        action,
-        path: path.to_owned(),
-        source,
-    }
+    PkiError::Io { action, path: path.to_owned(), source }
 }
 
 #[cfg(test)]
@@ -389,14 +347,8 @@ mod tests {
     fn generates_then_reuses() {
         let dir = tempfile::tempdir().unwrap();
         let pki = ensure_standalone(dir.path()).unwrap();
-        for path in [
-            &pki.ca_cert,
-            &pki.ca_key(),
-            &pki.serving_cert,
-            &pki.serving_key,
-            &pki.admin_cert,
-            &pki.admin_key,
-        ] {
+        for path in [&pki.ca_cert, &pki.ca_key(), &pki.serving_cert, &pki.serving_key, &pki.admin_cert, &pki.admin_key]
+        {
             assert!(path.is_file(), "{} missing", path.display());
         }
         let ca_before = fs::read(&pki.ca_cert).unwrap();
@@ -444,10 +396,7 @@ mod tests {
         fs::copy(&other_pki.serving_key, &pki.serving_key).unwrap();
 
         ensure_standalone(dir.path()).unwrap();
-        assert_ne!(
-            fs::read(&pki.serving_cert).unwrap(),
-            fs::read(&other_pki.serving_cert).unwrap()
-        );
+        assert_ne!(fs::read(&pki.serving_cert).unwrap(), fs::read(&other_pki.serving_cert).unwrap());
     }
 
     #[cfg(unix)]
@@ -456,8 +405,7 @@ mod tests {
         use std::os::unix::fs::PermissionsExt as _;
         let dir = tempfile::tempdir().unwrap();
         let pki = ensure_standalone(dir.path()).unwrap();
-        let kubeconfig =
-            write_admin_kubeconfig(dir.path(), &pki, "https://127.0.0.1:8443").unwrap();
+        let kubeconfig = write_admin_kubeconfig(dir.path(), &pki, "https://127.0.0.1:8443").unwrap();
         for path in [&pki.ca_key(), &pki.serving_key, &pki.admin_key, &kubeconfig] {
             let mode = fs::metadata(path).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode, 0o600, "{}", path.display());
@@ -475,14 +423,8 @@ mod tests {
         assert!(text.contains("current-context: stowage"));
         assert!(text.contains("namespace: default"));
         let b64 = base64::engine::general_purpose::STANDARD;
-        let ca_line = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("certificate-authority-data: "))
-            .unwrap();
-        assert_eq!(
-            b64.decode(ca_line).unwrap(),
-            fs::read(&pki.ca_cert).unwrap()
-        );
+        let ca_line = text.lines().find_map(|l| l.trim().strip_prefix("certificate-authority-data: ")).unwrap();
+        assert_eq!(b64.decode(ca_line).unwrap(), fs::read(&pki.ca_cert).unwrap());
 
         // Rewritten, not appended, when the address changes.
         write_admin_kubeconfig(dir.path(), &pki, "https://[::1]:9443").unwrap();

@@ -40,11 +40,7 @@ pub enum TlsError {
 
 /// TLS server config: ALPN h2 then http/1.1; client certificates are optional but, when presented,
 /// must chain to `client_ca` (WebPkiClientVerifier with allow_unauthenticated()).
-pub fn server_config(
-    cert: &Path,
-    key: &Path,
-    client_ca: &Path,
-) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+pub fn server_config(cert: &Path, key: &Path, client_ca: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     // An explicit provider, so behaviour never depends on which process-wide default (if any) some
     // other dependency installed.
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
@@ -58,10 +54,7 @@ pub fn server_config(
 
     let mut roots = rustls::RootCertStore::empty();
     for ca in read_certs(client_ca, "client CA")? {
-        roots.add(ca).map_err(|source| TlsError::ClientCa {
-            path: client_ca.to_owned(),
-            source,
-        })?;
+        roots.add(ca).map_err(|source| TlsError::ClientCa { path: client_ca.to_owned(), source })?;
     }
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .allow_unauthenticated()
@@ -96,26 +89,15 @@ pub fn identity_from_certificate(cert: &CertificateDer<'_>) -> Option<UserInfo> 
         .filter(|o| !o.is_empty())
         .map(str::to_owned)
         .collect();
-    Some(UserInfo {
-        name: name.to_owned(),
-        groups,
-    })
+    Some(UserInfo { name: name.to_owned(), groups })
 }
 
 fn read_certs(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem_err = |source| TlsError::Pem {
-        what,
-        path: path.to_owned(),
-        source,
-    };
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(pem_err)?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(pem_err)?;
+    let pem_err = |source| TlsError::Pem { what, path: path.to_owned(), source };
+    let certs =
+        CertificateDer::pem_file_iter(path).map_err(pem_err)?.collect::<Result<Vec<_>, _>>().map_err(pem_err)?;
     if certs.is_empty() {
-        return Err(TlsError::NoCertificates {
-            path: path.to_owned(),
-        });
+        return Err(TlsError::NoCertificates { path: path.to_owned() });
     }
     Ok(certs)
 }
@@ -146,10 +128,7 @@ mod tests {
 
     #[test]
     fn garbage_is_no_identity() {
-        assert_eq!(
-            identity_from_certificate(&CertificateDer::from(vec![1, 2, 3])),
-            None
-        );
+        assert_eq!(identity_from_certificate(&CertificateDer::from(vec![1, 2, 3])), None);
     }
 
     #[test]
@@ -157,10 +136,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pki = pki::ensure_standalone(dir.path()).unwrap();
         let config = server_config(&pki.serving_cert, &pki.serving_key, &pki.ca_cert).unwrap();
-        assert_eq!(
-            config.alpn_protocols,
-            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
-        );
+        assert_eq!(config.alpn_protocols, vec![b"h2".to_vec(), b"http/1.1".to_vec()]);
     }
 
     #[test]

@@ -11,9 +11,7 @@ use std::collections::HashMap;
 use super::chunks::ChunkRef;
 use super::objects::key_revision;
 use super::packs::Location;
-use super::{
-    be, decode_json, encode_json, key, Result, RevisionId, RevisionRecord, RevisionState, Store,
-};
+use super::{be, decode_json, encode_json, key, Result, RevisionId, RevisionRecord, RevisionState, Store};
 
 /// What a collection pass did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -35,10 +33,7 @@ impl Store {
             let (k, v) = item?;
             let mut record: RevisionRecord = decode_json(&v)?;
             if record.state == RevisionState::Staging {
-                tracing::info!(
-                    revision = record.id,
-                    "releasing a revision a crash left unfinished"
-                );
+                tracing::info!(revision = record.id, "releasing a revision a crash left unfinished");
                 record.state = RevisionState::Deleting;
                 batch.insert(k, encode_json(&record));
             }
@@ -158,23 +153,18 @@ impl Store {
 }
 
 /// Runs collection passes on request until the store is dropped.
-pub(super) fn spawn_collector(
-    store: std::sync::Weak<super::Inner>,
-    requests: std::sync::mpsc::Receiver<()>,
-) {
-    let spawned = std::thread::Builder::new()
-        .name("stowage-gc".into())
-        .spawn(move || {
-            while requests.recv().is_ok() {
-                while requests.try_recv().is_ok() {}
-                let Some(inner) = store.upgrade() else { return };
-                let store = Store { inner };
-                match store.collect() {
-                    Ok(report) => tracing::debug!(?report, "garbage collection"),
-                    Err(e) => tracing::warn!(error = %e, "garbage collection failed"),
-                }
+pub(super) fn spawn_collector(store: std::sync::Weak<super::Inner>, requests: std::sync::mpsc::Receiver<()>) {
+    let spawned = std::thread::Builder::new().name("stowage-gc".into()).spawn(move || {
+        while requests.recv().is_ok() {
+            while requests.try_recv().is_ok() {}
+            let Some(inner) = store.upgrade() else { return };
+            let store = Store { inner };
+            match store.collect() {
+                Ok(report) => tracing::debug!(?report, "garbage collection"),
+                Err(e) => tracing::warn!(error = %e, "garbage collection failed"),
             }
-        });
+        }
+    });
     if let Err(e) = spawned {
         tracing::error!(error = %e, "could not start the garbage collector");
     }

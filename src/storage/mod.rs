@@ -165,11 +165,7 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions {
-            cache_bytes: 32 << 20,
-            zstd_level: 3,
-            change_log_len: 100_000,
-        }
+        StoreOptions { cache_bytes: 32 << 20, zstd_level: 3, change_log_len: 100_000 }
     }
 }
 
@@ -275,18 +271,13 @@ fn dir_size(dir: &Path) -> Result<u64> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let meta = entry.metadata()?;
-        total += if meta.is_dir() {
-            dir_size(&entry.path())?
-        } else {
-            meta.len()
-        };
+        total += if meta.is_dir() { dir_size(&entry.path())? } else { meta.len() };
     }
     Ok(total)
 }
 
 fn decode_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| StorageError::Corrupt(format!("undecodable record: {e}")))
+    serde_json::from_slice(bytes).map_err(|e| StorageError::Corrupt(format!("undecodable record: {e}")))
 }
 
 fn encode_json<T: Serialize>(value: &T) -> Vec<u8> {
@@ -309,9 +300,10 @@ fn be(n: u64) -> [u8; 8] {
 }
 
 fn read_be(bytes: &[u8]) -> Result<u64> {
-    let arr: [u8; 8] = bytes
-        .get(..8)
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| StorageError::Corrupt("short integer".into()))?;
+    let arr: [u8; 8] =
+        bytes.get(..8).and_then(|b| b.try_into().ok()).ok_or_else(|| StorageError::Corrupt("short integer".into()))?;
     Ok(u64::from_be_bytes(arr))
 }
+
+#[cfg(test)]
+mod tests;

@@ -9,8 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
-    be, decode_json, encode_json, key, read_be, Result, RevisionId, RevisionRecord, RevisionState,
-    StorageError, Store,
+    be, decode_json, encode_json, key, read_be, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store,
 };
 
 const RV_COUNTER: &[u8] = b"mrv";
@@ -25,31 +24,15 @@ pub struct ObjectKey {
 
 impl ObjectKey {
     pub fn new(resource: &str, namespace: &str, name: &str) -> ObjectKey {
-        ObjectKey {
-            resource: resource.into(),
-            namespace: namespace.into(),
-            name: name.into(),
-        }
+        ObjectKey { resource: resource.into(), namespace: namespace.into(), name: name.into() }
     }
 
     fn encode(&self) -> Vec<u8> {
-        key(
-            b'o',
-            &[
-                self.resource.as_bytes(),
-                b"/",
-                self.namespace.as_bytes(),
-                b"/",
-                self.name.as_bytes(),
-            ],
-        )
+        key(b'o', &[self.resource.as_bytes(), b"/", self.namespace.as_bytes(), b"/", self.name.as_bytes()])
     }
 
     fn describe(&self) -> String {
-        format!(
-            "{} {:?} in namespace {:?}",
-            self.resource, self.name, self.namespace
-        )
+        format!("{} {:?} in namespace {:?}", self.resource, self.name, self.namespace)
     }
 }
 
@@ -123,18 +106,11 @@ fn set_resource_version(object: &mut Value, rv: u64) {
 
 impl Store {
     pub fn get_object(&self, key: &ObjectKey) -> Result<Option<StoredObject>> {
-        self.tree()
-            .get(key.encode())?
-            .map(|v| decode_object(&v))
-            .transpose()
+        self.tree().get(key.encode())?.map(|v| decode_object(&v)).transpose()
     }
 
     /// All objects of a resource, in one namespace or all; plus the current resourceVersion.
-    pub fn list_objects(
-        &self,
-        resource: &str,
-        namespace: Option<&str>,
-    ) -> Result<(Vec<StoredObject>, u64)> {
+    pub fn list_objects(&self, resource: &str, namespace: Option<&str>) -> Result<(Vec<StoredObject>, u64)> {
         // Take the lock so the list is a consistent snapshot at the returned resourceVersion.
         let _guard = self.lock_objects();
         let rv = self.current_resource_version()?;
@@ -168,12 +144,7 @@ impl Store {
             // Each change gets its own change-log slot so watchers see every event in order.
             let log_key = key(b'l', &[&be(rv), &(i as u32).to_be_bytes()]);
             match write {
-                ObjectWrite::Put {
-                    key,
-                    mut object,
-                    precondition,
-                    revision,
-                } => {
+                ObjectWrite::Put { key, mut object, precondition, revision } => {
                     let existing = self.get_object(&key)?;
                     check(&key, precondition, existing.as_ref())?;
                     set_resource_version(&mut object, rv);
@@ -186,16 +157,8 @@ impl Store {
                         }
                         None => existing.as_ref().and_then(|e| e.revision),
                     };
-                    let kind = if existing.is_some() {
-                        "MODIFIED"
-                    } else {
-                        "ADDED"
-                    };
-                    let envelope = Envelope {
-                        rv,
-                        revision,
-                        object: object.clone(),
-                    };
+                    let kind = if existing.is_some() { "MODIFIED" } else { "ADDED" };
+                    let envelope = Envelope { rv, revision, object: object.clone() };
                     batch.insert(key.encode(), encode_json(&envelope));
                     batch.insert(log_key, encode_json(&change(kind, &key, &object)));
                     objects.push(object);
@@ -229,34 +192,22 @@ impl Store {
         if released {
             self.request_gc();
         }
-        Ok(WriteOutcome {
-            resource_version: rv,
-            objects,
-        })
+        Ok(WriteOutcome { resource_version: rv, objects })
     }
 
     /// Change-log entries after `after` (exclusive), oldest first.
-    pub fn changes_since(
-        &self,
-        after: u64,
-    ) -> impl Iterator<Item = Result<(u64, ChangeEvent)>> + '_ {
-        self.tree()
-            .range(key(b'l', &[&be(after + 1)])..key(b'm', &[]))
-            .map(|item| {
-                let (k, v) = item?;
-                let rv = read_be(k.get(1..).unwrap_or_default())?;
-                Ok((rv, decode_json(&v)?))
-            })
+    pub fn changes_since(&self, after: u64) -> impl Iterator<Item = Result<(u64, ChangeEvent)>> + '_ {
+        self.tree().range(key(b'l', &[&be(after + 1)])..key(b'm', &[])).map(|item| {
+            let (k, v) = item?;
+            let rv = read_be(k.get(1..).unwrap_or_default())?;
+            Ok((rv, decode_json(&v)?))
+        })
     }
 
     fn trim_change_log(&self, rv: u64) -> Result<()> {
         let keep_from = rv.saturating_sub(self.inner.options.change_log_len);
         let mut batch = sled::Batch::default();
-        for k in self
-            .tree()
-            .range(key(b'l', &[])..key(b'l', &[&be(keep_from)]))
-            .keys()
-        {
+        for k in self.tree().range(key(b'l', &[])..key(b'l', &[&be(keep_from)])).keys() {
             batch.remove(k?);
         }
         self.tree().apply_batch(batch)?;
@@ -264,18 +215,12 @@ impl Store {
     }
 
     pub(super) fn revision_record(&self, id: RevisionId) -> Result<RevisionRecord> {
-        let v = self
-            .tree()
-            .get(key_revision(id))?
-            .ok_or_else(|| StorageError::NotFound(format!("revision {id}")))?;
+        let v = self.tree().get(key_revision(id))?.ok_or_else(|| StorageError::NotFound(format!("revision {id}")))?;
         decode_json(&v)
     }
 
     fn lock_objects(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.inner
-            .object_lock
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.inner.object_lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -295,18 +240,10 @@ fn change(kind: &str, key: &ObjectKey, object: &Value) -> ChangeEvent {
 
 fn decode_object(bytes: &[u8]) -> Result<StoredObject> {
     let envelope: Envelope = decode_json(bytes)?;
-    Ok(StoredObject {
-        value: envelope.object,
-        resource_version: envelope.rv,
-        revision: envelope.revision,
-    })
+    Ok(StoredObject { value: envelope.object, resource_version: envelope.rv, revision: envelope.revision })
 }
 
-fn check(
-    key: &ObjectKey,
-    precondition: Precondition,
-    existing: Option<&StoredObject>,
-) -> Result<()> {
+fn check(key: &ObjectKey, precondition: Precondition, existing: Option<&StoredObject>) -> Result<()> {
     match (precondition, existing) {
         (Precondition::MustNotExist, Some(_)) => Err(StorageError::AlreadyExists(key.describe())),
         (Precondition::MustExist | Precondition::ResourceVersion(_), None) => {

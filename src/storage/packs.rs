@@ -48,29 +48,12 @@ impl Location {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Location> {
-        let b: &[u8; LOCATION_LEN] = bytes
-            .try_into()
-            .map_err(|_| StorageError::Corrupt("chunk index entry has the wrong size".into()))?;
-        let u64_at = |i: usize| {
-            u64::from_be_bytes([
-                b[i],
-                b[i + 1],
-                b[i + 2],
-                b[i + 3],
-                b[i + 4],
-                b[i + 5],
-                b[i + 6],
-                b[i + 7],
-            ])
-        };
+        let b: &[u8; LOCATION_LEN] =
+            bytes.try_into().map_err(|_| StorageError::Corrupt("chunk index entry has the wrong size".into()))?;
+        let u64_at =
+            |i: usize| u64::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7]]);
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        Ok(Location {
-            pack: u64_at(0),
-            offset: u64_at(8),
-            codec: b[16],
-            raw_len: u32_at(17),
-            stored_len: u32_at(21),
-        })
+        Ok(Location { pack: u64_at(0), offset: u64_at(8), codec: b[16], raw_len: u32_at(17), stored_len: u32_at(21) })
     }
 
     /// Bytes the record takes in its pack.
@@ -141,13 +124,7 @@ impl Packs {
     }
 
     /// Appends a record; returns where it went.
-    pub fn append(
-        &self,
-        hash: &[u8; 32],
-        codec: u8,
-        raw_len: u32,
-        payload: &[u8],
-    ) -> Result<Location> {
+    pub fn append(&self, hash: &[u8; 32], codec: u8, raw_len: u32, payload: &[u8]) -> Result<Location> {
         let mut record = Vec::with_capacity(RECORD_HEADER + payload.len());
         record.extend_from_slice(MAGIC);
         record.extend_from_slice(hash);
@@ -164,42 +141,23 @@ impl Packs {
             }
             *guard = Some(self.create_pack()?);
         }
-        let active = guard
-            .as_mut()
-            .ok_or_else(|| StorageError::Corrupt("no active pack".into()))?;
+        let active = guard.as_mut().ok_or_else(|| StorageError::Corrupt("no active pack".into()))?;
         let offset = active.len;
         active.file.write_all_at(&record, offset)?;
         active.len += record.len() as u64;
         active.dirty = true;
-        Ok(Location {
-            pack: active.id,
-            offset,
-            codec,
-            raw_len,
-            stored_len: payload.len() as u32,
-        })
+        Ok(Location { pack: active.id, offset, codec, raw_len, stored_len: payload.len() as u32 })
     }
 
     fn create_pack(&self) -> Result<Active> {
         let mut next = lock(&self.next_id);
         let id = *next;
         *next += 1;
-        let file = Arc::new(
-            OpenOptions::new()
-                .create_new(true)
-                .read(true)
-                .write(true)
-                .open(self.path(id))?,
-        );
+        let file = Arc::new(OpenOptions::new().create_new(true).read(true).write(true).open(self.path(id))?);
         // Make the new file's directory entry durable too.
         File::open(&self.dir)?.sync_all()?;
         write_lock(&self.open).insert(id, file.clone());
-        Ok(Active {
-            id,
-            file,
-            len: 0,
-            dirty: false,
-        })
+        Ok(Active { id, file, len: 0, dirty: false })
     }
 
     /// Makes every appended record durable.
@@ -222,9 +180,10 @@ impl Packs {
         if let Some(file) = read_lock(&self.open).get(&id) {
             return Ok(file.clone());
         }
-        let file = Arc::new(File::open(self.path(id)).map_err(|e| {
-            StorageError::Corrupt(format!("pack {} cannot be opened: {e}", pack_name(id)))
-        })?);
+        let file = Arc::new(
+            File::open(self.path(id))
+                .map_err(|e| StorageError::Corrupt(format!("pack {} cannot be opened: {e}", pack_name(id))))?,
+        );
         write_lock(&self.open).insert(id, file.clone());
         Ok(file)
     }
@@ -233,14 +192,10 @@ impl Packs {
     pub fn read(&self, hash: &[u8; 32], at: &Location) -> Result<Vec<u8>> {
         let file = self.file(at.pack)?;
         let mut record = vec![0u8; at.record_len() as usize];
-        file.read_exact_at(&mut record, at.offset).map_err(|e| {
-            StorageError::Corrupt(format!("chunk {}: short read: {e}", hex::encode(hash)))
-        })?;
+        file.read_exact_at(&mut record, at.offset)
+            .map_err(|e| StorageError::Corrupt(format!("chunk {}: short read: {e}", hex::encode(hash))))?;
         if &record[..4] != MAGIC || &record[4..36] != hash {
-            return Err(StorageError::Corrupt(format!(
-                "chunk {}: record header mismatch",
-                hex::encode(hash)
-            )));
+            return Err(StorageError::Corrupt(format!("chunk {}: record header mismatch", hex::encode(hash))));
         }
         record.drain(..RECORD_HEADER);
         Ok(record)
@@ -252,11 +207,7 @@ impl Packs {
     }
 
     /// Walks a pack's records in order: (offset, hash, codec, raw_len, payload). Stops at a torn tail.
-    pub fn scan(
-        &self,
-        id: u64,
-        mut visit: impl FnMut(u64, [u8; 32], u8, u32, Vec<u8>) -> Result<()>,
-    ) -> Result<()> {
+    pub fn scan(&self, id: u64, mut visit: impl FnMut(u64, [u8; 32], u8, u32, Vec<u8>) -> Result<()>) -> Result<()> {
         let mut reader = std::io::BufReader::new(File::open(self.path(id))?);
         let mut offset = 0u64;
         loop {

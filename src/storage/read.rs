@@ -8,8 +8,7 @@ use super::chunks::ChunkRef;
 use super::revision::{file_key, segment_key, tar_index_key};
 use super::tarfmt::{self, padded, BLOCK};
 use super::{
-    be, decode_json, key, read_be, FileEntry, Result, RevisionId, RevisionRecord, RevisionState,
-    StorageError, Store,
+    be, decode_json, key, read_be, FileEntry, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store,
 };
 
 /// A resolved, satisfiable byte range `[start, end)`.
@@ -32,10 +31,7 @@ impl Iterator for FileListing<'_> {
     type Item = Result<FileEntry>;
     fn next(&mut self) -> Option<Self::Item> {
         let item = self.iter.next()?;
-        Some(
-            item.map_err(StorageError::from)
-                .and_then(|(_, v)| decode_json(&v)),
-        )
+        Some(item.map_err(StorageError::from).and_then(|(_, v)| decode_json(&v)))
     }
 }
 
@@ -52,18 +48,12 @@ impl Store {
     }
 
     pub fn file(&self, rev: RevisionId, path: &str) -> Result<Option<FileEntry>> {
-        self.tree()
-            .get(file_key(rev, path))?
-            .map(|v| decode_json(&v))
-            .transpose()
+        self.tree().get(file_key(rev, path))?.map(|v| decode_json(&v)).transpose()
     }
 
     /// Entries whose path starts with `prefix` (all entries for `""`).
     pub fn files(&self, rev: RevisionId, prefix: &str) -> FileListing<'_> {
-        FileListing {
-            iter: self.tree().scan_prefix(file_key(rev, prefix)),
-            _store: self,
-        }
+        FileListing { iter: self.tree().scan_prefix(file_key(rev, prefix)), _store: self }
     }
 
     /// Streams bytes `[start, end)` of a regular file. Returns the stored bytes of the chunks read.
@@ -89,10 +79,7 @@ impl Store {
             .ok_or_else(|| StorageError::Corrupt(format!("{}: no chunk list", entry.path)))?;
         let mut stored = 0u64;
         let mut delivered = start;
-        for item in self
-            .tree()
-            .range(first.to_vec()..segment_key(rev, entry.file_id, u64::MAX))
-        {
+        for item in self.tree().range(first.to_vec()..segment_key(rev, entry.file_id, u64::MAX)) {
             let (k, v) = item?;
             let mut pos = read_be(k.get(prefix.len()..).unwrap_or_default())?;
             for chunk in ChunkRef::decode_all(&v)? {
@@ -111,32 +98,16 @@ impl Store {
                 pos = chunk_end;
             }
         }
-        Err(StorageError::Corrupt(format!(
-            "{}: chunk list shorter than the file",
-            entry.path
-        )))
+        Err(StorageError::Corrupt(format!("{}: chunk list shorter than the file", entry.path)))
     }
 
     /// Streams bytes `[start, end)` of a regular file.
-    pub fn read_file(
-        &self,
-        rev: RevisionId,
-        entry: &FileEntry,
-        range: RangeSpec,
-        out: &mut Sink<'_>,
-    ) -> Result<()> {
-        self.for_each_chunk(rev, entry, range.start, range.end.min(entry.size), out)
-            .map(|_| ())
+    pub fn read_file(&self, rev: RevisionId, entry: &FileEntry, range: RangeSpec, out: &mut Sink<'_>) -> Result<()> {
+        self.for_each_chunk(rev, entry, range.start, range.end.min(entry.size), out).map(|_| ())
     }
 
     /// Streams bytes `[start, end)` of the revision's deterministic tar.
-    pub fn read_tar(
-        &self,
-        rev: RevisionId,
-        tar_size: u64,
-        range: RangeSpec,
-        out: &mut Sink<'_>,
-    ) -> Result<()> {
+    pub fn read_tar(&self, rev: RevisionId, tar_size: u64, range: RangeSpec, out: &mut Sink<'_>) -> Result<()> {
         let end = range.end.min(tar_size);
         let mut pos = range.start;
         let first_path = self
@@ -166,12 +137,7 @@ impl Store {
     }
 
     /// Streams a tar of the entries under `prefix` (paths kept whole), in the same format.
-    pub fn write_subtree_tar(
-        &self,
-        rev: RevisionId,
-        prefix: &str,
-        out: &mut Sink<'_>,
-    ) -> Result<()> {
+    pub fn write_subtree_tar(&self, rev: RevisionId, prefix: &str, out: &mut Sink<'_>) -> Result<()> {
         for entry in self.files(rev, prefix) {
             let entry = entry?;
             let len = tarfmt::header_len(&entry.header_spec()) + data_len(&entry);
@@ -182,29 +148,15 @@ impl Store {
         out(&[0u8; tarfmt::TRAILER_LEN as usize])
     }
 
-    fn entries_from(
-        &self,
-        rev: RevisionId,
-        path: &str,
-    ) -> impl Iterator<Item = Result<FileEntry>> + '_ {
+    fn entries_from(&self, rev: RevisionId, path: &str) -> impl Iterator<Item = Result<FileEntry>> + '_ {
         self.tree()
             .range(file_key(rev, path)..key(b'f', &[&be(rev + 1)]))
-            .map(|item| {
-                item.map_err(StorageError::from)
-                    .and_then(|(_, v)| decode_json(&v))
-            })
+            .map(|item| item.map_err(StorageError::from).and_then(|(_, v)| decode_json(&v)))
     }
 
     /// Emits the part of `entry` (header, data, padding) that falls in `[pos, end)`; returns the
     /// position after it.
-    fn emit_entry(
-        &self,
-        rev: RevisionId,
-        entry: &FileEntry,
-        pos: u64,
-        end: u64,
-        out: &mut Sink<'_>,
-    ) -> Result<u64> {
+    fn emit_entry(&self, rev: RevisionId, entry: &FileEntry, pos: u64, end: u64, out: &mut Sink<'_>) -> Result<u64> {
         let header = tarfmt::header_bytes(&entry.header_spec());
         let header_start = entry.tar_offset;
         let data_start = header_start + header.len() as u64;

@@ -15,8 +15,8 @@ use super::chunks::{ChunkRef, AVG_CHUNK, MAX_CHUNK, MIN_CHUNK};
 use super::objects::key_revision;
 use super::tarfmt::{self, padded};
 use super::{
-    be, decode_json, encode_json, key, FileEntry, ObjectWrite, Result, RevisionId, RevisionRecord,
-    RevisionState, StorageError, Store, WriteOutcome,
+    be, decode_json, encode_json, key, FileEntry, ObjectWrite, Result, RevisionId, RevisionRecord, RevisionState,
+    StorageError, Store, WriteOutcome,
 };
 
 /// Chunk references per segment record (40 bytes each: a 10 KiB sled value).
@@ -58,12 +58,7 @@ impl Store {
             stored_size: 0,
         };
         self.tree().insert(key_revision(id), encode_json(&record))?;
-        Ok(RevisionWriter {
-            store: self.clone(),
-            id,
-            next_file_id: 0,
-            open: true,
-        })
+        Ok(RevisionWriter { store: self.clone(), id, next_file_id: 0, open: true })
     }
 
     /// Marks a revision for deletion; the collector frees its data.
@@ -90,12 +85,7 @@ impl RevisionWriter {
         let mut size = 0u64;
         let mut segment: Vec<ChunkRef> = Vec::with_capacity(SEGMENT_CHUNKS);
         let mut segment_start = 0u64;
-        let chunker = fastcdc::v2020::StreamCDC::new(
-            data,
-            MIN_CHUNK as usize,
-            AVG_CHUNK as usize,
-            MAX_CHUNK as usize,
-        );
+        let chunker = fastcdc::v2020::StreamCDC::new(data, MIN_CHUNK as usize, AVG_CHUNK as usize, MAX_CHUNK as usize);
         for chunk in chunker {
             let chunk = match chunk {
                 Ok(c) => c,
@@ -132,9 +122,7 @@ impl RevisionWriter {
             file_id,
             tar_offset: 0,
         };
-        self.store
-            .tree()
-            .insert(file_key(self.id, path), encode_json(&entry))?;
+        self.store.tree().insert(file_key(self.id, path), encode_json(&entry))?;
         Ok(())
     }
 
@@ -149,26 +137,17 @@ impl RevisionWriter {
             file_id: self.take_file_id(),
             tar_offset: 0,
         };
-        self.store
-            .tree()
-            .insert(file_key(self.id, path), encode_json(&entry))?;
+        self.store.tree().insert(file_key(self.id, path), encode_json(&entry))?;
         Ok(())
     }
 
     /// Adds `path` as a copy of the earlier regular file `target` (sharing its chunks).
     pub fn add_hardlink(&mut self, path: &str, target: &str) -> Result<()> {
         self.ensure_new(path)?;
-        let invalid = |reason: &str| StorageError::InvalidEntry {
-            path: path.into(),
-            reason: reason.into(),
-        };
+        let invalid = |reason: &str| StorageError::InvalidEntry { path: path.into(), reason: reason.into() };
         let source: FileEntry = match self.store.tree().get(file_key(self.id, target))? {
             Some(v) => decode_json(&v)?,
-            None => {
-                return Err(invalid(
-                    "hard link target is not an earlier file of the archive",
-                ))
-            }
+            None => return Err(invalid("hard link target is not an earlier file of the archive")),
         };
         if source.is_symlink() {
             return Err(invalid("hard link target is a symlink"));
@@ -184,14 +163,8 @@ impl RevisionWriter {
             // The source file's references keep these chunks alive: no pins needed.
             self.store.record_refs(batch, &refs, 1, &[])?;
         }
-        let entry = FileEntry {
-            path: path.to_string(),
-            file_id,
-            ..source
-        };
-        self.store
-            .tree()
-            .insert(file_key(self.id, path), encode_json(&entry))?;
+        let entry = FileEntry { path: path.to_string(), file_id, ..source };
+        self.store.tree().insert(file_key(self.id, path), encode_json(&entry))?;
         Ok(())
     }
 
@@ -219,12 +192,7 @@ impl RevisionWriter {
                 tar_hash.update(&vec![0u8; pad as usize]);
             }
             batch.insert(tar_index_key(id, offset), entry.path.as_bytes());
-            offset += header.len() as u64
-                + if entry.is_symlink() {
-                    0
-                } else {
-                    padded(entry.size)
-                };
+            offset += header.len() as u64 + if entry.is_symlink() { 0 } else { padded(entry.size) };
             files += 1;
             size += entry.size;
             batch.insert(k, encode_json(&entry));
@@ -248,19 +216,18 @@ impl RevisionWriter {
         store.tree().apply_batch(batch)?;
         store.flush()?;
         self.open = false;
-        Ok(PendingRevision {
-            store,
-            record,
-            armed: true,
-        })
+        Ok(PendingRevision { store, record, armed: true })
+    }
+
+    /// Leaves the revision `Staging` as a crash would (tests of recovery).
+    #[cfg(test)]
+    pub fn simulate_crash(mut self) {
+        self.open = false;
     }
 
     fn ensure_new(&self, path: &str) -> Result<()> {
         if self.store.tree().contains_key(file_key(self.id, path))? {
-            return Err(StorageError::InvalidEntry {
-                path: path.into(),
-                reason: "duplicate path".into(),
-            });
+            return Err(StorageError::InvalidEntry { path: path.into(), reason: "duplicate path".into() });
         }
         Ok(())
     }

@@ -42,20 +42,12 @@ pub fn header_bytes(spec: &HeaderSpec<'_>) -> Vec<u8> {
     if link.len() > 100 {
         pax_record(&mut pax, "linkpath", link);
     }
-    let size = if spec.link_target.is_some() {
-        0
-    } else {
-        spec.size
-    };
+    let size = if spec.link_target.is_some() { 0 } else { spec.size };
     if size > USTAR_MAX_SIZE {
         pax_record(&mut pax, "size", &size.to_string());
     }
 
-    let mut out = Vec::with_capacity(if pax.is_empty() {
-        512
-    } else {
-        1536 + pax.len()
-    });
+    let mut out = Vec::with_capacity(if pax.is_empty() { 512 } else { 1536 + pax.len() });
     if !pax.is_empty() {
         let pax_len = pax.len() as u64;
         out.extend_from_slice(&ustar_block(b"", b"PaxHeader", 0o644, pax_len, b'x', b""));
@@ -68,14 +60,7 @@ pub fn header_bytes(spec: &HeaderSpec<'_>) -> Vec<u8> {
         None => (0o644, b'0'),
     };
     let size_field = if size > USTAR_MAX_SIZE { 0 } else { size };
-    out.extend_from_slice(&ustar_block(
-        prefix,
-        name,
-        mode,
-        size_field,
-        kind,
-        truncate(link.as_bytes(), 100),
-    ));
+    out.extend_from_slice(&ustar_block(prefix, name, mode, size_field, kind, truncate(link.as_bytes(), 100)));
     out
 }
 
@@ -112,14 +97,7 @@ fn pax_record(out: &mut Vec<u8>, key: &str, value: &str) {
     out.extend_from_slice(format!("{len} {key}={value}\n").as_bytes());
 }
 
-fn ustar_block(
-    prefix: &[u8],
-    name: &[u8],
-    mode: u32,
-    size: u64,
-    kind: u8,
-    link: &[u8],
-) -> [u8; 512] {
+fn ustar_block(prefix: &[u8], name: &[u8], mode: u32, size: u64, kind: u8, link: &[u8]) -> [u8; 512] {
     let mut h = [0u8; 512];
     h[..name.len()].copy_from_slice(name);
     octal(&mut h[100..108], mode as u64);
@@ -160,10 +138,7 @@ mod tests {
         for (spec, data) in entries {
             out.extend(header_bytes(spec));
             out.extend_from_slice(data);
-            out.resize(
-                out.len() + (padded(data.len() as u64) - data.len() as u64) as usize,
-                0,
-            );
+            out.resize(out.len() + (padded(data.len() as u64) - data.len() as u64) as usize, 0);
         }
         out.resize(out.len() + TRAILER_LEN as usize, 0);
         out
@@ -173,42 +148,10 @@ mod tests {
     fn readers_see_paths_modes_links_and_data() {
         let long = format!("{}/{}", "d".repeat(150), "f".repeat(120));
         let tar = archive(&[
-            (
-                HeaderSpec {
-                    path: "a/b.yaml",
-                    link_target: None,
-                    executable: false,
-                    size: 5,
-                },
-                b"hello",
-            ),
-            (
-                HeaderSpec {
-                    path: "bin/run",
-                    link_target: None,
-                    executable: true,
-                    size: 2,
-                },
-                b"#!",
-            ),
-            (
-                HeaderSpec {
-                    path: &long,
-                    link_target: None,
-                    executable: false,
-                    size: 1,
-                },
-                b"x",
-            ),
-            (
-                HeaderSpec {
-                    path: "l",
-                    link_target: Some("a/b.yaml"),
-                    executable: false,
-                    size: 0,
-                },
-                b"",
-            ),
+            (HeaderSpec { path: "a/b.yaml", link_target: None, executable: false, size: 5 }, b"hello"),
+            (HeaderSpec { path: "bin/run", link_target: None, executable: true, size: 2 }, b"#!"),
+            (HeaderSpec { path: &long, link_target: None, executable: false, size: 1 }, b"x"),
+            (HeaderSpec { path: "l", link_target: Some("a/b.yaml"), executable: false, size: 0 }, b""),
         ]);
         let mut seen = Vec::new();
         let mut ar = tar::Archive::new(&tar[..]);
@@ -216,10 +159,7 @@ mod tests {
             let mut e = e.unwrap();
             let path = e.path().unwrap().to_string_lossy().into_owned();
             let mode = e.header().mode().unwrap();
-            let link = e
-                .link_name()
-                .unwrap()
-                .map(|l| l.to_string_lossy().into_owned());
+            let link = e.link_name().unwrap().map(|l| l.to_string_lossy().into_owned());
             let mut data = Vec::new();
             e.read_to_end(&mut data).unwrap();
             seen.push((path, mode, link, data));
@@ -241,12 +181,7 @@ mod tests {
 
     #[test]
     fn header_is_deterministic_and_block_aligned() {
-        let spec = HeaderSpec {
-            path: &"x/".repeat(200),
-            link_target: None,
-            executable: false,
-            size: 9,
-        };
+        let spec = HeaderSpec { path: &"x/".repeat(200), link_target: None, executable: false, size: 9 };
         assert_eq!(header_bytes(&spec), header_bytes(&spec));
         assert_eq!(header_len(&spec) % BLOCK, 0);
     }

@@ -13,12 +13,7 @@ use std::io::Read;
 pub trait EntrySink {
     type Error: std::error::Error + Send + Sync + 'static;
     /// A regular file; `data` yields exactly its bytes.
-    fn file(
-        &mut self,
-        path: &str,
-        executable: bool,
-        data: &mut dyn Read,
-    ) -> Result<(), Self::Error>;
+    fn file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<(), Self::Error>;
     /// A symbolic link whose target stays inside the tree (already checked).
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), Self::Error>;
     /// A hard link to an earlier regular file `target` of the same archive: stored as a copy.

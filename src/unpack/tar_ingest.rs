@@ -55,11 +55,7 @@ pub struct IngestLimits {
 
 impl Default for IngestLimits {
     fn default() -> Self {
-        IngestLimits {
-            max_unpacked_bytes: 64 * 1024 * 1024 * 1024,
-            max_entries: 1_000_000,
-            max_path_bytes: 4096,
-        }
+        IngestLimits { max_unpacked_bytes: 64 * 1024 * 1024 * 1024, max_entries: 1_000_000, max_path_bytes: 4096 }
     }
 }
 
@@ -249,9 +245,9 @@ impl<R: Read> Read for SourceReader<'_, R> {
         }
         loop {
             let result = match self.inner.read(buf) {
-                Ok(n) if n > buf.len() => Err(io::Error::other(
-                    "request body reader returned more bytes than requested",
-                )),
+                Ok(n) if n > buf.len() => {
+                    Err(io::Error::other("request body reader returned more bytes than requested"))
+                }
                 other => other,
             };
             return match result {
@@ -294,10 +290,8 @@ impl<R: Read> Read for TarStream<'_, R> {
         let n = match self.inner.read(buf) {
             Ok(n) if n <= buf.len() => n,
             Ok(_) => {
-                self.state.flag(Violation::Corrupt(format!(
-                    "{} decoder returned more bytes than requested",
-                    self.codec
-                )));
+                self.state
+                    .flag(Violation::Corrupt(format!("{} decoder returned more bytes than requested", self.codec)));
                 return Err(aborted());
             }
             Err(e) => {
@@ -385,13 +379,7 @@ impl<R> TarStream<'_, R> {
             .header
             .iter()
             .enumerate()
-            .map(|(i, b)| {
-                if (148..156).contains(&i) {
-                    u32::from(b' ')
-                } else {
-                    u32::from(*b)
-                }
-            })
+            .map(|(i, b)| if (148..156).contains(&i) { u32::from(b' ') } else { u32::from(*b) })
             .sum();
         if header.cksum().ok() != Some(sum) {
             return Ok(None);
@@ -414,18 +402,10 @@ impl<R> TarStream<'_, R> {
             return Ok(None);
         };
         if size > limit {
-            let what = if entry_type.is_pax_local_extensions() {
-                "PAX extended header"
-            } else {
-                "GNU long name/link"
-            };
+            let what = if entry_type.is_pax_local_extensions() { "PAX extended header" } else { "GNU long name/link" };
             let name = header.path_bytes();
             return Err(Violation::Invalid {
-                path: if name.is_empty() {
-                    format!("({what})")
-                } else {
-                    display_path(&name)
-                },
+                path: if name.is_empty() { format!("({what})") } else { display_path(&name) },
                 reason: format!("{what} of {size} bytes exceeds the {limit}-byte limit"),
             });
         }
@@ -454,9 +434,7 @@ impl<R: Read> Read for EntryData<'_, '_, R> {
         if self.remaining == 0 || buf.is_empty() {
             return Ok(0);
         }
-        let want = usize::try_from(self.remaining)
-            .unwrap_or(usize::MAX)
-            .min(buf.len());
+        let want = usize::try_from(self.remaining).unwrap_or(usize::MAX).min(buf.len());
         let Some(buf) = buf.get_mut(..want) else {
             return Ok(0);
         };
@@ -467,10 +445,7 @@ impl<R: Read> Read for EntryData<'_, '_, R> {
                     self.path, self.remaining
                 )));
                 self.failed = Some(aborted());
-                Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "truncated archive",
-                ))
+                Err(io::Error::new(io::ErrorKind::UnexpectedEof, "truncated archive"))
             }
             Ok(n) => {
                 self.remaining = self.remaining.saturating_sub(n as u64);
@@ -545,20 +520,13 @@ fn run_decoded<R: Read, S: EntrySink>(
         state,
         codec,
         limit: limits.max_unpacked_bytes,
-        max_long_name: u64::try_from(limits.max_path_bytes)
-            .unwrap_or(u64::MAX)
-            .saturating_add(1),
+        max_long_name: u64::try_from(limits.max_path_bytes).unwrap_or(u64::MAX).saturating_add(1),
         pos: 0,
         header: [0; BLOCK as usize],
     };
     let mut archive = tar::Archive::new(stream);
-    let mut walker = Walker {
-        limits,
-        tree: Tree::new(),
-        stats: IngestStats::default(),
-        entries: 0,
-        deferred_symlinks: Vec::new(),
-    };
+    let mut walker =
+        Walker { limits, tree: Tree::new(), stats: IngestStats::default(), entries: 0, deferred_symlinks: Vec::new() };
     {
         let mut entries = archive.entries()?;
         loop {
@@ -567,8 +535,7 @@ fn run_decoded<R: Read, S: EntrySink>(
                 Some(Ok(entry)) => entry,
                 Some(Err(e)) => return Err(Failure::Io(e)),
             };
-            let next_header =
-                block_align(entry.size()).and_then(|s| entry.raw_file_position().checked_add(s));
+            let next_header = block_align(entry.size()).and_then(|s| entry.raw_file_position().checked_add(s));
             if next_header.is_none() {
                 state.flag(Violation::Corrupt("entry size overflows".to_owned()));
                 return Err(Failure::Flagged);
@@ -615,9 +582,7 @@ struct Tree {
 
 impl Tree {
     fn new() -> Tree {
-        Tree {
-            nodes: vec![Kind::Dir(HashMap::new())],
-        }
+        Tree { nodes: vec![Kind::Dir(HashMap::new())] }
     }
 
     fn child(&self, node: usize, name: &str) -> Option<usize> {
@@ -692,10 +657,7 @@ struct Walker<'l> {
 }
 
 fn invalid<E>(state: &State, path: impl Into<String>, reason: impl Into<String>) -> Failure<E> {
-    state.flag(Violation::Invalid {
-        path: path.into(),
-        reason: reason.into(),
-    });
+    state.flag(Violation::Invalid { path: path.into(), reason: reason.into() });
     Failure::Flagged
 }
 
@@ -728,8 +690,8 @@ impl Walker<'_> {
             return Err(invalid(state, shown, reason));
         }
         let size = entry.size();
-        let is_dir = entry_type.is_dir()
-            || (entry_type.is_file() && type_byte != b'7' && norm.trailing_slash && size == 0);
+        let is_dir =
+            entry_type.is_dir() || (entry_type.is_file() && type_byte != b'7' && norm.trailing_slash && size == 0);
         if is_dir {
             if norm.path.is_empty() {
                 return Ok(()); // the root itself (`./`)
@@ -743,11 +705,7 @@ impl Walker<'_> {
             return Err(invalid(state, shown, "empty path"));
         }
         if norm.trailing_slash {
-            return Err(invalid(
-                state,
-                shown,
-                "non-directory entry with a trailing '/'",
-            ));
+            return Err(invalid(state, shown, "non-directory entry with a trailing '/'"));
         }
         let path = norm.path;
 
@@ -760,16 +718,8 @@ impl Walker<'_> {
                 }
             };
             self.add_bytes(size, state)?;
-            self.tree
-                .insert(&path, Kind::File { size })
-                .map_err(|reason| invalid(state, path.clone(), reason))?;
-            let mut data = EntryData {
-                inner: &mut *entry,
-                remaining: size,
-                path: &path,
-                state,
-                failed: None,
-            };
+            self.tree.insert(&path, Kind::File { size }).map_err(|reason| invalid(state, path.clone(), reason))?;
+            let mut data = EntryData { inner: &mut *entry, remaining: size, path: &path, state, failed: None };
             let result = sink.file(&path, mode & 0o111 != 0, &mut data);
             if let Some(e) = data.failed.take() {
                 // The sink saw a read error: that error, not the sink's reaction to it, counts.
@@ -783,14 +733,11 @@ impl Walker<'_> {
                 return Err(invalid(state, path, "symlink without a target"));
             };
             let depth = path.split('/').count().saturating_sub(1);
-            let (target, deferred) =
-                match check_symlink_target(&target, depth, self.limits.max_path_bytes) {
-                    Ok(ok) => ok,
-                    Err(reason) => return Err(invalid(state, path, reason)),
-                };
-            self.tree
-                .insert(&path, Kind::Symlink)
-                .map_err(|reason| invalid(state, path.clone(), reason))?;
+            let (target, deferred) = match check_symlink_target(&target, depth, self.limits.max_path_bytes) {
+                Ok(ok) => ok,
+                Err(reason) => return Err(invalid(state, path, reason)),
+            };
+            self.tree.insert(&path, Kind::Symlink).map_err(|reason| invalid(state, path.clone(), reason))?;
             sink.symlink(&path, &target).map_err(Failure::Sink)?;
             if deferred {
                 self.deferred_symlinks.push((path, target));
@@ -804,9 +751,7 @@ impl Walker<'_> {
             let target = match normalize(&target, self.limits.max_path_bytes) {
                 Ok(t) if !t.path.is_empty() && !t.trailing_slash => t.path,
                 Ok(_) => return Err(invalid(state, path, "hard link target is not a file")),
-                Err(reason) => {
-                    return Err(invalid(state, path, format!("hard link target: {reason}")))
-                }
+                Err(reason) => return Err(invalid(state, path, format!("hard link target: {reason}"))),
             };
             let (size, origin) = match self.tree.lookup(&target) {
                 Some(Kind::File { size }) => (*size, target.into_boxed_str()),
@@ -821,13 +766,7 @@ impl Walker<'_> {
             };
             self.add_bytes(size, state)?;
             self.tree
-                .insert(
-                    &path,
-                    Kind::Hardlink {
-                        size,
-                        origin: origin.clone(),
-                    },
-                )
+                .insert(&path, Kind::Hardlink { size, origin: origin.clone() })
                 .map_err(|reason| invalid(state, path.clone(), reason))?;
             sink.hardlink(&path, &origin).map_err(Failure::Sink)?;
             self.stats.files += 1;
@@ -938,20 +877,13 @@ fn normalize(raw: &[u8], max_bytes: usize) -> Result<Normalized, String> {
             }
         }
     }
-    Ok(Normalized {
-        path,
-        trailing_slash: text.ends_with('/'),
-    })
+    Ok(Normalized { path, trailing_slash: text.ends_with('/') })
 }
 
 /// Validates a symlink target for a link `depth` directories below the root. Returns the target
 /// (unchanged) and whether it needs the deferred whole-tree check (a `..` after a normal
 /// component).
-fn check_symlink_target(
-    raw: &[u8],
-    depth: usize,
-    max_bytes: usize,
-) -> Result<(String, bool), String> {
+fn check_symlink_target(raw: &[u8], depth: usize, max_bytes: usize) -> Result<(String, bool), String> {
     if raw.is_empty() {
         return Err("empty symlink target".to_owned());
     }
@@ -974,9 +906,7 @@ fn check_symlink_target(
         match comp {
             "" | "." => {}
             ".." => {
-                level = level
-                    .checked_sub(1)
-                    .ok_or_else(|| "symlink target escapes the bundle root".to_owned())?;
+                level = level.checked_sub(1).ok_or_else(|| "symlink target escapes the bundle root".to_owned())?;
                 deferred |= seen_name;
             }
             _ => {
@@ -1042,12 +972,7 @@ mod tests {
 
     impl EntrySink for VecSink {
         type Error = SinkError;
-        fn file(
-            &mut self,
-            path: &str,
-            executable: bool,
-            data: &mut dyn Read,
-        ) -> Result<(), SinkError> {
+        fn file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<(), SinkError> {
             if self.fail_on.as_deref() == Some(path) {
                 return Err(SinkError("disk full".into()));
             }
@@ -1067,8 +992,7 @@ mod tests {
             Ok(())
         }
         fn hardlink(&mut self, path: &str, target: &str) -> Result<(), SinkError> {
-            self.events
-                .push(Event::Hardlink(path.into(), target.into()));
+            self.events.push(Event::Hardlink(path.into(), target.into()));
             Ok(())
         }
     }
@@ -1092,9 +1016,7 @@ mod tests {
     }
 
     fn run_err(body: &[u8]) -> IngestError<SinkError> {
-        run_with(body, Encoding::Identity, &IngestLimits::default())
-            .0
-            .expect_err("expected an error")
+        run_with(body, Encoding::Identity, &IngestLimits::default()).0.expect_err("expected an error")
     }
 
     #[track_caller]
@@ -1102,10 +1024,7 @@ mod tests {
         match err {
             IngestError::InvalidEntry { path, reason } => {
                 assert_eq!(path, want_path, "reason was {reason:?}");
-                assert!(
-                    reason.contains(reason_part),
-                    "reason {reason:?} lacks {reason_part:?}"
-                );
+                assert!(reason.contains(reason_part), "reason {reason:?} lacks {reason_part:?}");
             }
             other => panic!("expected InvalidEntry({want_path}), got {other:?}"),
         }
@@ -1176,18 +1095,8 @@ mod tests {
         add_file(&mut b, "./bin/run.sh", 0o755, b"#!/bin/sh\necho hi\n");
         add_file(&mut b, "data//nested/./a.txt", 0o644, b"hello");
         add_file(&mut b, &long, 0o600, &[7u8; 1000]);
-        add_link(
-            &mut b,
-            tar::EntryType::Symlink,
-            "bin/latest",
-            "../data/nested/a.txt",
-        );
-        add_link(
-            &mut b,
-            tar::EntryType::Link,
-            "copy.txt",
-            "./data/nested/a.txt",
-        );
+        add_link(&mut b, tar::EntryType::Symlink, "bin/latest", "../data/nested/a.txt");
+        add_link(&mut b, tar::EntryType::Link, "copy.txt", "./data/nested/a.txt");
         add_link(&mut b, tar::EntryType::Link, "copy2.txt", "copy.txt");
         add_file(&mut b, "empty", 0o644, b"");
         b.into_inner().unwrap()
@@ -1206,11 +1115,7 @@ mod tests {
         ]
     }
 
-    const GOOD_STATS: IngestStats = IngestStats {
-        files: 6,
-        symlinks: 1,
-        bytes: 18 + 5 + 1000 + 5 + 5,
-    };
+    const GOOD_STATS: IngestStats = IngestStats { files: 6, symlinks: 1, bytes: 18 + 5 + 1000 + 5 + 5 };
 
     fn gzip(data: &[u8]) -> Vec<u8> {
         let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
@@ -1230,16 +1135,14 @@ mod tests {
         let path = format!("pax/{}/f", "p".repeat(200));
         let target = format!("../{}", "t".repeat(150));
         let mut b = builder();
-        b.append_pax_extensions([("path", path.as_bytes())])
-            .unwrap();
+        b.append_pax_extensions([("path", path.as_bytes())]).unwrap();
         let mut h = tar::Header::new_ustar();
         h.set_path("short-name").unwrap();
         h.set_size(3);
         h.set_mode(0o644);
         h.set_cksum();
         b.append(&h, &b"abc"[..]).unwrap();
-        b.append_pax_extensions([("linkpath", target.as_bytes())])
-            .unwrap();
+        b.append_pax_extensions([("linkpath", target.as_bytes())]).unwrap();
         let mut h = tar::Header::new_ustar();
         h.set_path("pax/link").unwrap();
         h.set_entry_type(tar::EntryType::Symlink);
@@ -1254,13 +1157,7 @@ mod tests {
         g.set_cksum();
         b.append(&g, &b"20 comment=abcdefgh\n"[..]).unwrap();
         let (stats, events) = run_ok(&b.into_inner().unwrap());
-        assert_eq!(
-            events,
-            vec![
-                Event::File(path, false, b"abc".to_vec()),
-                Event::Symlink("pax/link".into(), target)
-            ]
-        );
+        assert_eq!(events, vec![Event::File(path, false, b"abc".to_vec()), Event::Symlink("pax/link".into(), target)]);
         assert_eq!(stats.files, 1);
     }
 
@@ -1270,12 +1167,9 @@ mod tests {
         let gz = gzip(&tar);
         let zst = zstd::encode_all(&tar[..], 3).unwrap();
         let limits = IngestLimits::default();
-        for (body, enc) in [
-            (&gz, Encoding::Gzip),
-            (&gz, Encoding::Identity),
-            (&zst, Encoding::Zstd),
-            (&zst, Encoding::Identity),
-        ] {
+        for (body, enc) in
+            [(&gz, Encoding::Gzip), (&gz, Encoding::Identity), (&zst, Encoding::Zstd), (&zst, Encoding::Identity)]
+        {
             let (result, events) = run_with(body, enc, &limits);
             assert_eq!(result.unwrap(), GOOD_STATS, "{enc:?}");
             assert_eq!(events, good_events());
@@ -1283,40 +1177,24 @@ mod tests {
         // Concatenated gzip members decode as one stream.
         let mut two = gzip(&tar[..700]);
         two.extend(gzip(&tar[700..]));
-        assert_eq!(
-            run_with(&two, Encoding::Gzip, &limits).0.unwrap(),
-            GOOD_STATS
-        );
+        assert_eq!(run_with(&two, Encoding::Gzip, &limits).0.unwrap(), GOOD_STATS);
         // Declared gzip that is not gzip.
-        assert_corrupt(
-            run_with(&tar, Encoding::Gzip, &limits).0.unwrap_err(),
-            "gzip",
-        );
-        assert_corrupt(
-            run_with(&tar, Encoding::Zstd, &limits).0.unwrap_err(),
-            "zstd",
-        );
+        assert_corrupt(run_with(&tar, Encoding::Gzip, &limits).0.unwrap_err(), "gzip");
+        assert_corrupt(run_with(&tar, Encoding::Zstd, &limits).0.unwrap_err(), "zstd");
     }
 
     #[test]
     fn corrupt_and_truncated_compression() {
         let gz = gzip(&good_tar());
         let limits = IngestLimits::default();
-        let err = run_with(&gz[..gz.len() / 2], Encoding::Gzip, &limits)
-            .0
-            .unwrap_err();
+        let err = run_with(&gz[..gz.len() / 2], Encoding::Gzip, &limits).0.unwrap_err();
         assert_corrupt(err, "truncated");
         let mut bad = gz.clone();
         let n = bad.len();
         bad[n - 6] ^= 0xff; // CRC
-        assert_corrupt(
-            run_with(&bad, Encoding::Gzip, &limits).0.unwrap_err(),
-            "gzip",
-        );
+        assert_corrupt(run_with(&bad, Encoding::Gzip, &limits).0.unwrap_err(), "gzip");
         let zst = zstd::encode_all(&good_tar()[..], 3).unwrap();
-        let err = run_with(&zst[..zst.len() - 3], Encoding::Zstd, &limits)
-            .0
-            .unwrap_err();
+        let err = run_with(&zst[..zst.len() - 3], Encoding::Zstd, &limits).0.unwrap_err();
         assert_corrupt(err, "truncated");
     }
 
@@ -1336,17 +1214,8 @@ mod tests {
 
     #[test]
     fn partial_reads_by_the_sink_do_not_desync() {
-        let mut sink = VecSink {
-            read_limit: Some(2),
-            ..Default::default()
-        };
-        let stats = ingest(
-            &good_tar()[..],
-            Encoding::Identity,
-            &IngestLimits::default(),
-            &mut sink,
-        )
-        .unwrap();
+        let mut sink = VecSink { read_limit: Some(2), ..Default::default() };
+        let stats = ingest(&good_tar()[..], Encoding::Identity, &IngestLimits::default(), &mut sink).unwrap();
         assert_eq!(stats, GOOD_STATS);
         let files: Vec<_> = sink
             .events
@@ -1363,16 +1232,8 @@ mod tests {
 
     #[test]
     fn sink_error_is_passed_through() {
-        let mut sink = VecSink {
-            fail_on: Some("data/nested/a.txt".into()),
-            ..Default::default()
-        };
-        let err = ingest(
-            &good_tar()[..],
-            Encoding::Identity,
-            &IngestLimits::default(),
-            &mut sink,
-        );
+        let mut sink = VecSink { fail_on: Some("data/nested/a.txt".into()), ..Default::default() };
+        let err = ingest(&good_tar()[..], Encoding::Identity, &IngestLimits::default(), &mut sink);
         assert!(matches!(err, Err(IngestError::Sink(SinkError(m))) if m == "disk full"));
     }
 
@@ -1389,10 +1250,7 @@ mod tests {
         let a = raw_archive(&[raw_entry(b"dir/", b'2', b"x", b"")]);
         assert_invalid(run_err(&a), "dir/", "trailing");
         // Path length limit.
-        let limits = IngestLimits {
-            max_path_bytes: 10,
-            ..Default::default()
-        };
+        let limits = IngestLimits { max_path_bytes: 10, ..Default::default() };
         let a = raw_archive(&[raw_entry(b"0123456789a", b'0', b"", b"x")]);
         let (r, _) = run_with(&a, Encoding::Identity, &limits);
         assert_invalid(r.unwrap_err(), "0123456789a", "longer than 10");
@@ -1426,10 +1284,7 @@ mod tests {
         let a = raw_archive(&[raw_entry(b"link", b'2', b"", b"")]);
         assert_invalid(run_err(&a), "link", "without a target");
         // `d/up -> ..` is fine, but `l -> d/up/..` would leave the root through it.
-        let a = raw_archive(&[
-            raw_entry(b"d/up", b'2', b"..", b""),
-            raw_entry(b"l", b'2', b"d/up/..", b""),
-        ]);
+        let a = raw_archive(&[raw_entry(b"d/up", b'2', b"..", b""), raw_entry(b"l", b'2', b"d/up/..", b"")]);
         assert_invalid(run_err(&a), "l", "escapes the bundle root");
         // ... whereas `..` after a real directory is fine, even when the directory comes later.
         let a = raw_archive(&[
@@ -1439,10 +1294,7 @@ mod tests {
         ]);
         assert_eq!(run_ok(&a).0.symlinks, 1);
         // Entries below a symlink are refused (the symlink is not a directory).
-        let a = raw_archive(&[
-            raw_entry(b"s", b'2', b"d", b""),
-            raw_entry(b"s/f", b'0', b"", b"x"),
-        ]);
+        let a = raw_archive(&[raw_entry(b"s", b'2', b"d", b""), raw_entry(b"s/f", b'0', b"", b"x")]);
         assert_invalid(run_err(&a), "s/f", "parent");
     }
 
@@ -1452,21 +1304,12 @@ mod tests {
         assert_invalid(run_err(&a), "h", "not an earlier regular file");
         let a = raw_archive(&[raw_entry(b"h", b'1', b"../x", b"")]);
         assert_invalid(run_err(&a), "h", "hard link target");
-        let a = raw_archive(&[
-            raw_entry(b"s", b'2', b"f", b""),
-            raw_entry(b"h", b'1', b"s", b""),
-        ]);
+        let a = raw_archive(&[raw_entry(b"s", b'2', b"f", b""), raw_entry(b"h", b'1', b"s", b"")]);
         assert_invalid(run_err(&a), "h", "not an earlier regular file");
-        let a = raw_archive(&[
-            raw_entry(b"d/", b'5', b"", b""),
-            raw_entry(b"h", b'1', b"d", b""),
-        ]);
+        let a = raw_archive(&[raw_entry(b"d/", b'5', b"", b""), raw_entry(b"h", b'1', b"d", b"")]);
         assert_invalid(run_err(&a), "h", "not an earlier regular file");
         // Forward reference.
-        let a = raw_archive(&[
-            raw_entry(b"h", b'1', b"f", b""),
-            raw_entry(b"f", b'0', b"", b"x"),
-        ]);
+        let a = raw_archive(&[raw_entry(b"h", b'1', b"f", b""), raw_entry(b"f", b'0', b"", b"x")]);
         assert_invalid(run_err(&a), "h", "not an earlier regular file");
     }
 
@@ -1488,40 +1331,16 @@ mod tests {
     fn rejects_duplicates_and_conflicts() {
         let f = |name: &[u8]| raw_entry(name, b'0', b"", b"x");
         let d = |name: &[u8]| raw_entry(name, b'5', b"", b"");
-        assert_invalid(
-            run_err(&raw_archive(&[f(b"a"), f(b"./a")])),
-            "a",
-            "duplicate path",
-        );
+        assert_invalid(run_err(&raw_archive(&[f(b"a"), f(b"./a")])), "a", "duplicate path");
         // file, then explicit directory / implicit directory
-        assert_invalid(
-            run_err(&raw_archive(&[f(b"a"), d(b"a/")])),
-            "a",
-            "conflicts",
-        );
-        assert_invalid(
-            run_err(&raw_archive(&[f(b"a"), f(b"a/b")])),
-            "a/b",
-            "parent",
-        );
+        assert_invalid(run_err(&raw_archive(&[f(b"a"), d(b"a/")])), "a", "conflicts");
+        assert_invalid(run_err(&raw_archive(&[f(b"a"), f(b"a/b")])), "a/b", "parent");
         // explicit / implicit directory, then file
-        assert_invalid(
-            run_err(&raw_archive(&[d(b"a/"), f(b"a")])),
-            "a",
-            "conflicts with a directory",
-        );
-        assert_invalid(
-            run_err(&raw_archive(&[f(b"a/b"), f(b"a")])),
-            "a",
-            "conflicts with a directory",
-        );
+        assert_invalid(run_err(&raw_archive(&[d(b"a/"), f(b"a")])), "a", "conflicts with a directory");
+        assert_invalid(run_err(&raw_archive(&[f(b"a/b"), f(b"a")])), "a", "conflicts with a directory");
         // symlink vs directory
         let s = raw_entry(b"a", b'2', b"b", b"");
-        assert_invalid(
-            run_err(&raw_archive(&[f(b"a/b"), s])),
-            "a",
-            "conflicts with a directory",
-        );
+        assert_invalid(run_err(&raw_archive(&[f(b"a/b"), s])), "a", "conflicts with a directory");
         // repeated directories are fine
         let (stats, _) = run_ok(&raw_archive(&[d(b"a/"), f(b"a/b"), d(b"a")]));
         assert_eq!(stats.files, 1);
@@ -1572,52 +1391,31 @@ mod tests {
             let mut h = tar::Header::new_gnu();
             h.set_size(50 << 20);
             h.set_mode(0o644);
-            b.append_data(&mut h, "zeros", io::repeat(0).take(50 << 20))
-                .unwrap();
+            b.append_data(&mut h, "zeros", io::repeat(0).take(50 << 20)).unwrap();
             b.finish().unwrap();
         }
         let gz = enc.finish().unwrap();
         assert!(gz.len() < 1 << 20);
-        let limits = IngestLimits {
-            max_unpacked_bytes: 10 << 20,
-            ..Default::default()
-        };
+        let limits = IngestLimits { max_unpacked_bytes: 10 << 20, ..Default::default() };
         let (r, _) = run_with(&gz, Encoding::Identity, &limits);
-        assert!(
-            matches!(r, Err(IngestError::TooLarge { limit }) if limit == 10 << 20),
-            "{r:?}"
-        );
+        assert!(matches!(r, Err(IngestError::TooLarge { limit }) if limit == 10 << 20), "{r:?}");
         // Hard links count as copies.
         let a = raw_archive(&[
             raw_entry(b"f", b'0', b"", &[1u8; 600]),
             raw_entry(b"h1", b'1', b"f", b""),
             raw_entry(b"h2", b'1', b"f", b""),
         ]);
-        let limits = IngestLimits {
-            max_unpacked_bytes: 1500,
-            ..Default::default()
-        };
+        let limits = IngestLimits { max_unpacked_bytes: 1500, ..Default::default() };
         let (r, _) = run_with(&a, Encoding::Identity, &limits);
-        assert!(
-            matches!(r, Err(IngestError::TooLarge { limit: 1500 })),
-            "{r:?}"
-        );
+        assert!(matches!(r, Err(IngestError::TooLarge { limit: 1500 })), "{r:?}");
     }
 
     #[test]
     fn too_many_entries() {
-        let entries: Vec<_> = (0..5)
-            .map(|i| raw_entry(format!("f{i}").as_bytes(), b'0', b"", b""))
-            .collect();
-        let limits = IngestLimits {
-            max_entries: 4,
-            ..Default::default()
-        };
+        let entries: Vec<_> = (0..5).map(|i| raw_entry(format!("f{i}").as_bytes(), b'0', b"", b"")).collect();
+        let limits = IngestLimits { max_entries: 4, ..Default::default() };
         let (r, _) = run_with(&raw_archive(&entries), Encoding::Identity, &limits);
-        assert!(
-            matches!(r, Err(IngestError::TooLarge { limit: 4 })),
-            "{r:?}"
-        );
+        assert!(matches!(r, Err(IngestError::TooLarge { limit: 4 })), "{r:?}");
     }
 
     /// Yields `data`, then fails with a recognisable error.
@@ -1628,10 +1426,7 @@ mod tests {
     impl Read for FailingReader {
         fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
             match self.data.read(buf)? {
-                0 => Err(io::Error::new(
-                    io::ErrorKind::ConnectionReset,
-                    "client went away",
-                )),
+                0 => Err(io::Error::new(io::ErrorKind::ConnectionReset, "client went away")),
                 n => Ok(n),
             }
         }
@@ -1655,24 +1450,18 @@ mod tests {
         // Mid-header, mid-file (inside the sink's read), and in the compressed stream.
         for cut in [0, 700, 3000] {
             let mut sink = VecSink::default();
-            let body = FailingReader {
-                data: io::Cursor::new(tar[..cut].to_vec()),
-            };
+            let body = FailingReader { data: io::Cursor::new(tar[..cut].to_vec()) };
             assert_source(ingest(body, Encoding::Identity, &limits, &mut sink));
         }
         let gz = gzip(&tar);
         for enc in [Encoding::Gzip, Encoding::Identity] {
             let mut sink = VecSink::default();
-            let body = FailingReader {
-                data: io::Cursor::new(gz[..gz.len() / 2].to_vec()),
-            };
+            let body = FailingReader { data: io::Cursor::new(gz[..gz.len() / 2].to_vec()) };
             assert_source(ingest(body, enc, &limits, &mut sink));
         }
         // Even after a complete archive (while draining).
         let mut sink = VecSink::default();
-        let body = FailingReader {
-            data: io::Cursor::new(tar),
-        };
+        let body = FailingReader { data: io::Cursor::new(tar) };
         assert_source(ingest(body, Encoding::Identity, &limits, &mut sink));
     }
 
@@ -1683,14 +1472,9 @@ mod tests {
         b.append_pax_extensions([("comment", &big[..])]).unwrap();
         add_file(&mut b, "f", 0o644, b"x");
         let err = run_err(&b.into_inner().unwrap());
-        assert_invalid(
-            err,
-            "(PAX extended header)",
-            "exceeds the 1048576-byte limit",
-        );
+        assert_invalid(err, "(PAX extended header)", "exceeds the 1048576-byte limit");
         let mut b = builder();
-        b.append_pax_extensions([("GNU.sparse.major", &b"1"[..]), ("GNU.sparse.minor", b"0")])
-            .unwrap();
+        b.append_pax_extensions([("GNU.sparse.major", &b"1"[..]), ("GNU.sparse.minor", b"0")]).unwrap();
         add_file(&mut b, "s", 0o644, b"map-and-data");
         assert_invalid(run_err(&b.into_inner().unwrap()), "s", "sparse");
     }
@@ -1704,18 +1488,9 @@ mod tests {
         ]);
         let (stats, events) = run_ok(&a);
         assert_eq!(stats.files, 2);
-        assert_eq!(
-            events[0],
-            Event::File("dir/f".into(), false, b"old".to_vec())
-        );
-        assert_eq!(
-            events[1],
-            Event::File("c".into(), false, b"contig".to_vec())
-        );
-        let a = raw_archive(&[
-            raw_entry(b"dir", 0, b"", b"x"),
-            raw_entry(b"dir/", 0, b"", b""),
-        ]);
+        assert_eq!(events[0], Event::File("dir/f".into(), false, b"old".to_vec()));
+        assert_eq!(events[1], Event::File("c".into(), false, b"contig".to_vec()));
+        let a = raw_archive(&[raw_entry(b"dir", 0, b"", b"x"), raw_entry(b"dir/", 0, b"", b"")]);
         assert_invalid(run_err(&a), "dir", "conflicts");
     }
 
@@ -1723,56 +1498,26 @@ mod tests {
     fn read_errors_win_over_sink_reactions() {
         let a = raw_archive(&[raw_entry(b"f", b'0', b"", &[1u8; 2000])]);
         // A sink that swallows the truncation error still gets Corrupt back.
-        let mut sink = VecSink {
-            swallow_read_errors: true,
-            ..Default::default()
-        };
-        let r = ingest(
-            &a[..1500],
-            Encoding::Identity,
-            &IngestLimits::default(),
-            &mut sink,
-        );
+        let mut sink = VecSink { swallow_read_errors: true, ..Default::default() };
+        let r = ingest(&a[..1500], Encoding::Identity, &IngestLimits::default(), &mut sink);
         assert_corrupt(r.unwrap_err(), "truncated archive");
         // The body failing inside the sink's read is Source, not Sink.
         for swallow in [false, true] {
-            let mut sink = VecSink {
-                swallow_read_errors: swallow,
-                ..Default::default()
-            };
-            let body = FailingReader {
-                data: io::Cursor::new(a[..1000].to_vec()),
-            };
-            assert_source(ingest(
-                body,
-                Encoding::Identity,
-                &IngestLimits::default(),
-                &mut sink,
-            ));
+            let mut sink = VecSink { swallow_read_errors: swallow, ..Default::default() };
+            let body = FailingReader { data: io::Cursor::new(a[..1000].to_vec()) };
+            assert_source(ingest(body, Encoding::Identity, &IngestLimits::default(), &mut sink));
         }
         // The bomb limit hit inside the sink's read is TooLarge.
-        let limits = IngestLimits {
-            max_unpacked_bytes: 4096,
-            ..Default::default()
-        };
-        let big = raw_archive(&[
-            raw_entry(b"f", b'0', b"", &[1u8; 2000]),
-            raw_entry(b"g", b'0', b"", &[2u8; 2000]),
-        ]);
+        let limits = IngestLimits { max_unpacked_bytes: 4096, ..Default::default() };
+        let big = raw_archive(&[raw_entry(b"f", b'0', b"", &[1u8; 2000]), raw_entry(b"g", b'0', b"", &[2u8; 2000])]);
         let (r, events) = run_with(&big, Encoding::Identity, &limits);
-        assert!(
-            matches!(r, Err(IngestError::TooLarge { limit: 4096 })),
-            "{r:?}"
-        );
+        assert!(matches!(r, Err(IngestError::TooLarge { limit: 4096 })), "{r:?}");
         assert_eq!(events.len(), 1); // `g` failed inside the sink's read
     }
 
     #[test]
     fn sink_that_reads_nothing() {
-        let mut sink = VecSink {
-            read_limit: Some(0),
-            ..Default::default()
-        };
+        let mut sink = VecSink { read_limit: Some(0), ..Default::default() };
         let gz = gzip(&good_tar());
         let stats = ingest(&gz[..], Encoding::Gzip, &IngestLimits::default(), &mut sink).unwrap();
         assert_eq!(stats, GOOD_STATS);

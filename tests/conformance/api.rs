@@ -16,10 +16,7 @@ async fn bundle_lifecycle_follows_kubernetes_semantics() {
     assert_eq!(created["apiVersion"], API_VERSION);
     assert_eq!(created["kind"], "Bundle");
     assert!(!str_at(&created, "/metadata/uid").is_empty());
-    assert!(
-        str_at(&created, "/metadata/creationTimestamp").ends_with('Z'),
-        "{created:#}"
-    );
+    assert!(str_at(&created, "/metadata/creationTimestamp").ends_with('Z'), "{created:#}");
     assert_eq!(created["metadata"]["generation"], 1, "{created:#}");
     let rv1 = str_at(&created, "/metadata/resourceVersion").to_owned();
     server.create_bundle("ns2", "b2").await;
@@ -33,10 +30,7 @@ async fn bundle_lifecycle_follows_kubernetes_semantics() {
     })
     .await;
     assert_eq!(b1["metadata"]["uid"], created["metadata"]["uid"]);
-    assert!(
-        b1["status"].get("digest").is_none() || b1["status"]["digest"] == "",
-        "{b1:#}"
-    );
+    assert!(b1["status"].get("digest").is_none() || b1["status"]["digest"] == "", "{b1:#}");
 
     // Lists: one namespace, all namespaces.
     let list = server.get_json(&bundles("ns1")).await;
@@ -48,13 +42,7 @@ async fn bundle_lifecycle_follows_kubernetes_semantics() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|i| {
-                format!(
-                    "{}/{}",
-                    str_at(i, "/metadata/namespace"),
-                    str_at(i, "/metadata/name")
-                )
-            })
+            .map(|i| format!("{}/{}", str_at(i, "/metadata/namespace"), str_at(i, "/metadata/name")))
             .collect()
     };
     assert_eq!(names(&list), vec!["ns1/b1"]);
@@ -79,16 +67,10 @@ async fn bundle_lifecycle_follows_kubernetes_semantics() {
     let resp = server.put_json(&bundle("ns1", "b1"), &relabel).await;
     assert_eq!(resp.status(), StatusCode::OK);
     let relabeled: Value = resp.json().await.unwrap();
-    assert_eq!(
-        relabeled["metadata"]["generation"], 2,
-        "labels are not spec: {relabeled:#}"
-    );
+    assert_eq!(relabeled["metadata"]["generation"], 2, "labels are not spec: {relabeled:#}");
     assert_ne!(str_at(&relabeled, "/metadata/resourceVersion"), rv2);
     assert_eq!(relabeled["metadata"]["uid"], created["metadata"]["uid"]);
-    assert_eq!(
-        relabeled["metadata"]["creationTimestamp"],
-        created["metadata"]["creationTimestamp"]
-    );
+    assert_eq!(relabeled["metadata"]["creationTimestamp"], created["metadata"]["creationTimestamp"]);
 
     // Delete.
     let resp = server.delete(&bundle("ns1", "b1")).await;
@@ -100,8 +82,7 @@ async fn bundle_lifecycle_follows_kubernetes_semantics() {
 }
 
 fn gauge(m: &std::collections::HashMap<String, f64>, key: &str) -> f64 {
-    *m.get(key)
-        .unwrap_or_else(|| panic!("/metrics has no {key}; has {:?}", m.keys()))
+    *m.get(key).unwrap_or_else(|| panic!("/metrics has no {key}; has {:?}", m.keys()))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -109,22 +90,15 @@ async fn deleting_bundles_releases_their_storage() {
     let server = Server::start_temp(&[]);
     let mut shared = Tree::new();
     for i in 0..8 {
-        shared.insert(
-            format!("data/part-{i}.bin"),
-            file(random_bytes(100 + i, 300_000)),
-        );
+        shared.insert(format!("data/part-{i}.bin"), file(random_bytes(100 + i, 300_000)));
     }
     let mut more = shared.clone();
     more.insert("data/extra.bin".into(), file(random_bytes(200, 500_000)));
 
     server.create_bundle("ns", "first").await;
     server.create_bundle("ns", "second").await;
-    let b1 = server
-        .upload_ok("ns", "first", build_tar(&shared), None)
-        .await;
-    let b2 = server
-        .upload_ok("ns", "second", build_tar(&more), None)
-        .await;
+    let b1 = server.upload_ok("ns", "first", build_tar(&shared), None).await;
+    let b2 = server.upload_ok("ns", "second", build_tar(&more), None).await;
     let c1 = str_at(&b1, "/status/contentName").to_owned();
     let c2 = str_at(&b2, "/status/contentName").to_owned();
     let d2 = str_at(&b2, "/status/digest").to_owned();
@@ -139,44 +113,28 @@ async fn deleting_bundles_releases_their_storage() {
     // Deleting the first keeps the chunks the second shares, frees the others (if any).
     let resp = server.delete(&bundle("ns", "first")).await;
     assert!(resp.status().is_success());
-    eventually(
-        Duration::from_secs(30),
-        "first's BundleContent gone",
-        || async {
-            let names = server.bundlecontent_names("ns").await;
-            if names == vec![c2.clone()] {
-                Ok(())
-            } else {
-                Err(format!("{names:?}"))
-            }
-        },
-    )
+    eventually(Duration::from_secs(30), "first's BundleContent gone", || async {
+        let names = server.bundlecontent_names("ns").await;
+        if names == vec![c2.clone()] {
+            Ok(())
+        } else {
+            Err(format!("{names:?}"))
+        }
+    })
     .await;
     expect_status(server.get(&bundlecontent("ns", &c1)).await, 404, "NotFound").await;
     let tar = server.download(&bundle_content("ns", "second")).await;
-    assert_eq!(
-        digest_of(&tar),
-        d2,
-        "second bundle damaged by deleting the first"
-    );
-    assert_trees_equal(
-        &more,
-        &parse_served_tar(&tar),
-        "second after deleting first",
-    );
-    eventually(
-        Duration::from_secs(30),
-        "one committed revision",
-        || async {
-            let m = server.metrics().await;
-            let committed = gauge(&m, r#"stowage_revisions{state="committed"}"#);
-            if committed == 1.0 {
-                Ok(())
-            } else {
-                Err(committed.to_string())
-            }
-        },
-    )
+    assert_eq!(digest_of(&tar), d2, "second bundle damaged by deleting the first");
+    assert_trees_equal(&more, &parse_served_tar(&tar), "second after deleting first");
+    eventually(Duration::from_secs(30), "one committed revision", || async {
+        let m = server.metrics().await;
+        let committed = gauge(&m, r#"stowage_revisions{state="committed"}"#);
+        if committed == 1.0 {
+            Ok(())
+        } else {
+            Err(committed.to_string())
+        }
+    })
     .await;
 
     // Deleting the second frees everything.

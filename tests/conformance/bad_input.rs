@@ -28,21 +28,9 @@ async fn fixture() -> Fixture {
         &MAX_UNPACKED.to_string(),
     ]);
     let mut tree = Tree::new();
-    tree.insert(
-        "manifests/deployment.yaml".into(),
-        file(random_bytes(1, 150_000)),
-    );
-    tree.insert(
-        "manifests/crds/crd.yaml".into(),
-        file(random_bytes(2, 60_000)),
-    );
-    tree.insert(
-        "bin/run.sh".into(),
-        Node::File {
-            data: b"#!/bin/sh\necho hi\n".to_vec(),
-            exec: true,
-        },
-    );
+    tree.insert("manifests/deployment.yaml".into(), file(random_bytes(1, 150_000)));
+    tree.insert("manifests/crds/crd.yaml".into(), file(random_bytes(2, 60_000)));
+    tree.insert("bin/run.sh".into(), Node::File { data: b"#!/bin/sh\necho hi\n".to_vec(), exec: true });
     tree.insert("docs/README.md".into(), file(b"# victim\n".to_vec()));
     tree.insert("README.md".into(), Node::Symlink("docs/README.md".into()));
     tree.insert("empty".into(), file(Vec::new()));
@@ -63,11 +51,7 @@ impl Fixture {
     async fn assert_intact(&self) {
         let s = &self.server;
         let b = s.get_json(&bundle(NS, NAME)).await;
-        assert_eq!(
-            str_at(&b, "/status/digest"),
-            self.digest,
-            "status.digest changed"
-        );
+        assert_eq!(str_at(&b, "/status/digest"), self.digest, "status.digest changed");
         assert_eq!(str_at(&b, "/status/contentName"), self.content_name);
         assert_eq!(
             s.bundlecontent_names(NS).await,
@@ -77,24 +61,12 @@ impl Fixture {
         let tar = s.download(&bundle_content(NS, NAME)).await;
         assert_eq!(digest_of(&tar), self.digest, "served tar changed");
         assert_trees_equal(&self.tree, &parse_served_tar(&tar), "good revision");
-        let tar = s
-            .download(&bundlecontent_content(NS, &self.content_name))
-            .await;
-        assert_eq!(
-            digest_of(&tar),
-            self.digest,
-            "bundlecontents/…/content changed"
-        );
+        let tar = s.download(&bundlecontent_content(NS, &self.content_name)).await;
+        assert_eq!(digest_of(&tar), self.digest, "bundlecontents/…/content changed");
     }
 
     /// Uploads `body`, expects this Status, checks the good revision; returns the message.
-    async fn reject(
-        &self,
-        body: Vec<u8>,
-        encoding: Option<&str>,
-        code: u16,
-        reason: &str,
-    ) -> String {
+    async fn reject(&self, body: Vec<u8>, encoding: Option<&str>, code: u16, reason: &str) -> String {
         let resp = self.server.upload(NS, NAME, body, encoding).await;
         let status = expect_status(resp, code, reason).await;
         self.assert_intact().await;
@@ -108,10 +80,7 @@ fn ok_entry() -> Vec<u8> {
 }
 
 fn assert_names(message: &str, path: &str) {
-    assert!(
-        message.contains(path),
-        "message does not name {path:?}: {message}"
-    );
+    assert!(message.contains(path), "message does not name {path:?}: {message}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -136,10 +105,7 @@ async fn rejects_absolute_path() {
 #[tokio::test(flavor = "multi_thread")]
 async fn rejects_escaping_symlink() {
     let fx = fixture().await;
-    let tar = raw_tar(&[
-        ok_entry(),
-        raw_entry("sub/a", b'2', b"", "../../etc/passwd"),
-    ]);
+    let tar = raw_tar(&[ok_entry(), raw_entry("sub/a", b'2', b"", "../../etc/passwd")]);
     let msg = fx.reject(tar, None, 422, "Invalid").await;
     assert_names(&msg, "sub/a");
     let tar = raw_tar(&[raw_entry("abs-link", b'2', b"", "/etc/passwd")]);
@@ -193,10 +159,7 @@ async fn rejects_truncated_archive() {
     tar.truncate(tar.len() / 2); // in the middle of a file's data
     let msg = fx.reject(tar.clone(), None, 400, "BadRequest").await;
     assert!(
-        mentions_any(
-            &msg,
-            &["truncat", "unexpected end", "eof", "incomplete", "corrupt"]
-        ),
+        mentions_any(&msg, &["truncat", "unexpected end", "eof", "incomplete", "corrupt"]),
         "message does not say the archive is truncated: {msg}"
     );
     // Also truncated inside the compressed stream.
@@ -209,28 +172,19 @@ async fn rejects_truncated_archive() {
 #[tokio::test(flavor = "multi_thread")]
 async fn rejects_garbage() {
     let fx = fixture().await;
-    let msg = fx
-        .reject(random_bytes(5, 64 << 10), None, 400, "BadRequest")
-        .await;
+    let msg = fx.reject(random_bytes(5, 64 << 10), None, 400, "BadRequest").await;
     assert!(
-        mentions_any(
-            &msg,
-            &["tar", "archive", "header", "checksum", "corrupt", "invalid"]
-        ),
+        mentions_any(&msg, &["tar", "archive", "header", "checksum", "corrupt", "invalid"]),
         "message does not say the body is not a tar: {msg}"
     );
     // Claims gzip, is not.
-    fx.reject(random_bytes(6, 4096), Some("gzip"), 400, "BadRequest")
-        .await;
+    fx.reject(random_bytes(6, 4096), Some("gzip"), 400, "BadRequest").await;
 }
 
 /// A tar of one file of zeros, `MAX_UNPACKED * 4` bytes long: tiny when compressed.
 fn bomb_tar() -> Vec<u8> {
     let mut t = Tree::new();
-    t.insert(
-        "zeros.bin".into(),
-        file(vec![0u8; (MAX_UNPACKED * 4) as usize]),
-    );
+    t.insert("zeros.bin".into(), file(vec![0u8; (MAX_UNPACKED * 4) as usize]));
     build_tar(&t)
 }
 
@@ -239,14 +193,9 @@ async fn rejects_gzip_bomb() {
     let fx = fixture().await;
     let bomb = gzip(&bomb_tar());
     assert!((bomb.len() as u64) < MAX_BODY / 8);
-    let msg = fx
-        .reject(bomb, Some("gzip"), 413, "RequestEntityTooLarge")
-        .await;
+    let msg = fx.reject(bomb, Some("gzip"), 413, "RequestEntityTooLarge").await;
     assert!(
-        mentions_any(
-            &msg,
-            &[&MAX_UNPACKED.to_string(), "limit", "too large", "exceed"]
-        ),
+        mentions_any(&msg, &[&MAX_UNPACKED.to_string(), "limit", "too large", "exceed"]),
         "message does not name the limit: {msg}"
     );
 }
@@ -263,18 +212,10 @@ async fn rejects_body_over_limit() {
     let fx = fixture().await;
     // A perfectly good tar, just bigger than --max-body-bytes.
     let mut t = Tree::new();
-    t.insert(
-        "big.bin".into(),
-        file(random_bytes(7, (MAX_BODY + (1 << 20)) as usize)),
-    );
-    let msg = fx
-        .reject(build_tar(&t), None, 413, "RequestEntityTooLarge")
-        .await;
+    t.insert("big.bin".into(), file(random_bytes(7, (MAX_BODY + (1 << 20)) as usize)));
+    let msg = fx.reject(build_tar(&t), None, 413, "RequestEntityTooLarge").await;
     assert!(
-        mentions_any(
-            &msg,
-            &[&MAX_BODY.to_string(), "limit", "too large", "exceed"]
-        ),
+        mentions_any(&msg, &[&MAX_BODY.to_string(), "limit", "too large", "exceed"]),
         "message does not name the limit: {msg}"
     );
 }
@@ -283,29 +224,17 @@ async fn rejects_body_over_limit() {
 async fn rejects_invalid_bundle_name() {
     let server = Server::start_temp(&[]);
     for bad in ["Bad_Name", "-leading-dash", "has.UPPER", &"x".repeat(254)] {
-        let resp = server
-            .post_json(&bundles(NS), &upload_bundle(NS, bad))
-            .await;
+        let resp = server.post_json(&bundles(NS), &upload_bundle(NS, bad)).await;
         let status = expect_status(resp, 422, "Invalid").await;
-        let causes = status["details"]["causes"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        let causes = status["details"]["causes"].as_array().cloned().unwrap_or_default();
         assert!(
             causes.iter().any(|c| c["field"] == "metadata.name"),
             "{bad}: no cause with field metadata.name: {status:#}"
         );
-        assert!(
-            status["message"].as_str().unwrap().contains(bad),
-            "{bad}: message does not name it: {status:#}"
-        );
+        assert!(status["message"].as_str().unwrap().contains(bad), "{bad}: message does not name it: {status:#}");
     }
     let list = server.get_json(&bundles(NS)).await;
-    assert_eq!(
-        list["items"],
-        json!([]),
-        "invalid bundles were stored: {list:#}"
-    );
+    assert_eq!(list["items"], json!([]), "invalid bundles were stored: {list:#}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -316,35 +245,20 @@ async fn rejects_unknown_field_under_strict_validation() {
     let path = format!("{}?fieldValidation=Strict", bundles(NS));
     let status = expect_status(server.post_json(&path, &obj).await, 400, "BadRequest").await;
     let msg = status["message"].as_str().unwrap();
-    assert!(
-        msg.contains(r#"strict decoding error: unknown field "spec.bogus""#),
-        "{msg}"
-    );
+    assert!(msg.contains(r#"strict decoding error: unknown field "spec.bogus""#), "{msg}");
     let resp = server.get(&bundle(NS, "strict")).await;
-    assert_eq!(
-        resp.status(),
-        StatusCode::NOT_FOUND,
-        "rejected Bundle was stored"
-    );
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND, "rejected Bundle was stored");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rejects_duplicate_create() {
     let server = Server::start_temp(&[]);
     let created = server.create_bundle(NS, "twice").await;
-    let resp = server
-        .post_json(&bundles(NS), &upload_bundle(NS, "twice"))
-        .await;
+    let resp = server.post_json(&bundles(NS), &upload_bundle(NS, "twice")).await;
     let status = expect_status(resp, 409, "AlreadyExists").await;
-    assert!(
-        status["message"].as_str().unwrap().contains("twice"),
-        "{status:#}"
-    );
+    assert!(status["message"].as_str().unwrap().contains("twice"), "{status:#}");
     let now = server.get_json(&bundle(NS, "twice")).await;
-    assert_eq!(
-        now["metadata"]["uid"], created["metadata"]["uid"],
-        "object replaced"
-    );
+    assert_eq!(now["metadata"]["uid"], created["metadata"]["uid"], "object replaced");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -356,26 +270,14 @@ async fn rejects_stale_resource_version() {
     let mut update = before.clone();
     update["metadata"]["labels"] = json!({"team": "a"});
     let resp = s.put_json(&bundle(NS, NAME), &update).await;
-    assert_eq!(
-        resp.status(),
-        StatusCode::OK,
-        "{}",
-        resp.text().await.unwrap()
-    );
+    assert_eq!(resp.status(), StatusCode::OK, "{}", resp.text().await.unwrap());
 
     let mut stale = before.clone();
     stale["metadata"]["labels"] = json!({"team": "b"});
     let status = expect_status(s.put_json(&bundle(NS, NAME), &stale).await, 409, "Conflict").await;
-    assert!(
-        status["message"].as_str().unwrap().contains(NAME),
-        "{status:#}"
-    );
+    assert!(status["message"].as_str().unwrap().contains(NAME), "{status:#}");
     let now = s.get_json(&bundle(NS, NAME)).await;
-    assert_eq!(
-        now["metadata"]["labels"],
-        json!({"team": "a"}),
-        "stale update applied"
-    );
+    assert_eq!(now["metadata"]["labels"], json!({"team": "a"}), "stale update applied");
     fx.assert_intact().await;
 }
 
@@ -392,8 +294,7 @@ async fn missing_objects_are_404_status() {
     ] {
         let status = expect_status(s.get(&path).await, 404, "NotFound").await;
         assert!(
-            status["message"].as_str().unwrap().contains("nope")
-                || status["message"].as_str().unwrap().contains(NAME),
+            status["message"].as_str().unwrap().contains("nope") || status["message"].as_str().unwrap().contains(NAME),
             "{path}: {status:#}"
         );
     }
@@ -416,19 +317,12 @@ async fn requests_without_client_certificate_are_401() {
     expect_status(get, 401, "Unauthorized").await;
     let put = anonymous
         .put(fx.server.url(&bundle_content(NS, NAME)))
-        .body(build_tar(&Tree::from([(
-            "x".to_string(),
-            file(b"x".to_vec()),
-        )])))
+        .body(build_tar(&Tree::from([("x".to_string(), file(b"x".to_vec()))])))
         .send()
         .await
         .unwrap();
     expect_status(put, 401, "Unauthorized").await;
-    let list = anonymous
-        .get(fx.server.url(&bundles(NS)))
-        .send()
-        .await
-        .unwrap();
+    let list = anonymous.get(fx.server.url(&bundles(NS))).send().await.unwrap();
     expect_status(list, 401, "Unauthorized").await;
     fx.assert_intact().await;
 }
@@ -443,19 +337,9 @@ async fn upload_to_bundle_without_upload_source_is_400() {
         "spec": {"sources": [{"http": {"url": "http://127.0.0.1:9/bundle.tar"}}]},
     });
     let resp = server.post_json(&bundles(NS), &obj).await;
-    assert_eq!(
-        resp.status(),
-        StatusCode::CREATED,
-        "{}",
-        resp.text().await.unwrap()
-    );
+    assert_eq!(resp.status(), StatusCode::CREATED, "{}", resp.text().await.unwrap());
     let tar = build_tar(&Tree::from([("a".to_string(), file(b"a".to_vec()))]));
-    let status = expect_status(
-        server.upload(NS, "from-http", tar, None).await,
-        400,
-        "BadRequest",
-    )
-    .await;
+    let status = expect_status(server.upload(NS, "from-http", tar, None).await, 400, "BadRequest").await;
     assert!(
         status["message"].as_str().unwrap().contains("upload"),
         "message does not say the Bundle has no upload source: {status:#}"

@@ -34,13 +34,10 @@ async fn one_gib_bundle_round_trips_in_bounded_memory() {
     // Upload, generating the tar on the fly.
     let stream = stream_tar(files.clone());
     let started = Instant::now();
-    let resp = tokio::time::timeout(
-        PHASE_TIMEOUT,
-        server.try_upload("big", "gib", stream.body, None),
-    )
-    .await
-    .expect("upload timed out")
-    .expect("upload failed");
+    let resp = tokio::time::timeout(PHASE_TIMEOUT, server.try_upload("big", "gib", stream.body, None))
+        .await
+        .expect("upload timed out")
+        .expect("upload failed");
     let status = resp.status();
     let body = resp.bytes().await.unwrap();
     let upload_time = started.elapsed();
@@ -64,12 +61,8 @@ async fn one_gib_bundle_round_trips_in_bounded_memory() {
     let parser = std::thread::spawn(move || summarize_served_tar(ChanReader::new(rx)));
     let started = Instant::now();
     let (received, tar_digest) = tokio::time::timeout(PHASE_TIMEOUT, async {
-        let mut resp = server
-            .client()
-            .get(server.url(&bundle_content("big", "gib")))
-            .send()
-            .await
-            .expect("GET content");
+        let mut resp =
+            server.client().get(server.url(&bundle_content("big", "gib"))).send().await.expect("GET content");
         assert_eq!(resp.status(), StatusCode::OK);
         let mut hasher = Sha256::new();
         let mut n = 0u64;
@@ -84,8 +77,7 @@ async fn one_gib_bundle_round_trips_in_bounded_memory() {
     .expect("download timed out");
     let download_time = started.elapsed();
     drop(tx);
-    let served: BTreeMap<String, EntrySummary> =
-        parser.join().unwrap().expect("the served tar parses");
+    let served: BTreeMap<String, EntrySummary> = parser.join().unwrap().expect("the served tar parses");
     report(&format!(
         "1 GiB download: {received} bytes in {download_time:.1?} = {:.0} MB/s",
         mb_per_s(received, download_time)
@@ -95,23 +87,15 @@ async fn one_gib_bundle_round_trips_in_bounded_memory() {
     // Every file, byte for byte (by hash).
     assert_eq!(served.len(), files.len(), "number of files served");
     for f in &files {
-        let got = served
-            .get(&f.path)
-            .unwrap_or_else(|| panic!("{} missing from the download", f.path));
+        let got = served.get(&f.path).unwrap_or_else(|| panic!("{} missing from the download", f.path));
         assert_eq!(got.size, f.size, "{}: size", f.path);
         assert_eq!(got.sha256, expected[&f.path], "{}: content", f.path);
         assert_eq!(got.exec, f.exec, "{}: mode", f.path);
     }
 
     // Spot checks through `?path=`: a few small files, one big one streamed.
-    for f in [
-        &files[BIG_FILES],
-        &files[BIG_FILES + 1234],
-        &files[files.len() - 1],
-    ] {
-        let data = server
-            .download(&with_path(&bundle_content("big", "gib"), &f.path))
-            .await;
+    for f in [&files[BIG_FILES], &files[BIG_FILES + 1234], &files[files.len() - 1]] {
+        let data = server.download(&with_path(&bundle_content("big", "gib"), &f.path)).await;
         assert_eq!(sha256_hex(&data), expected[&f.path], "?path={}", f.path);
     }
     let f = &files[BIG_FILES - 1];
@@ -129,18 +113,10 @@ async fn one_gib_bundle_round_trips_in_bounded_memory() {
         n += chunk.len() as u64;
     }
     assert_eq!(n, f.size, "?path={}: length", f.path);
-    assert_eq!(
-        hex::encode(hasher.finalize()),
-        expected[&f.path],
-        "?path={}",
-        f.path
-    );
+    assert_eq!(hex::encode(hasher.finalize()), expected[&f.path], "?path={}", f.path);
 
     let peak = server.peak_rss_kib();
-    report(&format!(
-        "1 GiB round trip: server peak RSS {} MiB",
-        peak >> 10
-    ));
+    report(&format!("1 GiB round trip: server peak RSS {} MiB", peak >> 10));
     assert!(
         peak < MAX_PEAK_RSS_KIB,
         "server peak RSS {} KiB ≥ {} KiB while handling a 1 GiB bundle",

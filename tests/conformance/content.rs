@@ -32,25 +32,11 @@ fn bundle_dirs(group: &str, depth: usize) -> Vec<PathBuf> {
 /// `kube-prometheus-stack/88.5.3` → `kube-prometheus-stack-88-5-3`.
 fn bundle_name(dir: &Path) -> String {
     let rel = dir.strip_prefix(corpus()).unwrap().to_str().unwrap();
-    rel.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect()
+    rel.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect()
 }
 
 async fn listing(server: &Server, path: &str) -> Value {
-    let resp = server
-        .client()
-        .get(server.url(path))
-        .header("Accept", "application/json")
-        .send()
-        .await
-        .unwrap();
+    let resp = server.client().get(server.url(path)).header("Accept", "application/json").send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK, "listing {path}");
     let body = resp.bytes().await.unwrap();
     parse_json(&body, "file listing")
@@ -70,26 +56,15 @@ async fn round_trip(server: &Server, ns: &str, dir: &Path) -> Value {
     assert_eq!(u64_at(&b, "/status/files"), files, "{ctx}: status.files");
     assert_eq!(u64_at(&b, "/status/size"), size, "{ctx}: status.size");
     let fetched = server.get_json(&bundle(ns, &name)).await;
-    assert_eq!(
-        fetched["status"], b["status"],
-        "{ctx}: GET shows the upload's status"
-    );
+    assert_eq!(fetched["status"], b["status"], "{ctx}: GET shows the upload's status");
 
     // The whole tar.
     let resp = server.get(&bundle_content(ns, &name)).await;
     assert_eq!(resp.status(), StatusCode::OK, "{ctx}");
     let etag = header(resp.headers(), "etag").map(str::to_owned);
-    assert_eq!(
-        etag.as_deref(),
-        Some(format!("\"{digest}\"").as_str()),
-        "{ctx}: ETag"
-    );
+    assert_eq!(etag.as_deref(), Some(format!("\"{digest}\"").as_str()), "{ctx}: ETag");
     let tar = resp.bytes().await.unwrap();
-    assert_eq!(
-        digest_of(&tar),
-        digest,
-        "{ctx}: sha256 of the tar is status.digest"
-    );
+    assert_eq!(digest_of(&tar), digest, "{ctx}: sha256 of the tar is status.digest");
     assert_trees_equal(&expected, &parse_served_tar(&tar), &ctx);
 
     // The same revision by its immutable name.
@@ -100,23 +75,13 @@ async fn round_trip(server: &Server, ns: &str, dir: &Path) -> Value {
     assert_eq!(str_at(&bc, "/spec/digest"), digest, "{ctx}: spec.digest");
     assert_eq!(u64_at(&bc, "/spec/files"), files, "{ctx}: spec.files");
     assert_eq!(u64_at(&bc, "/spec/size"), size, "{ctx}: spec.size");
+    assert!(u64_at(&bc, "/spec/storedSize") > 0, "{ctx}: spec.storedSize");
+    let owners = bc["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default();
     assert!(
-        u64_at(&bc, "/spec/storedSize") > 0,
-        "{ctx}: spec.storedSize"
-    );
-    let owners = bc["metadata"]["ownerReferences"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert!(
-        owners.iter().any(|o| o["kind"] == "Bundle"
-            && o["name"] == name.as_str()
-            && o["uid"] == b["metadata"]["uid"]),
+        owners.iter().any(|o| o["kind"] == "Bundle" && o["name"] == name.as_str() && o["uid"] == b["metadata"]["uid"]),
         "{ctx}: BundleContent not owned by its Bundle: {bc:#}"
     );
-    let again = server
-        .download(&bundlecontent_content(ns, content_name))
-        .await;
+    let again = server.download(&bundlecontent_content(ns, content_name)).await;
     assert_eq!(digest_of(&again), digest, "{ctx}: bundlecontents/…/content");
 
     // The listing: one entry per file, right size, mode and sha256.
@@ -125,11 +90,7 @@ async fn round_trip(server: &Server, ns: &str, dir: &Path) -> Value {
     assert_eq!(list["apiVersion"], API_VERSION);
     assert_eq!(list["digest"], digest.as_str(), "{ctx}: listing digest");
     let entries = list["files"].as_array().expect("files array");
-    assert_eq!(
-        entries.len(),
-        expected.len(),
-        "{ctx}: one listing entry per file"
-    );
+    assert_eq!(entries.len(), expected.len(), "{ctx}: one listing entry per file");
     for e in entries {
         let path = str_at(e, "/path");
         let path = path.strip_prefix("./").unwrap_or(path);
@@ -140,11 +101,7 @@ async fn round_trip(server: &Server, ns: &str, dir: &Path) -> Value {
             Node::File { data, exec } => {
                 assert_eq!(e["type"], "file", "{ctx}: {e}");
                 assert_eq!(u64_at(e, "/size"), data.len() as u64, "{ctx}: {path} size");
-                assert_eq!(
-                    str_at(e, "/sha256"),
-                    sha256_hex(data),
-                    "{ctx}: {path} sha256"
-                );
+                assert_eq!(str_at(e, "/sha256"), sha256_hex(data), "{ctx}: {path} sha256");
                 let mode = if *exec { 0o755 } else { 0o644 };
                 assert_eq!(u64_at(e, "/mode"), mode, "{ctx}: {path} mode");
             }
@@ -165,9 +122,7 @@ async fn round_trip(server: &Server, ns: &str, dir: &Path) -> Value {
         .collect();
     let largest = regular.iter().max_by_key(|(_, d)| d.len()).unwrap();
     for (path, data) in [regular[0], *largest, regular[regular.len() - 1]] {
-        let resp = server
-            .get(&with_path(&bundle_content(ns, &name), path))
-            .await;
+        let resp = server.get(&with_path(&bundle_content(ns, &name), path)).await;
         assert_eq!(resp.status(), StatusCode::OK, "{ctx}: ?path={path}");
         let etag = header(resp.headers(), "etag").map(str::to_owned);
         let want_etag = format!("\"sha256:{}\"", sha256_hex(data));
@@ -178,27 +133,16 @@ async fn round_trip(server: &Server, ns: &str, dir: &Path) -> Value {
 
     // `?path=DIR/`: the subtree with full paths.
     if let Some((dir_prefix, _)) = expected.keys().find_map(|p| p.split_once('/')) {
-        let sub = server
-            .download(&with_path(
-                &bundle_content(ns, &name),
-                &format!("{dir_prefix}/"),
-            ))
-            .await;
+        let sub = server.download(&with_path(&bundle_content(ns, &name), &format!("{dir_prefix}/"))).await;
         let want: Tree = expected
             .iter()
             .filter(|(p, _)| p.starts_with(&format!("{dir_prefix}/")))
             .map(|(p, n)| (p.clone(), n.clone()))
             .collect();
-        assert_trees_equal(
-            &want,
-            &parse_served_tar(&sub),
-            &format!("{ctx} ?path={dir_prefix}/"),
-        );
+        assert_trees_equal(&want, &parse_served_tar(&sub), &format!("{ctx} ?path={dir_prefix}/"));
     }
 
-    let resp = server
-        .get(&with_path(&bundle_content(ns, &name), "no/such/file.yaml"))
-        .await;
+    let resp = server.get(&with_path(&bundle_content(ns, &name), "no/such/file.yaml")).await;
     expect_status(resp, 404, "NotFound").await;
 
     b
@@ -262,15 +206,9 @@ async fn identical_content_is_the_same_revision() {
 
     // A different version is a different revision, and the Bundle serves it.
     let other = corpus().join("kube-prometheus-stack/88.5.2");
-    let b = server
-        .upload_ok("ns", "kps", system_tar(&other), None)
-        .await;
+    let b = server.upload_ok("ns", "kps", system_tar(&other), None).await;
     assert_ne!(str_at(&b, "/status/digest"), digest);
     let tar = server.download(&bundle_content("ns", "kps")).await;
     assert_eq!(digest_of(&tar), str_at(&b, "/status/digest"));
-    assert_trees_equal(
-        &tree_from_dir(&other),
-        &parse_served_tar(&tar),
-        "88.5.2 after 88.5.3",
-    );
+    assert_trees_equal(&tree_from_dir(&other), &parse_served_tar(&tar), "88.5.2 after 88.5.3");
 }

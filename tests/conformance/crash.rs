@@ -16,15 +16,9 @@ fn revision_tree(seed: u64) -> Tree {
     let mut t = Tree::new();
     for i in 0..24 {
         let size = 50_000 + (splitmix64(seed + i) % 250_000) as usize;
-        t.insert(
-            format!("manifests/m-{i:02}.yaml"),
-            file(random_bytes(seed * 1000 + i, size)),
-        );
+        t.insert(format!("manifests/m-{i:02}.yaml"), file(random_bytes(seed * 1000 + i, size)));
     }
-    t.insert(
-        "metadata/annotations.yaml".into(),
-        file(format!("seed: {seed}\n")),
-    );
+    t.insert("metadata/annotations.yaml".into(), file(format!("seed: {seed}\n")));
     t
 }
 
@@ -42,14 +36,9 @@ async fn kill9_during_upload_keeps_committed_revisions() {
         trees.insert(str_at(&b, "/status/digest").to_owned(), tree.clone());
     }
     let app = server.get_json(&bundle("ns", "app")).await;
-    let (app_digest, app_content) = (
-        str_at(&app, "/status/digest").to_owned(),
-        str_at(&app, "/status/contentName").to_owned(),
-    );
-    assert_eq!(
-        app_digest,
-        digest_of(&server.download(&bundle_content("ns", "app")).await)
-    );
+    let (app_digest, app_content) =
+        (str_at(&app, "/status/digest").to_owned(), str_at(&app, "/status/contentName").to_owned());
+    assert_eq!(app_digest, digest_of(&server.download(&bundle_content("ns", "app")).await));
     let contents_before = server.bundlecontent_names("ns").await;
     let mut digests_before = BTreeMap::new();
     for name in &contents_before {
@@ -66,12 +55,7 @@ async fn kill9_during_upload_keeps_committed_revisions() {
         let client = server.client().clone();
         let url = server.url(&bundle_content("ns", "app"));
         tokio::spawn(async move {
-            client
-                .put(url)
-                .header("Content-Type", "application/x-tar")
-                .body(stream.body)
-                .send()
-                .await
+            client.put(url).header("Content-Type", "application/x-tar").body(stream.body).send().await
         })
     };
     let started = Instant::now();
@@ -84,7 +68,24 @@ async fn kill9_during_upload_keeps_committed_revisions() {
         assert!(!upload.is_finished(), "upload ended before the kill");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The server must be in the middle of writing it: staging, with new chunks stored.
+    let during = eventually(Duration::from_secs(30), "upload in progress on the server", || async {
+        let m = server.metrics().await;
+        let staging = m.get(r#"stowage_revisions{state="staging"}"#).copied();
+        let chunks = m.get("stowage_chunks").copied().unwrap_or(0.0);
+        if staging >= Some(1.0) && chunks > chunks_before {
+            Ok(chunks)
+        } else {
+            Err(format!("staging {staging:?}, chunks {chunks} (before: {chunks_before})"))
+        }
+    })
+    .await;
+    assert!(!upload.is_finished(), "upload ended before the kill");
     server.kill9();
+    report(&format!(
+        "crash: killed after {} MiB sent; chunks {chunks_before} before, {during} at the kill",
+        sent.load(Ordering::Relaxed) >> 20
+    ));
     let outcome = upload.await.unwrap();
     assert!(
         !matches!(&outcome, Ok(r) if r.status() == StatusCode::OK),
@@ -95,11 +96,7 @@ async fn kill9_during_upload_keeps_committed_revisions() {
     // Restart on the same data directory.
     server.restart();
     let app = server.get_json(&bundle("ns", "app")).await;
-    assert_eq!(
-        str_at(&app, "/status/digest"),
-        app_digest,
-        "Bundle moved off its last good revision"
-    );
+    assert_eq!(str_at(&app, "/status/digest"), app_digest, "Bundle moved off its last good revision");
     assert_eq!(str_at(&app, "/status/contentName"), app_content);
     assert_eq!(
         server.bundlecontent_names("ns").await,
@@ -114,30 +111,20 @@ async fn kill9_during_upload_keeps_committed_revisions() {
     for name in ["app", "other"] {
         let b = server.get_json(&bundle("ns", name)).await;
         let tar = server.download(&bundle_content("ns", name)).await;
-        assert_eq!(
-            digest_of(&tar),
-            str_at(&b, "/status/digest"),
-            "{name} after the crash"
-        );
+        assert_eq!(digest_of(&tar), str_at(&b, "/status/digest"), "{name} after the crash");
     }
 
     // The interrupted upload's chunks are collected.
-    eventually(
-        Duration::from_secs(30),
-        "orphan chunks collected",
-        || async {
-            let m = server.metrics().await;
-            let staging = m.get(r#"stowage_revisions{state="staging"}"#).copied();
-            let chunks = m.get("stowage_chunks").copied();
-            if staging == Some(0.0) && chunks == Some(chunks_before) {
-                Ok(())
-            } else {
-                Err(format!(
-                    "staging {staging:?}, chunks {chunks:?} (before: {chunks_before})"
-                ))
-            }
-        },
-    )
+    eventually(Duration::from_secs(30), "orphan chunks collected", || async {
+        let m = server.metrics().await;
+        let staging = m.get(r#"stowage_revisions{state="staging"}"#).copied();
+        let chunks = m.get("stowage_chunks").copied();
+        if staging == Some(0.0) && chunks == Some(chunks_before) {
+            Ok(())
+        } else {
+            Err(format!("staging {staging:?}, chunks {chunks:?} (before: {chunks_before})"))
+        }
+    })
     .await;
 
     // And the store takes new writes.

@@ -95,24 +95,17 @@ pub fn corpus() -> PathBuf {
 /// `s` parsed as JSON, with the text in the panic message when it is not.
 pub fn parse_json(body: &[u8], what: &str) -> Value {
     serde_json::from_slice(body).unwrap_or_else(|e| {
-        panic!(
-            "{what}: body is not JSON ({e}): {}",
-            String::from_utf8_lossy(&body[..body.len().min(2000)])
-        )
+        panic!("{what}: body is not JSON ({e}): {}", String::from_utf8_lossy(&body[..body.len().min(2000)]))
     })
 }
 
 /// Reads a string field by JSON pointer, panicking with the whole object when it is absent.
 pub fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer)
-        .and_then(Value::as_str)
-        .unwrap_or_else(|| panic!("no string at {pointer} in {v:#}"))
+    v.pointer(pointer).and_then(Value::as_str).unwrap_or_else(|| panic!("no string at {pointer} in {v:#}"))
 }
 
 pub fn u64_at(v: &Value, pointer: &str) -> u64 {
-    v.pointer(pointer)
-        .and_then(Value::as_u64)
-        .unwrap_or_else(|| panic!("no unsigned integer at {pointer} in {v:#}"))
+    v.pointer(pointer).and_then(Value::as_u64).unwrap_or_else(|| panic!("no unsigned integer at {pointer} in {v:#}"))
 }
 
 /// Polls `check` every 200 ms until it returns `Some`, panicking with `what` after `timeout`.
@@ -151,10 +144,7 @@ pub async fn expect_status(resp: Response, code: u16, reason: &str) -> Value {
     assert_eq!(status["code"], code, "{url}: {status:#}");
     assert_eq!(status["reason"], reason, "{url}: {status:#}");
     let message = status["message"].as_str().unwrap_or("");
-    assert!(
-        !message.is_empty(),
-        "{url}: Status without a message: {status:#}"
-    );
+    assert!(!message.is_empty(), "{url}: Status without a message: {status:#}");
     status
 }
 
@@ -175,10 +165,7 @@ pub fn parse_metrics(text: &str) -> HashMap<String, f64> {
             Some(i) if line[..i].contains('{') => i + 1,
             _ => line.find(char::is_whitespace).unwrap_or(line.len()),
         };
-        let key: String = line[..key_end]
-            .chars()
-            .filter(|c| !c.is_whitespace())
-            .collect();
+        let key: String = line[..key_end].chars().filter(|c| !c.is_whitespace()).collect();
         let value = line[key_end..].split_whitespace().next().unwrap_or("");
         if let Ok(v) = value.parse::<f64>() {
             out.insert(key, v);
@@ -215,24 +202,13 @@ impl Server {
         let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
         let (child, url) = spawn(data_dir, &extra_args, &log);
         let client = client_for(data_dir, true);
-        Server {
-            child: Some(child),
-            url,
-            data_dir: data_dir.to_owned(),
-            extra_args,
-            log,
-            client,
-            _tmp: None,
-        }
+        Server { child: Some(child), url, data_dir: data_dir.to_owned(), extra_args, log, client, _tmp: None }
     }
 
     /// Starts a server on a fresh temporary data directory that lives as long as the server.
     /// The data directory itself does not exist beforehand: the server creates it.
     pub fn start_temp(extra_args: &[&str]) -> Server {
-        let tmp = tempfile::Builder::new()
-            .prefix("stowage-conformance-")
-            .tempdir()
-            .expect("create tempdir");
+        let tmp = tempfile::Builder::new().prefix("stowage-conformance-").tempdir().expect("create tempdir");
         let mut server = Server::start(&tmp.path().join("data"), extra_args);
         server._tmp = Some(tmp);
         server
@@ -262,8 +238,7 @@ impl Server {
 
     /// Peak resident set size (VmHWM) of the server process, in KiB.
     pub fn peak_rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .expect("read /proc/PID/status");
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("read /proc/PID/status");
         status
             .lines()
             .find_map(|l| l.strip_prefix("VmHWM:"))
@@ -283,10 +258,7 @@ impl Server {
     /// first if it still runs). The admin client is kept: certificates must be reused.
     pub fn restart(&mut self) {
         self.kill9();
-        self.log
-            .lock()
-            .unwrap()
-            .push_str("\n======== restart ========\n");
+        self.log.lock().unwrap().push_str("\n======== restart ========\n");
         let (child, url) = spawn(&self.data_dir, &self.extra_args, &self.log);
         self.child = Some(child);
         self.url = url;
@@ -312,12 +284,7 @@ impl Server {
         let resp = self.get(path).await;
         let status = resp.status();
         let body = resp.bytes().await.expect("read body");
-        assert_eq!(
-            status,
-            StatusCode::OK,
-            "GET {path}: {}",
-            String::from_utf8_lossy(&body)
-        );
+        assert_eq!(status, StatusCode::OK, "GET {path}: {}", String::from_utf8_lossy(&body));
         parse_json(&body, &format!("GET {path}"))
     }
 
@@ -359,12 +326,7 @@ impl Server {
         let resp = self.post_json(&path, &upload_bundle(ns, name)).await;
         let status = resp.status();
         let body = resp.bytes().await.expect("read body");
-        assert_eq!(
-            status,
-            StatusCode::CREATED,
-            "create bundle {ns}/{name}: {}",
-            String::from_utf8_lossy(&body)
-        );
+        assert_eq!(status, StatusCode::CREATED, "create bundle {ns}/{name}: {}", String::from_utf8_lossy(&body));
         parse_json(&body, "created bundle")
     }
 
@@ -376,9 +338,7 @@ impl Server {
         body: impl Into<reqwest::Body>,
         encoding: Option<&str>,
     ) -> Response {
-        self.try_upload(ns, name, body, encoding)
-            .await
-            .unwrap_or_else(|e| panic!("PUT content of {ns}/{name}: {e}"))
+        self.try_upload(ns, name, body, encoding).await.unwrap_or_else(|e| panic!("PUT content of {ns}/{name}: {e}"))
     }
 
     pub async fn try_upload(
@@ -388,11 +348,8 @@ impl Server {
         body: impl Into<reqwest::Body>,
         encoding: Option<&str>,
     ) -> reqwest::Result<Response> {
-        let mut req = self
-            .client
-            .put(self.url(&bundle_content(ns, name)))
-            .header("Content-Type", "application/x-tar")
-            .body(body);
+        let mut req =
+            self.client.put(self.url(&bundle_content(ns, name))).header("Content-Type", "application/x-tar").body(body);
         if let Some(enc) = encoding {
             req = req.header("Content-Encoding", enc);
         }
@@ -429,12 +386,7 @@ impl Server {
         let resp = self.get(path).await;
         let status = resp.status();
         let body = resp.bytes().await.expect("read body");
-        assert_eq!(
-            status,
-            StatusCode::OK,
-            "GET {path}: {}",
-            String::from_utf8_lossy(&body[..body.len().min(2000)])
-        );
+        assert_eq!(status, StatusCode::OK, "GET {path}: {}", String::from_utf8_lossy(&body[..body.len().min(2000)]));
         body.to_vec()
     }
 
@@ -460,20 +412,11 @@ impl Server {
 /// Asserts a Bundle's status describes an unpacked revision.
 pub fn assert_unpacked(b: &Value) {
     let name = str_at(b, "/metadata/name");
-    assert_eq!(
-        b.pointer("/status/phase"),
-        Some(&json!("Unpacked")),
-        "{b:#}"
-    );
+    assert_eq!(b.pointer("/status/phase"), Some(&json!("Unpacked")), "{b:#}");
     let digest = str_at(b, "/status/digest");
-    let hex = digest
-        .strip_prefix("sha256:")
-        .unwrap_or_else(|| panic!("digest {digest:?} is not sha256:<hex>"));
+    let hex = digest.strip_prefix("sha256:").unwrap_or_else(|| panic!("digest {digest:?} is not sha256:<hex>"));
     assert!(
-        hex.len() == 64
-            && hex
-                .bytes()
-                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()),
+        hex.len() == 64 && hex.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()),
         "digest {digest:?} is not sha256:<64 lowercase hex>"
     );
     assert_eq!(
@@ -486,9 +429,7 @@ pub fn assert_unpacked(b: &Value) {
         .and_then(Value::as_array)
         .unwrap_or_else(|| panic!("no status.conditions: {b:#}"));
     assert!(
-        conditions
-            .iter()
-            .any(|c| c["type"] == "Unpacked" && c["status"] == "True"),
+        conditions.iter().any(|c| c["type"] == "Unpacked" && c["status"] == "True"),
         "condition Unpacked=True missing: {b:#}"
     );
 }
@@ -508,14 +449,10 @@ impl Drop for Server {
 
 fn client_for(data_dir: &Path, with_identity: bool) -> Client {
     let read = |p: &str| {
-        std::fs::read(data_dir.join(p))
-            .unwrap_or_else(|e| panic!("read {}: {e}", data_dir.join(p).display()))
+        std::fs::read(data_dir.join(p)).unwrap_or_else(|e| panic!("read {}: {e}", data_dir.join(p).display()))
     };
     let roots = Certificate::from_pem_bundle(&read("pki/ca.crt")).expect("parse pki/ca.crt");
-    let mut builder = Client::builder()
-        .tls_certs_only(roots)
-        .no_proxy()
-        .connect_timeout(Duration::from_secs(10));
+    let mut builder = Client::builder().tls_certs_only(roots).no_proxy().connect_timeout(Duration::from_secs(10));
     if with_identity {
         let mut pem = read("pki/admin.crt");
         pem.push(b'\n');
@@ -557,10 +494,8 @@ fn spawn(data_dir: &Path, extra_args: &[String], log: &Arc<Mutex<String>>) -> (C
 
     // Drain both pipes for the life of the process so that they never fill up.
     let (tx, rx) = mpsc::channel::<String>();
-    let pipes: [Box<dyn Read + Send>; 2] = [
-        Box::new(child.stdout.take().unwrap()),
-        Box::new(child.stderr.take().unwrap()),
-    ];
+    let pipes: [Box<dyn Read + Send>; 2] =
+        [Box::new(child.stdout.take().unwrap()), Box::new(child.stderr.take().unwrap())];
     for pipe in pipes {
         let (tx, log) = (tx.clone(), log.clone());
         std::thread::spawn(move || {
@@ -596,17 +531,11 @@ fn spawn(data_dir: &Path, extra_args: &[String], log: &Arc<Mutex<String>>) -> (C
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!(
-                    "stowage not ready within {READY_TIMEOUT:?}; log:\n{}",
-                    log.lock().unwrap()
-                );
+                panic!("stowage not ready within {READY_TIMEOUT:?}; log:\n{}", log.lock().unwrap());
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 let status = child.wait();
-                panic!(
-                    "stowage exited before it was ready ({status:?}); log:\n{}",
-                    log.lock().unwrap()
-                );
+                panic!("stowage exited before it was ready ({status:?}); log:\n{}", log.lock().unwrap());
             }
         }
     }
@@ -632,10 +561,8 @@ fn parse_url(line: &str) -> Option<String> {
     }
     let start = plain.find("https://")?;
     let rest = &plain[start + "https://".len()..];
-    let host: String = rest
-        .chars()
-        .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '[' | ']' | '-'))
-        .collect();
+    let host: String =
+        rest.chars().take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '[' | ']' | '-')).collect();
     let port = host.rsplit_once(':')?.1;
     port.parse::<u16>().ok().filter(|p| *p != 0)?;
     Some(format!("https://{host}"))

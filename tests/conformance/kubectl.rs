@@ -18,17 +18,12 @@ struct Kubectl {
 
 impl Kubectl {
     fn new(server: &Server) -> Kubectl {
-        let found = Command::new("kubectl")
-            .args(["version", "--client"])
-            .output();
+        let found = Command::new("kubectl").args(["version", "--client"]).output();
         assert!(
             matches!(&found, Ok(o) if o.status.success()),
             "kubectl not found on PATH (a missing tool is a failure): {found:?}"
         );
-        Kubectl {
-            kubeconfig: server.kubeconfig(),
-            cache_dir: tempfile::tempdir().unwrap(),
-        }
+        Kubectl { kubeconfig: server.kubeconfig(), cache_dir: tempfile::tempdir().unwrap() }
     }
 
     /// Runs kubectl with `args` (stdin from `stdin`, stdout to `stdout_to` if given).
@@ -71,10 +66,7 @@ impl Kubectl {
         let out = child.wait_with_output().expect("wait for kubectl");
         let _ = tx.send(());
         let killed = watchdog.join().unwrap();
-        assert!(
-            !killed,
-            "kubectl {args:?} hung for {KUBECTL_TIMEOUT:?} and was killed"
-        );
+        assert!(!killed, "kubectl {args:?} hung for {KUBECTL_TIMEOUT:?} and was killed");
         out
     }
 
@@ -131,54 +123,37 @@ async fn kubectl_create_get_describe_download_delete() {
 
     // create -f FILE
     let out = k.ok(&["create", "-f", yaml.to_str().unwrap()]);
-    assert!(
-        out.contains("web-app") && out.contains("created"),
-        "create said: {out}"
-    );
+    assert!(out.contains("web-app") && out.contains("created"), "create said: {out}");
 
     // create -f - (stdin), another namespace
-    let other = write_yaml(
-        files.path(),
-        "b2.yaml",
-        &bundle_yaml("ns2", "other-app", ""),
-    );
+    let other = write_yaml(files.path(), "b2.yaml", &bundle_yaml("ns2", "other-app", ""));
     let out = k.run_with(&["create", "-f", "-"], Some(&other), None);
     assert!(out.status.success(), "create -f - failed: {out:?}");
 
     // get, in one namespace, all namespaces, by short name, as JSON
     let out = k.ok(&["get", "bundles", "-n", "ns1"]);
     assert!(out.contains("web-app"), "get bundles -n ns1:\n{out}");
-    assert!(
-        !out.contains("other-app"),
-        "ns2's bundle listed in ns1:\n{out}"
-    );
+    assert!(!out.contains("other-app"), "ns2's bundle listed in ns1:\n{out}");
     let out = k.ok(&["get", "bundles", "-A"]);
     for want in ["ns1", "web-app", "ns2", "other-app"] {
         assert!(out.contains(want), "get bundles -A lacks {want}:\n{out}");
     }
     let out = k.ok(&["get", "bdl", "-n", "ns1"]);
     assert!(out.contains("web-app"), "get bdl:\n{out}");
-    let json: Value =
-        serde_json::from_str(&k.ok(&["get", "bundle", "web-app", "-n", "ns1", "-o", "json"]))
-            .unwrap();
+    let json: Value = serde_json::from_str(&k.ok(&["get", "bundle", "web-app", "-n", "ns1", "-o", "json"])).unwrap();
     assert_eq!(str_at(&json, "/metadata/namespace"), "ns1");
     assert_eq!(json["metadata"]["generation"], 1, "{json:#}");
     assert!(!str_at(&json, "/metadata/uid").is_empty());
 
     // upload (HTTP), then kubectl sees the result
     let tree = tree_from_dir(&corpus().join("operator-registry/etcd"));
-    let b = server
-        .upload_ok("ns1", "web-app", build_tar(&tree), None)
-        .await;
+    let b = server.upload_ok("ns1", "web-app", build_tar(&tree), None).await;
     let digest = str_at(&b, "/status/digest").to_owned();
     let content_name = str_at(&b, "/status/contentName").to_owned();
 
     let out = k.ok(&["describe", "bundle", "web-app", "-n", "ns1"]);
     assert!(out.contains("web-app"), "describe:\n{out}");
-    assert!(
-        out.contains("Unpacked"),
-        "describe shows no Unpacked phase/condition:\n{out}"
-    );
+    assert!(out.contains("Unpacked"), "describe shows no Unpacked phase/condition:\n{out}");
     assert!(out.contains(&digest), "describe shows no digest:\n{out}");
 
     for resource in ["bundlecontents", "bc"] {
@@ -186,10 +161,7 @@ async fn kubectl_create_get_describe_download_delete() {
         assert!(out.contains(&content_name), "get {resource} -n ns1:\n{out}");
     }
     let out = k.ok(&["get", "bundlecontents", "-A"]);
-    assert!(
-        out.contains(&content_name) && out.contains("ns1"),
-        "get bc -A:\n{out}"
-    );
+    assert!(out.contains(&content_name) && out.contains("ns1"), "get bc -A:\n{out}");
 
     // get --raw …/content > file
     let tar_file = files.path().join("download.tar");
@@ -204,59 +176,35 @@ async fn kubectl_create_get_describe_download_delete() {
     let err = k.fails(&["create", "-f", yaml.to_str().unwrap()], None);
     assert!(err.contains("AlreadyExists"), "second create:\n{err}");
 
-    let bad_name = write_yaml(
-        files.path(),
-        "bad.yaml",
-        &bundle_yaml("ns1", "Bad_Name", ""),
-    );
+    let bad_name = write_yaml(files.path(), "bad.yaml", &bundle_yaml("ns1", "Bad_Name", ""));
     let err = k.fails(&["create", "-f", bad_name.to_str().unwrap()], None);
     assert!(err.contains("Bad_Name"), "invalid name not named:\n{err}");
     assert!(err.contains("Invalid") || err.contains("invalid"), "{err}");
 
-    let bogus = write_yaml(
-        files.path(),
-        "bogus.yaml",
-        &bundle_yaml("ns1", "bogus", "  bogus: true\n"),
-    );
+    let bogus = write_yaml(files.path(), "bogus.yaml", &bundle_yaml("ns1", "bogus", "  bogus: true\n"));
     let err = k.fails(&["create", "-f", bogus.to_str().unwrap()], None);
-    assert!(
-        err.contains(r#"strict decoding error: unknown field "spec.bogus""#),
-        "unknown field:\n{err}"
-    );
+    assert!(err.contains(r#"strict decoding error: unknown field "spec.bogus""#), "unknown field:\n{err}");
     let err = k.fails(&["get", "bundle", "bogus", "-n", "ns1"], None);
-    assert!(
-        err.contains("NotFound"),
-        "the rejected bundle exists:\n{err}"
-    );
+    assert!(err.contains("NotFound"), "the rejected bundle exists:\n{err}");
 
     // delete
     let out = k.ok(&["delete", "bundle", "web-app", "-n", "ns1"]);
-    assert!(
-        out.contains("web-app") && out.contains("deleted"),
-        "delete said: {out}"
-    );
+    assert!(out.contains("web-app") && out.contains("deleted"), "delete said: {out}");
     let err = k.fails(&["get", "bundle", "web-app", "-n", "ns1"], None);
     assert!(err.contains("NotFound"), "get after delete:\n{err}");
-    eventually(
-        Duration::from_secs(30),
-        "BundleContent deleted with its Bundle",
-        || {
-            let k = &k;
-            let content_name = &content_name;
-            async move {
-                let out = k.ok(&["get", "bundlecontents", "-n", "ns1"]);
-                if out.contains(content_name.as_str()) {
-                    Err(out)
-                } else {
-                    Ok(())
-                }
+    eventually(Duration::from_secs(30), "BundleContent deleted with its Bundle", || {
+        let k = &k;
+        let content_name = &content_name;
+        async move {
+            let out = k.ok(&["get", "bundlecontents", "-n", "ns1"]);
+            if out.contains(content_name.as_str()) {
+                Err(out)
+            } else {
+                Ok(())
             }
-        },
-    )
+        }
+    })
     .await;
     let out = k.ok(&["get", "bundles", "-A"]);
-    assert!(
-        out.contains("other-app"),
-        "the other bundle went too:\n{out}"
-    );
+    assert!(out.contains("other-app"), "the other bundle went too:\n{out}");
 }

@@ -7,11 +7,7 @@ use crate::harness::*;
 use crate::tarutil::*;
 
 /// GET with extra headers; returns status, Content-Range and body.
-async fn get_with(
-    server: &Server,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (StatusCode, Option<String>, Vec<u8>) {
+async fn get_with(server: &Server, path: &str, headers: &[(&str, &str)]) -> (StatusCode, Option<String>, Vec<u8>) {
     let mut req = server.client().get(server.url(path));
     for (k, v) in headers {
         req = req.header(*k, *v);
@@ -46,22 +42,14 @@ async fn whole_tar_download_resumes_in_ranges() {
     let content_name = str_at(&b, "/status/contentName").to_owned();
     let etag = format!("\"{digest}\"");
 
-    for path in [
-        bundle_content("ns", "kps"),
-        bundlecontent_content("ns", &content_name),
-    ] {
+    for path in [bundle_content("ns", "kps"), bundlecontent_content("ns", &content_name)] {
         // Where the cuts fall, from the served layout.
         let full = server.download(&path).await;
         let total = full.len() as u64;
-        assert!(
-            total > 4 << 20,
-            "want a multi-MiB content, got {total} bytes"
-        );
+        assert!(total > 4 << 20, "want a multi-MiB content, got {total} bytes");
         let entries = layout(&full);
-        let (header_pos, _, _) = *entries
-            .iter()
-            .find(|(h, _, _)| *h >= total / 3)
-            .expect("an entry past the first third");
+        let (header_pos, _, _) =
+            *entries.iter().find(|(h, _, _)| *h >= total / 3).expect("an entry past the first third");
         let cut1 = header_pos + 137; // inside a 512-byte header
         let (_, data_pos, size) = *entries
             .iter()
@@ -73,38 +61,21 @@ async fn whole_tar_download_resumes_in_ranges() {
 
         // A download cut off after cut1 bytes, resumed twice.
         let mut joined = Vec::new();
-        let plan = [
-            format!("bytes=0-{}", cut1 - 1),
-            format!("bytes={}-{}", cut1, cut2 - 1),
-            format!("bytes={cut2}-"),
-        ];
+        let plan = [format!("bytes=0-{}", cut1 - 1), format!("bytes={}-{}", cut1, cut2 - 1), format!("bytes={cut2}-")];
         let expected_ranges = [(0, cut1 - 1), (cut1, cut2 - 1), (cut2, total - 1)];
         for (range, (first, last)) in plan.iter().zip(expected_ranges) {
             let (status, content_range, body) =
                 get_with(&server, &path, &[("Range", range), ("If-Range", &etag)]).await;
             assert_eq!(status, StatusCode::PARTIAL_CONTENT, "{path} {range}");
-            assert_eq!(
-                content_range,
-                Some(format!("bytes {first}-{last}/{total}")),
-                "{path} {range}: Content-Range"
-            );
-            assert_eq!(
-                body.len() as u64,
-                last - first + 1,
-                "{path} {range}: length"
-            );
+            assert_eq!(content_range, Some(format!("bytes {first}-{last}/{total}")), "{path} {range}: Content-Range");
+            assert_eq!(body.len() as u64, last - first + 1, "{path} {range}: length");
             joined.extend_from_slice(&body);
         }
         assert_eq!(digest_of(&joined), digest, "{path}: resumed download");
 
         // If-Range with a stale ETag: the whole current content instead of a piece.
         let stale = format!("\"sha256:{}\"", "0".repeat(64));
-        let (status, _, body) = get_with(
-            &server,
-            &path,
-            &[("Range", "bytes=100-"), ("If-Range", &stale)],
-        )
-        .await;
+        let (status, _, body) = get_with(&server, &path, &[("Range", "bytes=100-"), ("If-Range", &stale)]).await;
         assert_eq!(status, StatusCode::OK, "{path}: If-Range with a stale ETag");
         assert_eq!(digest_of(&body), digest);
 
@@ -113,11 +84,7 @@ async fn whole_tar_download_resumes_in_ranges() {
         assert_eq!(status, StatusCode::NOT_MODIFIED, "{path}: If-None-Match");
         assert!(body.is_empty());
         let (status, _, _) = get_with(&server, &path, &[("If-None-Match", &stale)]).await;
-        assert_eq!(
-            status,
-            StatusCode::OK,
-            "{path}: If-None-Match with another ETag"
-        );
+        assert_eq!(status, StatusCode::OK, "{path}: If-None-Match with another ETag");
 
         // Past the end.
         let past = format!("bytes={total}-");
@@ -140,10 +107,7 @@ async fn single_file_ranges_and_conditionals() {
         .max_by_key(|(_, d)| d.len())
         .unwrap();
     let size = data.len() as u64;
-    assert!(
-        size > 100_000,
-        "want a big file, got {path} of {size} bytes"
-    );
+    assert!(size > 100_000, "want a big file, got {path} of {size} bytes");
     server.create_bundle("ns", "kps").await;
     server.upload_ok("ns", "kps", system_tar(&dir), None).await;
     let url = with_path(&bundle_content("ns", "kps"), &path);
@@ -151,34 +115,22 @@ async fn single_file_ranges_and_conditionals() {
 
     let (a, b) = (1000u64, size / 2);
     let range = format!("bytes={a}-{b}");
-    let (status, content_range, body) =
-        get_with(&server, &url, &[("Range", &range), ("If-Range", &etag)]).await;
+    let (status, content_range, body) = get_with(&server, &url, &[("Range", &range), ("If-Range", &etag)]).await;
     assert_eq!(status, StatusCode::PARTIAL_CONTENT, "{path} {range}");
     assert_eq!(content_range, Some(format!("bytes {a}-{b}/{size}")));
-    assert!(
-        body[..] == data[a as usize..=b as usize],
-        "{path} {range}: bytes differ"
-    );
+    assert!(body[..] == data[a as usize..=b as usize], "{path} {range}: bytes differ");
 
     let range = format!("bytes={}-", b + 1);
     let (status, _, rest) = get_with(&server, &url, &[("Range", &range)]).await;
     assert_eq!(status, StatusCode::PARTIAL_CONTENT, "{path} {range}");
-    assert!(
-        rest[..] == data[b as usize + 1..],
-        "{path} {range}: bytes differ"
-    );
+    assert!(rest[..] == data[b as usize + 1..], "{path} {range}: bytes differ");
 
     let (status, _, body) = get_with(&server, &url, &[("If-None-Match", &etag)]).await;
     assert_eq!(status, StatusCode::NOT_MODIFIED, "{path}: If-None-Match");
     assert!(body.is_empty());
 
     let stale = format!("\"sha256:{}\"", "f".repeat(64));
-    let (status, _, body) = get_with(
-        &server,
-        &url,
-        &[("Range", "bytes=0-9"), ("If-Range", &stale)],
-    )
-    .await;
+    let (status, _, body) = get_with(&server, &url, &[("Range", "bytes=0-9"), ("If-Range", &stale)]).await;
     assert_eq!(status, StatusCode::OK, "{path}: If-Range with a stale ETag");
     assert!(body == data, "{path}: full body after a stale If-Range");
 

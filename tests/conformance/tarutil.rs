@@ -25,10 +25,7 @@ pub enum Node {
 pub type Tree = BTreeMap<String, Node>;
 
 pub fn file(data: impl Into<Vec<u8>>) -> Node {
-    Node::File {
-        data: data.into(),
-        exec: false,
-    }
+    Node::File { data: data.into(), exec: false }
 }
 
 /// Regular files and symlinks below `dir` (directories themselves are not content).
@@ -40,12 +37,7 @@ pub fn tree_from_dir(dir: &Path) -> Tree {
             .collect();
         entries.sort();
         for path in entries {
-            let rel = path
-                .strip_prefix(root)
-                .unwrap()
-                .to_str()
-                .expect("utf-8 path")
-                .to_owned();
+            let rel = path.strip_prefix(root).unwrap().to_str().expect("utf-8 path").to_owned();
             let meta = std::fs::symlink_metadata(&path).unwrap();
             if meta.file_type().is_symlink() {
                 let target = std::fs::read_link(&path).unwrap();
@@ -85,12 +77,7 @@ pub fn system_tar(dir: &Path) -> Vec<u8> {
         .args(["-cf", "-", "."])
         .output()
         .expect("run tar (is GNU tar installed?)");
-    assert!(
-        out.status.success(),
-        "tar -C {} failed: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "tar -C {} failed: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
     out.stdout
 }
 
@@ -213,39 +200,21 @@ pub fn parse_served_tar(data: &[u8]) -> Tree {
         }
         previous = Some(path_bytes);
         let h = entry.header();
-        let (mode, uid, gid, mtime) = (
-            h.mode().unwrap() & 0o7777,
-            h.uid().unwrap(),
-            h.gid().unwrap(),
-            h.mtime().unwrap(),
-        );
-        assert_eq!(
-            (uid, gid, mtime),
-            (0, 0, 0),
-            "{path}: owner/mtime not normalised"
-        );
+        let (mode, uid, gid, mtime) =
+            (h.mode().unwrap() & 0o7777, h.uid().unwrap(), h.gid().unwrap(), h.mtime().unwrap());
+        assert_eq!((uid, gid, mtime), (0, 0, 0), "{path}: owner/mtime not normalised");
         match h.entry_type() {
             tar::EntryType::Regular => {
-                assert!(
-                    mode == 0o644 || mode == 0o755,
-                    "{path}: mode {mode:o} is neither 0644 nor 0755"
-                );
+                assert!(mode == 0o644 || mode == 0o755, "{path}: mode {mode:o} is neither 0644 nor 0755");
                 let mut data = Vec::new();
                 entry.read_to_end(&mut data).unwrap();
                 let exec = mode == 0o755;
-                assert!(
-                    out.insert(path.clone(), Node::File { data, exec })
-                        .is_none(),
-                    "{path} twice"
-                );
+                assert!(out.insert(path.clone(), Node::File { data, exec }).is_none(), "{path} twice");
             }
             tar::EntryType::Symlink => {
                 let target = entry.link_name().unwrap().expect("symlink target");
                 let target = target.to_str().unwrap().to_owned();
-                assert!(
-                    out.insert(path.clone(), Node::Symlink(target)).is_none(),
-                    "{path} twice"
-                );
+                assert!(out.insert(path.clone(), Node::Symlink(target)).is_none(), "{path} twice");
             }
             other => panic!("{path}: served tar holds a {other:?} entry"),
         }
@@ -257,25 +226,14 @@ pub fn parse_served_tar(data: &[u8]) -> Tree {
 pub fn assert_trees_equal(expected: &Tree, got: &Tree, context: &str) {
     let missing: Vec<&String> = expected.keys().filter(|k| !got.contains_key(*k)).collect();
     let extra: Vec<&String> = got.keys().filter(|k| !expected.contains_key(*k)).collect();
-    assert!(
-        missing.is_empty(),
-        "{context}: missing from the download: {missing:?}"
-    );
+    assert!(missing.is_empty(), "{context}: missing from the download: {missing:?}");
     assert!(extra.is_empty(), "{context}: not in the source: {extra:?}");
     for (path, want) in expected {
         let have = &got[path];
         match (want, have) {
             (Node::File { data: a, exec: ea }, Node::File { data: b, exec: eb }) => {
-                assert!(
-                    a == b,
-                    "{context}: {path}: content differs ({} bytes expected, {} served)",
-                    a.len(),
-                    b.len()
-                );
-                assert_eq!(
-                    ea, eb,
-                    "{context}: {path}: executable bit (mode 0755) differs"
-                );
+                assert!(a == b, "{context}: {path}: content differs ({} bytes expected, {} served)", a.len(), b.len());
+                assert_eq!(ea, eb, "{context}: {path}: executable bit (mode 0755) differs");
             }
             _ => assert_eq!(want, have, "{context}: {path} differs"),
         }
@@ -302,12 +260,7 @@ pub struct XorReader {
 
 impl XorReader {
     pub fn new(seed: u64, len: u64) -> XorReader {
-        XorReader {
-            state: splitmix64(seed) | 1,
-            remaining: len,
-            left: [0; 8],
-            left_len: 0,
-        }
+        XorReader { state: splitmix64(seed) | 1, remaining: len, left: [0; 8], left_len: 0 }
     }
 
     fn next_word(&mut self) -> [u8; 8] {
@@ -348,9 +301,7 @@ impl Read for XorReader {
 
 pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut v = Vec::with_capacity(len);
-    XorReader::new(seed, len as u64)
-        .read_to_end(&mut v)
-        .unwrap();
+    XorReader::new(seed, len as u64).read_to_end(&mut v).unwrap();
     v
 }
 
@@ -438,9 +389,7 @@ impl ChanWriter {
         }
         let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
         let n = chunk.len() as u64;
-        self.tx
-            .blocking_send(chunk)
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "request body dropped"))?;
+        self.tx.blocking_send(chunk).map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "request body dropped"))?;
         self.sent.fetch_add(n, Ordering::Relaxed);
         Ok(())
     }
@@ -472,21 +421,14 @@ pub struct TarStream {
 pub fn stream_tar(files: Vec<SynthFile>) -> TarStream {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
     let sent = Arc::new(AtomicU64::new(0));
-    let writer = ChanWriter {
-        tx,
-        buf: Vec::with_capacity(CHUNK),
-        sent: sent.clone(),
-    };
+    let writer = ChanWriter { tx, buf: Vec::with_capacity(CHUNK), sent: sent.clone() };
     let done = std::thread::spawn(move || {
         let mut b = tar::Builder::new(writer);
         let mut hashes = HashMap::new();
         for f in &files {
             let mode = if f.exec { 0o755 } else { 0o644 };
             let mut h = header(tar::EntryType::Regular, f.size, mode);
-            let mut reader = HashingReader {
-                inner: f.reader(),
-                hasher: Sha256::new(),
-            };
+            let mut reader = HashingReader { inner: f.reader(), hasher: Sha256::new() };
             b.append_data(&mut h, &f.path, &mut reader)?;
             hashes.insert(f.path.clone(), hex::encode(reader.hasher.finalize()));
         }
@@ -495,15 +437,9 @@ pub fn stream_tar(files: Vec<SynthFile>) -> TarStream {
         Ok(hashes)
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|chunk| (Ok::<Bytes, io::Error>(chunk), rx))
+        rx.recv().await.map(|chunk| (Ok::<Bytes, io::Error>(chunk), rx))
     });
-    TarStream {
-        body: reqwest::Body::wrap_stream(stream),
-        sent,
-        done,
-    }
+    TarStream { body: reqwest::Body::wrap_stream(stream), sent, done }
 }
 
 /// A `Read` over chunks arriving on a channel (to parse a tar while it downloads).
@@ -514,10 +450,7 @@ pub struct ChanReader {
 
 impl ChanReader {
     pub fn new(rx: std::sync::mpsc::Receiver<Bytes>) -> ChanReader {
-        ChanReader {
-            rx,
-            cur: Bytes::new(),
-        }
+        ChanReader { rx, cur: Bytes::new() }
     }
 }
 
@@ -560,25 +493,13 @@ pub fn summarize_served_tar(r: impl Read) -> io::Result<BTreeMap<String, EntrySu
         let path = String::from_utf8(path_bytes).expect("utf-8 path");
         let path = path.strip_prefix("./").unwrap_or(&path).to_owned();
         let h = entry.header();
-        assert_eq!(
-            h.entry_type(),
-            tar::EntryType::Regular,
-            "{path}: not a regular file"
-        );
+        assert_eq!(h.entry_type(), tar::EntryType::Regular, "{path}: not a regular file");
         let mode = h.mode()? & 0o7777;
         assert!(mode == 0o644 || mode == 0o755, "{path}: mode {mode:o}");
-        assert_eq!(
-            (h.uid()?, h.gid()?, h.mtime()?),
-            (0, 0, 0),
-            "{path}: owner/mtime"
-        );
+        assert_eq!((h.uid()?, h.gid()?, h.mtime()?), (0, 0, 0), "{path}: owner/mtime");
         let mut hasher = Sha256::new();
         let size = io::copy(&mut entry, &mut HashWriter(&mut hasher))?;
-        let summary = EntrySummary {
-            size,
-            sha256: hex::encode(hasher.finalize()),
-            exec: mode == 0o755,
-        };
+        let summary = EntrySummary { size, sha256: hex::encode(hasher.finalize()), exec: mode == 0o755 };
         out.insert(path, summary);
     }
     Ok(out)

@@ -5,9 +5,7 @@ use serde_json::{json, Value};
 
 use super::{short_digest, str_at, u64_at, Column, ResourceDef, AGE_COLUMN, NAME_COLUMN};
 use crate::apiserver::meta;
-use crate::apiserver::schema::{
-    array_of, boolean, condition, doc_string, integer, kind_root, object, string,
-};
+use crate::apiserver::schema::{array_of, boolean, condition, doc_string, integer, kind_root, object, string};
 use crate::apiserver::status::Cause;
 
 pub const FORMATS: [&str; 3] = ["plain", "registry-v1", "helm"];
@@ -25,34 +23,10 @@ pub static BUNDLE: ResourceDef = ResourceDef {
     initial_status,
     columns: &[
         NAME_COLUMN,
-        Column {
-            name: "Format",
-            kind: "string",
-            format: "",
-            description: "Bundle format.",
-            priority: 0,
-        },
-        Column {
-            name: "Phase",
-            kind: "string",
-            format: "",
-            description: "Lifecycle phase.",
-            priority: 0,
-        },
-        Column {
-            name: "Files",
-            kind: "integer",
-            format: "",
-            description: "Files in the served content.",
-            priority: 0,
-        },
-        Column {
-            name: "Size",
-            kind: "string",
-            format: "",
-            description: "Bytes of the served content.",
-            priority: 0,
-        },
+        Column { name: "Format", kind: "string", format: "", description: "Bundle format.", priority: 0 },
+        Column { name: "Phase", kind: "string", format: "", description: "Lifecycle phase.", priority: 0 },
+        Column { name: "Files", kind: "integer", format: "", description: "Files in the served content.", priority: 0 },
+        Column { name: "Size", kind: "string", format: "", description: "Bytes of the served content.", priority: 0 },
         Column {
             name: "Digest",
             kind: "string",
@@ -61,20 +35,8 @@ pub static BUNDLE: ResourceDef = ResourceDef {
             priority: 0,
         },
         AGE_COLUMN,
-        Column {
-            name: "Content",
-            kind: "string",
-            format: "",
-            description: "The BundleContent served.",
-            priority: 1,
-        },
-        Column {
-            name: "Sources",
-            kind: "string",
-            format: "",
-            description: "Kinds of sources.",
-            priority: 1,
-        },
+        Column { name: "Content", kind: "string", format: "", description: "The BundleContent served.", priority: 1 },
+        Column { name: "Sources", kind: "string", format: "", description: "Kinds of sources.", priority: 1 },
     ],
     row,
 };
@@ -128,35 +90,24 @@ fn schema() -> Value {
             "size": integer(),
         }),
     );
-    kind_root(
-        "A bundle of content (operator bundle, Helm chart, manifests) and where it comes from.",
-        spec,
-        status,
-    )
+    kind_root("A bundle of content (operator bundle, Helm chart, manifests) and where it comes from.", spec, status)
 }
 
 fn validate(obj: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
     let sources = obj.pointer("/spec/sources").and_then(Value::as_array);
     match sources {
-        None => causes.push(Cause::required(
-            "spec.sources",
-            "at least one source is required",
-        )),
-        Some(list) if list.is_empty() => causes.push(Cause::required(
-            "spec.sources",
-            "at least one source is required",
-        )),
+        None => causes.push(Cause::required("spec.sources", "at least one source is required")),
+        Some(list) if list.is_empty() => {
+            causes.push(Cause::required("spec.sources", "at least one source is required"))
+        }
         Some(list) => {
             for (i, source) in list.iter().enumerate() {
                 causes.extend(validate_source(&format!("spec.sources[{i}]"), source));
             }
         }
     }
-    if let Some(limit) = obj
-        .pointer("/spec/revisionHistoryLimit")
-        .and_then(Value::as_i64)
-    {
+    if let Some(limit) = obj.pointer("/spec/revisionHistoryLimit").and_then(Value::as_i64) {
         if limit < 0 {
             causes.push(Cause::invalid(
                 "spec.revisionHistoryLimit",
@@ -167,28 +118,17 @@ fn validate(obj: &Value) -> Vec<Cause> {
     }
     let poll = str_at(obj, "/spec/pollInterval");
     if !poll.is_empty() && parse_duration(poll).is_none() {
-        causes.push(Cause::invalid(
-            "spec.pollInterval",
-            &json!(poll),
-            "must be a duration such as 30s, 10m or 1h30m",
-        ));
+        causes.push(Cause::invalid("spec.pollInterval", &json!(poll), "must be a duration such as 30s, 10m or 1h30m"));
     }
     causes
 }
 
 fn validate_source(path: &str, source: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
-    let present: Vec<&str> = SOURCE_KINDS
-        .iter()
-        .copied()
-        .filter(|k| source.get(*k).is_some_and(|v| !v.is_null()))
-        .collect();
+    let present: Vec<&str> =
+        SOURCE_KINDS.iter().copied().filter(|k| source.get(*k).is_some_and(|v| !v.is_null())).collect();
     if present.len() != 1 {
-        causes.push(Cause::invalid(
-            path,
-            &json!(present),
-            "must specify exactly one of image, git, http, upload",
-        ));
+        causes.push(Cause::invalid(path, &json!(present), "must specify exactly one of image, git, http, upload"));
     }
     let required = |field: &str, pointer: &str, causes: &mut Vec<Cause>| {
         if str_at(source, pointer).is_empty() {
@@ -200,10 +140,7 @@ fn validate_source(path: &str, source: &Value) -> Vec<Cause> {
     }
     if let Some(git) = source.get("git").filter(|g| g.is_object()) {
         required("git.repository", "/git/repository", &mut causes);
-        let refs = ["commit", "tag", "branch"]
-            .iter()
-            .filter(|k| !str_at(git, &format!("/ref/{k}")).is_empty())
-            .count();
+        let refs = ["commit", "tag", "branch"].iter().filter(|k| !str_at(git, &format!("/ref/{k}")).is_empty()).count();
         if refs > 1 {
             causes.push(Cause::invalid(
                 format!("{path}.git.ref"),
@@ -215,19 +152,11 @@ fn validate_source(path: &str, source: &Value) -> Vec<Cause> {
     if source.get("http").is_some_and(Value::is_object) {
         let url = str_at(source, "/http/url");
         if !(url.starts_with("https://") || url.starts_with("http://")) {
-            causes.push(Cause::invalid(
-                format!("{path}.http.url"),
-                &json!(url),
-                "must be an http or https URL",
-            ));
+            causes.push(Cause::invalid(format!("{path}.http.url"), &json!(url), "must be an http or https URL"));
         }
         let sha = str_at(source, "/http/sha256");
         if !sha.is_empty() && !(sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit())) {
-            causes.push(Cause::invalid(
-                format!("{path}.http.sha256"),
-                &json!(sha),
-                "must be 64 hexadecimal digits",
-            ));
+            causes.push(Cause::invalid(format!("{path}.http.sha256"), &json!(sha), "must be 64 hexadecimal digits"));
         }
     }
     let destination = str_at(source, "/destination");
@@ -279,10 +208,7 @@ fn initial_status(obj: &Value) -> Option<Value> {
         .and_then(Value::as_array)
         .is_some_and(|s| s.iter().any(|src| src.get("upload").is_some()));
     let (reason, message) = if uploads {
-        (
-            "AwaitingUpload",
-            "waiting for content to be uploaded to the content subresource",
-        )
+        ("AwaitingUpload", "waiting for content to be uploaded to the content subresource")
     } else {
         ("Pending", "waiting to be unpacked")
     };
@@ -304,11 +230,7 @@ fn row(obj: &Value) -> Vec<Value> {
     let sources: Vec<&str> = obj
         .pointer("/spec/sources")
         .and_then(Value::as_array)
-        .map(|list| {
-            list.iter()
-                .filter_map(|s| SOURCE_KINDS.iter().copied().find(|k| s.get(*k).is_some()))
-                .collect()
-        })
+        .map(|list| list.iter().filter_map(|s| SOURCE_KINDS.iter().copied().find(|k| s.get(*k).is_some())).collect())
         .unwrap_or_default();
     let size = u64_at(obj, "/status/size");
     vec![
@@ -318,10 +240,7 @@ fn row(obj: &Value) -> Vec<Value> {
         u64_at(obj, "/status/files").map_or(Value::Null, |n| json!(n)),
         json!(size.map(meta::human_bytes).unwrap_or_default()),
         json!(short_digest(str_at(obj, "/status/digest"))),
-        json!(meta::human_age(
-            obj.pointer("/metadata/creationTimestamp")
-                .and_then(Value::as_str)
-        )),
+        json!(meta::human_age(obj.pointer("/metadata/creationTimestamp").and_then(Value::as_str))),
         json!(str_at(obj, "/status/contentName")),
         json!(sources.join(",")),
     ]

@@ -20,34 +20,10 @@ pub static BUNDLE_CONTENT: ResourceDef = ResourceDef {
     initial_status: |_| None,
     columns: &[
         NAME_COLUMN,
-        Column {
-            name: "Bundle",
-            kind: "string",
-            format: "",
-            description: "The Bundle it belongs to.",
-            priority: 0,
-        },
-        Column {
-            name: "Format",
-            kind: "string",
-            format: "",
-            description: "Bundle format.",
-            priority: 0,
-        },
-        Column {
-            name: "Files",
-            kind: "integer",
-            format: "",
-            description: "Number of files.",
-            priority: 0,
-        },
-        Column {
-            name: "Size",
-            kind: "string",
-            format: "",
-            description: "Bytes of content.",
-            priority: 0,
-        },
+        Column { name: "Bundle", kind: "string", format: "", description: "The Bundle it belongs to.", priority: 0 },
+        Column { name: "Format", kind: "string", format: "", description: "Bundle format.", priority: 0 },
+        Column { name: "Files", kind: "integer", format: "", description: "Number of files.", priority: 0 },
+        Column { name: "Size", kind: "string", format: "", description: "Bytes of content.", priority: 0 },
         Column {
             name: "Stored",
             kind: "string",
@@ -55,13 +31,7 @@ pub static BUNDLE_CONTENT: ResourceDef = ResourceDef {
             description: "Compressed bytes of its chunks.",
             priority: 0,
         },
-        Column {
-            name: "Digest",
-            kind: "string",
-            format: "",
-            description: "sha256 of the served tar.",
-            priority: 0,
-        },
+        Column { name: "Digest", kind: "string", format: "", description: "sha256 of the served tar.", priority: 0 },
         AGE_COLUMN,
     ],
     row,
@@ -80,11 +50,7 @@ fn schema() -> Value {
             "source": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
         }),
     );
-    kind_root(
-        "One immutable unpacked revision of a Bundle's content.",
-        spec,
-        object("Unused.", json!({})),
-    )
+    kind_root("One immutable unpacked revision of a Bundle's content.", spec, object("Unused.", json!({})))
 }
 
 fn row(obj: &Value) -> Vec<Value> {
@@ -93,17 +59,10 @@ fn row(obj: &Value) -> Vec<Value> {
         json!(str_at(obj, "/spec/bundle")),
         json!(str_at(obj, "/spec/format")),
         u64_at(obj, "/spec/files").map_or(Value::Null, |n| json!(n)),
-        json!(u64_at(obj, "/spec/size")
-            .map(meta::human_bytes)
-            .unwrap_or_default()),
-        json!(u64_at(obj, "/spec/storedSize")
-            .map(meta::human_bytes)
-            .unwrap_or_default()),
+        json!(u64_at(obj, "/spec/size").map(meta::human_bytes).unwrap_or_default()),
+        json!(u64_at(obj, "/spec/storedSize").map(meta::human_bytes).unwrap_or_default()),
         json!(short_digest(str_at(obj, "/spec/digest"))),
-        json!(meta::human_age(
-            obj.pointer("/metadata/creationTimestamp")
-                .and_then(Value::as_str)
-        )),
+        json!(meta::human_age(obj.pointer("/metadata/creationTimestamp").and_then(Value::as_str))),
     ]
 }
 

@@ -52,13 +52,8 @@ pub const NAME_COLUMN: Column = Column {
     description: "Name must be unique within a namespace.",
     priority: 0,
 };
-pub const AGE_COLUMN: Column = Column {
-    name: "Age",
-    kind: "date",
-    format: "",
-    description: "Time since the object was created.",
-    priority: 0,
-};
+pub const AGE_COLUMN: Column =
+    Column { name: "Age", kind: "date", format: "", description: "Time since the object was created.", priority: 0 };
 
 pub fn str_at<'a>(obj: &'a Value, pointer: &str) -> &'a str {
     obj.pointer(pointer).and_then(Value::as_str).unwrap_or("")

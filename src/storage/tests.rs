@@ -1,0 +1,241 @@
+//! Store tests: round trips through the served tar, ranges, dedup, garbage collection, recovery
+//! after an interrupted write, and corruption detection.
+
+use std::io::Read;
+
+use serde_json::json;
+
+use super::*;
+use sha2::Digest;
+
+fn open(dir: &Path) -> Store {
+    Store::open(dir, StoreOptions::default()).unwrap()
+}
+
+/// Deterministic pseudo-random bytes (incompressible, no accidental dedup).
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn write(store: &Store, files: &[(&str, Vec<u8>)]) -> PendingRevision {
+    let mut writer = store.begin_revision().unwrap();
+    for (path, data) in files {
+        writer.add_file(path, path.ends_with(".sh"), &mut &data[..]).unwrap();
+    }
+    writer.finalize().unwrap()
+}
+
+fn attach(store: &Store, name: &str, mut pending: PendingRevision) -> RevisionId {
+    let id = pending.record().id;
+    let key = ObjectKey::new("bundlecontents", "ns", name);
+    let object = json!({"metadata": {"name": name}});
+    pending
+        .commit(vec![ObjectWrite::Put { key, object, precondition: Precondition::MustNotExist, revision: Some(id) }])
+        .unwrap();
+    id
+}
+
+fn read_all(store: &Store, rev: RevisionId, range: RangeSpec) -> Vec<u8> {
+    let record = store.revision(rev).unwrap();
+    let mut out = Vec::new();
+    store
+        .read_tar(rev, record.tar_size, range, &mut |b| {
+            out.extend_from_slice(b);
+            Ok(())
+        })
+        .unwrap();
+    out
+}
+
+#[test]
+fn served_tar_round_trips_and_matches_its_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let big = noise(1, 300_000);
+    let long = format!("{}/file.yaml", "deep/".repeat(40));
+    let pending = write(
+        &store,
+        &[
+            ("b.yaml", b"kind: X\n".to_vec()),
+            ("a/big.bin", big.clone()),
+            (&long, vec![]),
+            ("run.sh", b"#!/bin/sh\n".to_vec()),
+        ],
+    );
+    let rev = attach(&store, "c1", pending);
+    let record = store.revision(rev).unwrap();
+    let tar = read_all(&store, rev, RangeSpec { start: 0, end: record.tar_size });
+    assert_eq!(tar.len() as u64, record.tar_size);
+    assert_eq!(format!("sha256:{}", hex::encode(sha2::Sha256::digest(&tar))), record.digest);
+
+    let mut archive = tar::Archive::new(&tar[..]);
+    let mut seen = Vec::new();
+    for entry in archive.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let mut data = Vec::new();
+        entry.read_to_end(&mut data).unwrap();
+        seen.push((entry.path().unwrap().to_string_lossy().into_owned(), entry.header().mode().unwrap(), data));
+    }
+    let paths: Vec<&str> = seen.iter().map(|s| s.0.as_str()).collect();
+    assert_eq!(paths, vec!["a/big.bin", "b.yaml", long.as_str(), "run.sh"]);
+    assert_eq!(seen[0].2, big);
+    assert_eq!(seen[3].1, 0o755);
+}
+
+#[test]
+fn every_range_equals_the_slice_of_the_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let pending = write(&store, &[("x", noise(2, 200_000)), ("y", noise(3, 1000)), ("z/w", noise(4, 70_000))]);
+    let rev = attach(&store, "c1", pending);
+    let size = store.revision(rev).unwrap().tar_size;
+    let whole = read_all(&store, rev, RangeSpec { start: 0, end: size });
+    for (start, end) in
+        [(0, 1), (100, 600), (511, 513), (512, 200_512), (199_000, 202_000), (size - 1030, size), (size - 1, size)]
+    {
+        assert_eq!(
+            read_all(&store, rev, RangeSpec { start, end }),
+            whole[start as usize..end as usize],
+            "{start}-{end}"
+        );
+    }
+    let entry = store.file(rev, "x").unwrap().unwrap();
+    let mut part = Vec::new();
+    store
+        .read_file(rev, &entry, RangeSpec { start: 65_000, end: 140_000 }, &mut |b| {
+            part.extend_from_slice(b);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(part, noise(2, 200_000)[65_000..140_000]);
+}
+
+#[test]
+fn identical_files_are_stored_once_and_deleting_releases_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let data = noise(5, 500_000);
+    let r1 = attach(&store, "c1", write(&store, &[("a", data.clone())]));
+    let after_one = store.stats().unwrap();
+    attach(&store, "c2", write(&store, &[("b", data.clone()), ("c", data.clone())]));
+    let after_two = store.stats().unwrap();
+    assert_eq!(after_one.chunks, after_two.chunks, "same content adds no chunks");
+
+    store
+        .write_objects(vec![ObjectWrite::Delete {
+            key: ObjectKey::new("bundlecontents", "ns", "c2"),
+            precondition: Precondition::None,
+        }])
+        .unwrap();
+    store.collect().unwrap();
+    assert_eq!(store.stats().unwrap().chunks, after_one.chunks, "still referenced by c1");
+    assert_eq!(read_all(&store, r1, RangeSpec { start: 512, end: 512 + 500_000 }), data);
+
+    store
+        .write_objects(vec![ObjectWrite::Delete {
+            key: ObjectKey::new("bundlecontents", "ns", "c1"),
+            precondition: Precondition::None,
+        }])
+        .unwrap();
+    store.collect().unwrap();
+    let empty = store.stats().unwrap();
+    assert_eq!((empty.chunks, empty.revisions_committed, empty.revisions_deleting), (0, 0, 0));
+}
+
+#[test]
+fn an_interrupted_write_leaves_nothing_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let kept;
+    {
+        let store = open(dir.path());
+        kept = attach(&store, "c1", write(&store, &[("keep", noise(6, 100_000))]));
+        let mut writer = store.begin_revision().unwrap();
+        writer.add_file("lost", false, &mut &noise(7, 300_000)[..]).unwrap();
+        store.flush().unwrap();
+        assert_eq!(store.stats().unwrap().revisions_staging, 1);
+        writer.simulate_crash();
+    }
+    let store = open(dir.path());
+    let stats = store.stats().unwrap();
+    assert_eq!(stats.revisions_staging, 0);
+    assert_eq!(stats.revisions_committed, 1);
+    let expected_chunks = {
+        let fresh = tempfile::tempdir().unwrap();
+        let other = open(fresh.path());
+        attach(&other, "c1", write(&other, &[("keep", noise(6, 100_000))]));
+        other.stats().unwrap().chunks
+    };
+    assert_eq!(stats.chunks, expected_chunks, "orphan chunks were collected");
+    assert_eq!(read_all(&store, kept, RangeSpec { start: 512, end: 512 + 100_000 }), noise(6, 100_000));
+}
+
+#[test]
+fn a_damaged_chunk_is_an_error_not_wrong_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let rev = attach(&store, "c1", write(&store, &[("f", noise(8, 50_000))]));
+    let pack = std::fs::read_dir(dir.path().join("packs")).unwrap().next().unwrap().unwrap().path();
+    let mut bytes = std::fs::read(&pack).unwrap();
+    let last = bytes.len() - 10;
+    bytes[last] ^= 0x55;
+    std::fs::write(&pack, bytes).unwrap();
+    let entry = store.file(rev, "f").unwrap().unwrap();
+    let result = store.read_file(rev, &entry, RangeSpec { start: 0, end: 50_000 }, &mut |_| Ok(()));
+    assert!(matches!(result, Err(StorageError::Corrupt(_))), "{result:?}");
+}
+
+#[test]
+fn mostly_dead_packs_are_compacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    attach(&store, "small", write(&store, &[("s", noise(9, 100_000))]));
+    attach(&store, "big", write(&store, &[("b", noise(10, 2_000_000))]));
+    let before = store.stats().unwrap().disk_bytes;
+    store
+        .write_objects(vec![ObjectWrite::Delete {
+            key: ObjectKey::new("bundlecontents", "ns", "big"),
+            precondition: Precondition::None,
+        }])
+        .unwrap();
+    // Reopen so the pack holding both is no longer the active one, then collect.
+    drop(store);
+    let store = open(dir.path());
+    store.collect().unwrap();
+    let after = store.stats().unwrap().disk_bytes;
+    assert!(after + 1_500_000 < before, "disk {before} -> {after}");
+    let rev = store.get_object(&ObjectKey::new("bundlecontents", "ns", "small")).unwrap().unwrap().revision.unwrap();
+    assert_eq!(read_all(&store, rev, RangeSpec { start: 512, end: 512 + 100_000 }), noise(9, 100_000));
+}
+
+#[test]
+fn resource_versions_are_monotonic_and_preconditions_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let key = ObjectKey::new("bundles", "ns", "b");
+    let put = |precondition| ObjectWrite::Put {
+        key: key.clone(),
+        object: json!({"metadata": {"name": "b"}}),
+        precondition,
+        revision: None,
+    };
+    let first = store.write_objects(vec![put(Precondition::MustNotExist)]).unwrap().resource_version;
+    assert!(matches!(store.write_objects(vec![put(Precondition::MustNotExist)]), Err(StorageError::AlreadyExists(_))));
+    assert!(matches!(
+        store.write_objects(vec![put(Precondition::ResourceVersion(first + 7))]),
+        Err(StorageError::Conflict(_))
+    ));
+    let second = store.write_objects(vec![put(Precondition::ResourceVersion(first))]).unwrap().resource_version;
+    assert!(second > first);
+    let stored = store.get_object(&key).unwrap().unwrap();
+    assert_eq!(stored.value["metadata"]["resourceVersion"], json!(second.to_string()));
+    let events: Vec<_> = store.changes_since(0).map(|e| e.unwrap()).collect();
+    assert_eq!(events.iter().map(|(_, e)| e.kind.as_str()).collect::<Vec<_>>(), vec!["ADDED", "MODIFIED"]);
+}
