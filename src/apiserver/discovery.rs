@@ -44,8 +44,11 @@ pub async fn group() -> Response {
 pub async fn resources() -> Response {
     let mut list = Vec::new();
     for def in RESOURCES {
-        let verbs: &[&str] =
-            if def.user_writable { &["create", "delete", "get", "list", "update"] } else { &["delete", "get", "list"] };
+        let verbs: &[&str] = if def.user_writable {
+            &["create", "delete", "get", "list", "patch", "update"]
+        } else {
+            &["delete", "get", "list"]
+        };
         list.push(json!({
             "name": def.plural,
             "singularName": def.singular,
@@ -69,7 +72,7 @@ pub async fn resources() -> Response {
                 "singularName": "",
                 "namespaced": true,
                 "kind": def.kind,
-                "verbs": ["get", "update"],
+                "verbs": ["get", "patch", "update"],
             }));
         }
     }

@@ -128,11 +128,24 @@ pub async fn get_object(app: &AppState, def: &ResourceDef, namespace: &str, name
 /// Parses a request body into an object of `def`'s kind: schema check, unknown-field handling per
 /// `fieldValidation`, pruning. Returns the object and any warnings.
 fn decode_body(def: &ResourceDef, body: &Bytes, params: &HashMap<String, String>) -> ApiResult<(Value, Vec<String>)> {
+    let obj: Value = serde_json::from_slice(body).map_err(|e| cannot_handle(def, e.to_string()))?;
+    check_object(def, obj, params)
+}
+
+fn cannot_handle(def: &ResourceDef, detail: String) -> ApiError {
     let kind = def.kind;
-    let cannot = |detail: String| {
-        ApiError::bad_request(format!("{kind} in version \"v1alpha1\" cannot be handled as a {kind}: {detail}"))
-    };
-    let mut obj: Value = serde_json::from_slice(body).map_err(|e| cannot(e.to_string()))?;
+    ApiError::bad_request(format!("{kind} in version \"v1alpha1\" cannot be handled as a {kind}: {detail}"))
+}
+
+/// Checks a whole object (a request body, or the result of a patch) against the resource's
+/// schema: kind, unknown fields per `fieldValidation`, types; prunes undeclared fields.
+pub(super) fn check_object(
+    def: &ResourceDef,
+    mut obj: Value,
+    params: &HashMap<String, String>,
+) -> ApiResult<(Value, Vec<String>)> {
+    let kind = def.kind;
+    let cannot = |detail: String| cannot_handle(def, detail);
     if !obj.is_object() {
         return Err(cannot("the body is not a JSON object".into()));
     }
@@ -283,7 +296,7 @@ pub async fn create(
 }
 
 /// Re-labels a generic storage error with the resource and name it concerns.
-fn relabel(err: ApiError, def: &ResourceDef, name: &str) -> ApiError {
+pub(super) fn relabel(err: ApiError, def: &ResourceDef, name: &str) -> ApiError {
     match err.reason {
         "AlreadyExists" => ApiError::already_exists(def.plural, name),
         "Conflict" => ApiError::conflict(def.plural, name),
@@ -294,7 +307,7 @@ fn relabel(err: ApiError, def: &ResourceDef, name: &str) -> ApiError {
 
 /// Which part of the object an update may change.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum UpdateScope {
+pub(super) enum UpdateScope {
     Main,
     Status,
 }
@@ -330,7 +343,7 @@ async fn update_scoped(
     if !def.user_writable {
         return Err(ApiError::method_not_allowed(format!("{} are written only by the server", def.plural)));
     }
-    let (mut obj, warnings) = decode_body(def, &body, &params)?;
+    let (obj, warnings) = decode_body(def, &body, &params)?;
     let body_name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
     if body_name != name {
         return Err(ApiError::bad_request(format!(
@@ -347,6 +360,24 @@ async fn update_scoped(
     }
     let rv: u64 = rv_text.parse().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv_text:?}")))?;
     let old = get_object(&app, def, &namespace, &name).await?;
+    let updated = replace(&app, def, &namespace, &name, obj, &old, rv, &params, scope).await?;
+    Ok(json_response(StatusCode::OK, &updated, &warnings))
+}
+
+/// Writes `obj` over `old` (stored at resourceVersion `rv`), keeping what the scope protects:
+/// server-owned metadata always, status on the main resource, everything but status on `status`.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn replace(
+    app: &AppState,
+    def: &'static ResourceDef,
+    namespace: &str,
+    name: &str,
+    mut obj: Value,
+    old: &Value,
+    rv: u64,
+    params: &HashMap<String, String>,
+    scope: UpdateScope,
+) -> ApiResult<Value> {
     // Server-owned metadata never changes through an update.
     let mut meta = take_metadata(&mut obj);
     for field in ["uid", "creationTimestamp", "namespace", "generation"] {
@@ -376,15 +407,14 @@ async fn update_scoped(
         }
     }
     validate(def, &obj)?;
-    if dry_run(&params)? {
-        return Ok(json_response(StatusCode::OK, &obj, &warnings));
+    if dry_run(params)? {
+        return Ok(obj);
     }
-    let key = ObjectKey::new(def.plural, &namespace, &name);
+    let key = ObjectKey::new(def.plural, namespace, name);
     let write = ObjectWrite::Put { key, object: obj, precondition: Precondition::ResourceVersion(rv), revision: None };
     let outcome =
-        blocking(&app, move |store| store.write_objects(vec![write])).await.map_err(|e| relabel(e, def, &name))?;
-    let updated = outcome.objects.into_iter().next().unwrap_or(Value::Null);
-    Ok(json_response(StatusCode::OK, &updated, &warnings))
+        blocking(app, move |store| store.write_objects(vec![write])).await.map_err(|e| relabel(e, def, name))?;
+    Ok(outcome.objects.into_iter().next().unwrap_or(Value::Null))
 }
 
 pub async fn delete(

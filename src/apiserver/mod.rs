@@ -11,6 +11,7 @@ mod handlers;
 pub mod listener;
 mod meta;
 mod openapi;
+mod patch;
 mod range;
 pub mod resources;
 mod schema;
@@ -87,11 +88,11 @@ pub fn router(state: AppState) -> Router {
         )
         .route(
             &format!("{base}/namespaces/{{namespace}}/{{resource}}/{{name}}"),
-            get(handlers::get).put(handlers::update).delete(handlers::delete),
+            get(handlers::get).put(handlers::update).patch(patch::patch).delete(handlers::delete),
         )
         .route(
             &format!("{base}/namespaces/{{namespace}}/{{resource}}/{{name}}/status"),
-            get(handlers::get).put(handlers::update_status),
+            get(handlers::get).put(handlers::update_status).patch(patch::patch_status),
         )
         .layer(DefaultBodyLimit::max(object_limit))
         .route(

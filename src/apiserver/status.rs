@@ -123,6 +123,11 @@ impl ApiError {
         .with_details(json!({"name": name, "group": GROUP, "kind": kind, "causes": causes}))
     }
 
+    /// 422 for a request that is well-formed but cannot be applied (e.g. a failing JSON patch test).
+    pub fn new_unprocessable(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message)
+    }
+
     pub fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message)
     }

@@ -1,0 +1,438 @@
+#!/usr/bin/env bash
+# Benchmarks of the content store (see docs/benchmarks.md): the kube-prometheus-stack five-version
+# footprint, space amplification under upload/delete churn, and 1 GiB upload/download throughput
+# with the server's peak memory. Builds the release binary, starts a fresh `stowage serve` in a
+# temporary directory for every scenario and run, and prints Markdown (progress goes to stderr).
+#
+# Environment:
+#   BENCH_RUNS      runs of every scenario (default 3); tables show min / median / max
+#   BENCH_SCENARIOS which scenarios to run, a subset of "footprint churn throughput" (default: all)
+#   BENCH_ROUNDS    churn rounds (default 20)
+#   BENCH_TMPDIR    where the temporary files go (default: $TMPDIR or /tmp); needs ~4 GiB free
+#   BENCH_KEEP=1    keep the temporary directory
+#   STOWAGE_CORPUS  the corpus (default: ../shared/corpus beside the repository)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+repo=$PWD
+
+RUNS="${BENCH_RUNS:-3}"
+SCENARIOS="${BENCH_SCENARIOS:-footprint churn throughput}"
+ROUNDS="${BENCH_ROUNDS:-20}"
+corpus="${STOWAGE_CORPUS:-$repo/../shared/corpus}"
+KPS_VERSIONS=(88.4.0 88.5.0 88.5.1 88.5.2 88.5.3)
+NS=bench
+API=/apis/content.stowage.dev/v1alpha1
+
+log() { echo "bench: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# ------------------------------------------------------------------------------------------------
+# Tools
+
+declare -A needed=(
+    [curl]=curl
+    [tar]=tar
+    [gzip]=gzip
+    [zstd]=zstd
+    [sha256sum]=coreutils
+    [find]=findutils
+    [python3]=python3
+)
+missing=()
+for cmd in "${!needed[@]}"; do
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("${needed[$cmd]}")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing ${missing[*]}"
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+[ -d "$corpus/kube-prometheus-stack" ] && [ -d "$corpus/operator-registry" ] \
+    && [ -d "$corpus/rukpak-testdata" ] || die "corpus not found at $corpus (set STOWAGE_CORPUS)"
+corpus="$(cd "$corpus" && pwd)"
+
+# ------------------------------------------------------------------------------------------------
+# Build (others may be mid-edit: retry a few times)
+
+for attempt in 1 2 3 4 5; do
+    log "cargo build --release (attempt $attempt)"
+    if cargo build --release >&2; then break; fi
+    [ "$attempt" -eq 5 ] && die "cargo build --release failed"
+    sleep 60
+done
+BIN="$repo/target/release/stowage"
+[ -x "$BIN" ] || die "no binary at $BIN"
+
+# ------------------------------------------------------------------------------------------------
+# Scratch space, results, cleanup
+
+base_tmp="${BENCH_TMPDIR:-${TMPDIR:-/tmp}}"
+WORK="$(mktemp -d "$base_tmp/stowage-bench.XXXXXX")"
+RESULTS="$WORK/results.tsv"
+: >"$RESULTS"
+SERVER_PID=""
+SERVER_DIR=""
+URL=""
+
+cleanup() {
+    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill -TERM "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+    fi
+    if [ "${BENCH_KEEP:-0}" = 1 ]; then
+        log "kept $WORK"
+    else
+        rm -rf "$WORK"
+    fi
+}
+trap cleanup EXIT
+
+# record SECTION FIGURE UNIT VALUE [TARGET]
+record() {
+    printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${5:-}" >>"$RESULTS"
+}
+
+now() { date +%s.%N; }
+# calc EXPR: floating-point arithmetic
+calc() { python3 -c "print($1)"; }
+
+# Sum of the sizes of the regular files under the given paths (apparent size).
+file_bytes() { find "$@" -type f -printf '%s\n' | awk '{s += $1} END {printf "%d\n", s}'; }
+# Allocated blocks (what the filesystem actually uses), in bytes.
+alloc_bytes() { du -B1 -s "$1" | cut -f1; }
+
+# ------------------------------------------------------------------------------------------------
+# The server
+
+# start_server DATA_DIR: starts `stowage serve` and waits for its ready line.
+start_server() {
+    SERVER_DIR="$1"
+    mkdir -p "$SERVER_DIR"
+    local logf="$SERVER_DIR.log" skip=0
+    [ -f "$logf" ] && skip="$(wc -l <"$logf")"
+    NO_COLOR=1 "$BIN" serve --data-dir "$SERVER_DIR" --listen 127.0.0.1:0 >>"$logf" 2>&1 &
+    SERVER_PID=$!
+    local deadline=$((SECONDS + 120))
+    URL=""
+    while [ -z "$URL" ]; do
+        kill -0 "$SERVER_PID" 2>/dev/null || { tail -n 30 "$logf" >&2; die "server exited during start"; }
+        [ "$SECONDS" -lt "$deadline" ] || die "server not ready after 120 s"
+        URL="$(tail -n "+$((skip + 1))" "$logf" | grep 'stowage ready on' | tail -n 1 | grep -o 'https://127\.0\.0\.1:[0-9]*' || true)"
+        [ -n "$URL" ] || sleep 0.2
+    done
+}
+
+# stop_server: SIGTERM, then wait for the process to end.
+stop_server() {
+    kill -TERM "$SERVER_PID"
+    wait "$SERVER_PID" || true
+    SERVER_PID=""
+}
+
+peak_rss_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$SERVER_PID/status"; }
+
+# api [curl args...] PATH: a request with the admin client certificate; fails on HTTP errors.
+api() {
+    local path="${*: -1}"
+    curl -sS --fail-with-body --cacert "$SERVER_DIR/pki/ca.crt" --cert "$SERVER_DIR/pki/admin.crt" \
+        --key "$SERVER_DIR/pki/admin.key" "${@:1:$#-1}" "$URL$path"
+}
+
+json_field() { python3 -c 'import json,sys; v=json.load(sys.stdin)
+for k in sys.argv[1].split("."): v=v[k]
+print(v)' "$1"; }
+
+create_bundle() {
+    api -X POST -H 'Content-Type: application/json' -o /dev/null \
+        -d "{\"apiVersion\":\"content.stowage.dev/v1alpha1\",\"kind\":\"Bundle\",\"metadata\":{\"name\":\"$1\"},\"spec\":{\"sources\":[{\"upload\":{}}]}}" \
+        "$API/namespaces/$NS/bundles"
+}
+
+# upload_dir NAME DIR: creates Bundle NAME and PUTs DIR as a tar; checks it was unpacked.
+upload_dir() {
+    create_bundle "$1"
+    local digest
+    digest="$(tar -C "$2" -cf - . | api -X PUT -T - -H 'Content-Type: application/x-tar' \
+        "$API/namespaces/$NS/bundles/$1/content" | json_field status.digest)"
+    [[ "$digest" == sha256:* ]] || die "upload of $2 as $1 gave no digest"
+}
+
+delete_bundle() { api -X DELETE -o /dev/null "$API/namespaces/$NS/bundles/$1"; }
+
+# metrics: fetches /metrics into M_* variables.
+metrics() {
+    local text
+    text="$(api /metrics)"
+    m() { awk -v n="$1" '$1 == n {print $2}' <<<"$text"; }
+    M_CHUNKS="$(m stowage_chunks)"
+    M_STORED="$(m stowage_chunk_stored_bytes)"
+    M_RAW="$(m stowage_chunk_raw_bytes)"
+    M_DISK="$(m stowage_disk_bytes)"
+    M_COMMITTED="$(m 'stowage_revisions{state="committed"}')"
+    M_STAGING="$(m 'stowage_revisions{state="staging"}')"
+    M_DELETING="$(m 'stowage_revisions{state="deleting"}')"
+}
+
+# settle: polls /metrics until no revision is staging or deleting and the figures have not
+# changed for 3 s (background collection and compaction are done).
+settle() {
+    local deadline=$((SECONDS + 600)) last="" same=0 cur
+    while :; do
+        metrics
+        cur="$M_CHUNKS $M_STORED $M_DISK $M_COMMITTED $M_STAGING $M_DELETING"
+        if [ "$M_STAGING" = 0 ] && [ "$M_DELETING" = 0 ] && [ "$cur" = "$last" ]; then
+            same=$((same + 1))
+            [ "$same" -ge 3 ] && return 0
+        else
+            same=0
+        fi
+        last="$cur"
+        [ "$SECONDS" -lt "$deadline" ] || die "store did not settle within 600 s ($cur)"
+        sleep 1
+    done
+}
+
+# ------------------------------------------------------------------------------------------------
+# 1. kube-prometheus-stack: five consecutive versions
+
+scenario_footprint() {
+    local section="kube-prometheus-stack ${KPS_VERSIONS[0]}…${KPS_VERSIONS[-1]}: five versions stored (% of raw)"
+    local dirs=() v
+    for v in "${KPS_VERSIONS[@]}"; do
+        [ -d "$corpus/kube-prometheus-stack/$v" ] || die "missing $corpus/kube-prometheus-stack/$v"
+        dirs+=("$corpus/kube-prometheus-stack/$v")
+    done
+    local raw
+    raw="$(file_bytes "${dirs[@]}")"
+    local u="bytes:$raw"
+
+    # Reference points; deterministic, so computed once.
+    log "footprint: reference compressors"
+    local targz=0 n
+    for v in "${dirs[@]}"; do
+        n="$(tar -C "$v" -cf - . | gzip | wc -c)"
+        targz=$((targz + n))
+    done
+    local zall
+    zall="$(for v in "${dirs[@]}"; do tar -C "$v" -cf - .; done | zstd -q -19 --long=27 -c | wc -c)"
+
+    local run
+    for run in $(seq 1 "$RUNS"); do
+        log "footprint: run $run/$RUNS"
+        local data="$WORK/footprint-$run"
+        start_server "$data"
+        local t0 t1
+        t0="$(now)"
+        for v in "${KPS_VERSIONS[@]}"; do
+            upload_dir "kps-${v//./-}" "$corpus/kube-prometheus-stack/$v"
+        done
+        t1="$(now)"
+        settle
+        local stored="$M_STORED" chunk_raw="$M_RAW" chunks="$M_CHUNKS" disk_metric="$M_DISK"
+        stop_server
+        local store="$data/store"
+        local pack_app sled_app pack_alloc sled_alloc
+        pack_app="$(file_bytes "$store/packs")"
+        sled_app="$(file_bytes "$store/db")"
+        pack_alloc="$(alloc_bytes "$store/packs")"
+        sled_alloc="$(alloc_bytes "$store/db")"
+
+        record "$section" "raw bytes (sum of file sizes, 5 trees)" "$u" "$raw"
+        record "$section" "distinct chunk bytes after dedup, uncompressed" "$u" "$chunk_raw"
+        record "$section" "distinct chunks" count "$chunks"
+        record "$section" "live compressed chunk bytes" "$u" "$stored"
+        record "$section" "pack files, apparent" "$u" "$pack_app"
+        record "$section" "sled dir, apparent" "$u" "$sled_app"
+        record "$section" "**total on disk, apparent** (packs + sled)" "$u" "$((pack_app + sled_app))" "<=3"
+        record "$section" "pack files, allocated (du)" "$u" "$pack_alloc"
+        record "$section" "sled dir, allocated (du)" "$u" "$sled_alloc"
+        record "$section" "**total on disk, allocated** (du)" "$u" "$((pack_alloc + sled_alloc))" "<=3"
+        record "$section" "stowage_disk_bytes before stop" "$u" "$disk_metric"
+        record "$section" "compare: one tar.gz per version (gzip -6), sum of 5" "$u" "$targz"
+        record "$section" "compare: 5 tars concatenated, zstd -19 --long=27" "$u" "$zall"
+        record "$section" "time to upload the 5 versions" s "$(calc "$t1 - $t0")"
+    done
+}
+
+# ------------------------------------------------------------------------------------------------
+# 2. Space amplification under churn
+
+corpus_bundles() {
+    local d
+    for d in "$corpus"/rukpak-testdata/*/* "$corpus"/operator-registry/* "$corpus"/kube-prometheus-stack/*; do
+        [ -d "$d" ] && echo "$d"
+    done
+}
+
+scenario_churn() {
+    local section="Space amplification: $ROUNDS rounds of upload-all-corpus / delete-previous-round"
+    local bundles=()
+    mapfile -t bundles < <(corpus_bundles)
+    local run
+    for run in $(seq 1 "$RUNS"); do
+        log "churn: run $run/$RUNS (${#bundles[@]} bundles × $ROUNDS rounds)"
+        local data="$WORK/churn-$run"
+        start_server "$data"
+        local t0 r i
+        t0="$(now)"
+        for r in $(seq 1 "$ROUNDS"); do
+            for i in "${!bundles[@]}"; do
+                upload_dir "r$r-b$i" "${bundles[$i]}"
+            done
+            if [ "$r" -gt 1 ]; then
+                for i in "${!bundles[@]}"; do delete_bundle "r$((r - 1))-b$i"; done
+            fi
+        done
+        local churn_time
+        churn_time="$(calc "$(now) - $t0")"
+        settle
+        record "$section" "uploads (bundles × rounds)" count "$((${#bundles[@]} * ROUNDS))"
+        record "$section" "churn time" s "$churn_time"
+        record "$section" "after churn: live compressed chunk bytes" bytes "$M_STORED"
+        record "$section" "after churn: stowage_disk_bytes (apparent)" bytes "$M_DISK"
+        record "$section" "after churn: pack files (apparent)" bytes "$(file_bytes "$data/store/packs")"
+        record "$section" "after churn: sled dir (apparent)" bytes "$(file_bytes "$data/store/db")"
+        record "$section" "**after churn: disk / live**" x "$(calc "$M_DISK / $M_STORED")" "<=2"
+        record "$section" "after churn: allocated (du) / live" x "$(calc "$(alloc_bytes "$data/store") / $M_STORED")"
+
+        log "churn: restart"
+        stop_server
+        start_server "$data"
+        settle
+        record "$section" "after restart: live compressed chunk bytes" bytes "$M_STORED"
+        record "$section" "after restart: stowage_disk_bytes (apparent)" bytes "$M_DISK"
+        record "$section" "after restart: pack files (apparent)" bytes "$(file_bytes "$data/store/packs")"
+        record "$section" "after restart: sled dir (apparent)" bytes "$(file_bytes "$data/store/db")"
+        record "$section" "**after restart: disk / live**" x "$(calc "$M_DISK / $M_STORED")" "<=2"
+        record "$section" "after restart: allocated (du) / live" x "$(calc "$(alloc_bytes "$data/store") / $M_STORED")"
+
+        log "churn: delete everything"
+        for i in "${!bundles[@]}"; do delete_bundle "r$ROUNDS-b$i"; done
+        settle
+        [ "$M_COMMITTED" = 0 ] || die "revisions left after deleting every bundle: $M_COMMITTED"
+        record "$section" "all deleted: live compressed chunk bytes" bytes "$M_STORED"
+        record "$section" "all deleted: stowage_disk_bytes (apparent)" bytes "$M_DISK"
+        record "$section" "all deleted: pack files (apparent)" bytes "$(file_bytes "$data/store/packs")"
+        record "$section" "all deleted: sled dir (apparent)" bytes "$(file_bytes "$data/store/db")"
+        record "$section" "all deleted: allocated (du)" bytes "$(alloc_bytes "$data/store")"
+        stop_server
+        start_server "$data"
+        settle
+        record "$section" "all deleted, after restart: stowage_disk_bytes (apparent)" bytes "$M_DISK"
+        record "$section" "all deleted, after restart: pack files (apparent)" bytes "$(file_bytes "$data/store/packs")"
+        record "$section" "all deleted, after restart: sled dir (apparent)" bytes "$(file_bytes "$data/store/db")"
+        record "$section" "all deleted, after restart: allocated (du)" bytes "$(alloc_bytes "$data/store")"
+        stop_server
+        rm -rf "$data"
+    done
+}
+
+# ------------------------------------------------------------------------------------------------
+# 3. 1 GiB throughput
+
+scenario_throughput() {
+    local section="1 GiB bundle: throughput and server memory"
+    local src="$WORK/gib-src" tarf="$WORK/gib.tar"
+    log "throughput: generating the 1 GiB tree (4 random files + 5000 small text files)"
+    mkdir -p "$src"
+    python3 "$repo/bench/small_files.py" "$src" 5000
+    local small big i
+    small="$(file_bytes "$src")"
+    big=$(((1073741824 - small) / 4))
+    for i in 1 2 3 4; do head -c "$big" /dev/urandom >"$src/random-$i.bin"; done
+    local files_total
+    files_total="$(file_bytes "$src")"
+    tar -C "$src" -cf "$tarf" .
+    rm -rf "$src"
+    local size
+    size="$(stat -c %s "$tarf")"
+    log "throughput: tar is $size bytes ($files_total bytes of files)"
+
+    local run
+    for run in $(seq 1 "$RUNS"); do
+        log "throughput: run $run/$RUNS"
+        local data="$WORK/gib-$run"
+        start_server "$data"
+        create_bundle gib
+        local out code secs
+        out="$(api -X PUT -T "$tarf" -H 'Content-Type: application/x-tar' -o "$WORK/put.json" \
+            -w '%{http_code} %{time_total}' "$API/namespaces/$NS/bundles/gib/content")"
+        read -r code secs <<<"$out"
+        [ "$code" = 200 ] || die "upload returned $code"
+        record "$section" "tar size" bytes "$size"
+        record "$section" "upload (curl -T file)" MB/s "$(calc "$size / 1e6 / $secs")"
+        local digest
+        digest="$(api "$API/namespaces/$NS/bundles/gib" | json_field status.digest)"
+
+        out="$(api -o /dev/null -w '%{size_download} %{time_total}' "$API/namespaces/$NS/bundles/gib/content")"
+        local got
+        read -r got secs <<<"$out"
+        record "$section" "download to /dev/null" MB/s "$(calc "$got / 1e6 / $secs")"
+
+        local t0 t1 sum
+        t0="$(now)"
+        sum="$(api "$API/namespaces/$NS/bundles/gib/content" | sha256sum | cut -d' ' -f1)"
+        t1="$(now)"
+        [ "sha256:$sum" = "$digest" ] || die "downloaded tar sha256:$sum != status.digest $digest"
+        record "$section" "download \| sha256sum (digest = status.digest)" MB/s "$(calc "$got / 1e6 / ($t1 - $t0)")"
+        record "$section" "**server peak RSS (VmHWM)**" MiB "$(calc "$(peak_rss_kib) / 1024")" "<150"
+        record "$section" "served tar size" bytes "$got"
+        stop_server
+        record "$section" "store on disk, allocated (du)" bytes "$(alloc_bytes "$data/store")"
+        rm -rf "$data"
+
+        # Context: the same bytes through local tools (the tar file is in the page cache).
+        local x="$WORK/extract"
+        mkdir -p "$x"
+        t0="$(now)"
+        tar -C "$x" -xf "$tarf"
+        sync -f "$x"
+        t1="$(now)"
+        record "$section" "context: tar -x + sync of the same file" MB/s "$(calc "$size / 1e6 / ($t1 - $t0)")"
+        rm -rf "$x"
+        t0="$(now)"
+        sha256sum "$tarf" >/dev/null
+        t1="$(now)"
+        record "$section" "context: sha256sum of the tar file" MB/s "$(calc "$size / 1e6 / ($t1 - $t0)")"
+    done
+    rm -f "$tarf"
+}
+
+# ------------------------------------------------------------------------------------------------
+
+machine() {
+    echo "### Machine"
+    echo
+    echo "| | |"
+    echo "|---|---|"
+    echo "| CPU | $(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo) |"
+    echo "| nproc | $(nproc) |"
+    echo "| memory (free -h total) | $(free -h | awk '/^Mem:/ {print $2}') |"
+    echo "| kernel | $(uname -sr) |"
+    echo "| temp filesystem (df -T $base_tmp) | $(df -T "$WORK" | awk 'NR == 2 {print $2 " on " $1 ", " $3 / 1048576 " GiB"}') |"
+    echo "| stowage | $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$repo" diff --quiet 2>/dev/null || echo ' + uncommitted changes') |"
+    echo "| runs | $RUNS per scenario |"
+    echo
+}
+
+started=$SECONDS
+for s in $SCENARIOS; do
+    case "$s" in
+        footprint) scenario_footprint ;;
+        churn) scenario_churn ;;
+        throughput) scenario_throughput ;;
+        *) die "unknown scenario $s (footprint, churn, throughput)" ;;
+    esac
+done
+log "done in $((SECONDS - started)) s"
+
+echo "## Results ($(date -u +%Y-%m-%d), scripts/bench.sh, BENCH_RUNS=$RUNS)"
+echo
+machine
+python3 "$repo/bench/summarize.py" "$RESULTS"

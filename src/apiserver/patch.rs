@@ -1,0 +1,104 @@
+//! PATCH on objects and their `status`: JSON merge patch (RFC 7386) and JSON patch (RFC 6902), as
+//! kube-apiserver accepts for custom resources. The patched object then goes through exactly the
+//! checks and rules of an update; a conflict with a concurrent writer is retried, as the
+//! kube-apiserver does, unless the patch itself pinned a resourceVersion.
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::Response;
+use serde_json::Value;
+
+use super::handlers::{check_object, json_response, replace, resource_def, Params, UpdateScope};
+use super::status::{ApiError, ApiResult};
+use super::{blocking, AppState};
+use crate::storage::ObjectKey;
+
+const RETRIES: usize = 5;
+
+pub async fn patch(
+    state: State<AppState>,
+    Path((namespace, resource, name)): Path<(String, String, String)>,
+    params: Params,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    patch_scoped(state, namespace, resource, name, params, headers, body, UpdateScope::Main).await
+}
+
+pub async fn patch_status(
+    state: State<AppState>,
+    Path((namespace, resource, name)): Path<(String, String, String)>,
+    params: Params,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    patch_scoped(state, namespace, resource, name, params, headers, body, UpdateScope::Status).await
+}
+
+enum PatchKind {
+    Merge(Value),
+    Json(json_patch::Patch),
+}
+
+fn parse(headers: &HeaderMap, body: &Bytes) -> ApiResult<PatchKind> {
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    let invalid = |e: serde_json::Error| ApiError::bad_request(format!("invalid patch: {e}"));
+    match media {
+        "application/merge-patch+json" => Ok(PatchKind::Merge(serde_json::from_slice(body).map_err(invalid)?)),
+        "application/json-patch+json" => Ok(PatchKind::Json(serde_json::from_slice(body).map_err(invalid)?)),
+        _ => Err(ApiError::unsupported_media_type(format!(
+            "the body of the request was in an unknown format ({media}) - accepted media types include: \
+             application/json-patch+json, application/merge-patch+json"
+        ))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn patch_scoped(
+    State(app): State<AppState>,
+    namespace: String,
+    resource: String,
+    name: String,
+    Query(params): Params,
+    headers: HeaderMap,
+    body: Bytes,
+    scope: UpdateScope,
+) -> ApiResult<Response> {
+    let def = resource_def(&resource)?;
+    if !def.user_writable {
+        return Err(ApiError::method_not_allowed(format!("{} are written only by the server", def.plural)));
+    }
+    let patch = parse(&headers, &body)?;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let key = ObjectKey::new(def.plural, &namespace, &name);
+        let stored = blocking(&app, move |store| store.get_object(&key))
+            .await?
+            .ok_or_else(|| ApiError::not_found(def.plural, &name))?;
+        let mut patched = stored.value.clone();
+        match &patch {
+            PatchKind::Merge(p) => json_patch::merge(&mut patched, p),
+            PatchKind::Json(p) => json_patch::patch(&mut patched, p)
+                .map_err(|e| ApiError::new_unprocessable(format!("the JSON patch could not be applied: {e}")))?,
+        }
+        let pinned = patched.pointer("/metadata/resourceVersion").and_then(Value::as_str).map(str::to_string);
+        let rv = match pinned.as_deref() {
+            Some(text) if text != stored.resource_version.to_string() => {
+                text.parse().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {text:?}")))?
+            }
+            _ => stored.resource_version,
+        };
+        if patched.pointer("/metadata/name").and_then(Value::as_str) != Some(name.as_str()) {
+            return Err(ApiError::bad_request("metadata.name cannot be changed by a patch"));
+        }
+        let (obj, warnings) = check_object(def, patched, &params)?;
+        match replace(&app, def, &namespace, &name, obj, &stored.value, rv, &params, scope).await {
+            Err(e) if e.reason == "Conflict" && rv == stored.resource_version && attempt < RETRIES => continue,
+            Err(e) => return Err(e),
+            Ok(updated) => return Ok(json_response(StatusCode::OK, &updated, &warnings)),
+        }
+    }
+}
