@@ -208,3 +208,55 @@ async fn kubectl_create_get_describe_download_delete() {
     let out = k.ok(&["get", "bundles", "-A"]);
     assert!(out.contains("other-app"), "the other bundle went too:\n{out}");
 }
+
+/// The everyday edits: `apply` (create, then change), `label`, `annotate`, `patch` (JSON and merge),
+/// label selectors on `get`; each visible in the stored object, with generation bumped only by spec
+/// changes.
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_apply_label_annotate_patch() {
+    let server = Server::start_temp(&[]);
+    let kubectl = Kubectl::new(&server);
+    let dir = tempfile::tempdir().unwrap();
+    let first = write_yaml(dir.path(), "b.yaml", &bundle_yaml("edits", "app", ""));
+    kubectl.ok(&["apply", "-f", first.to_str().unwrap()]);
+    let changed = write_yaml(dir.path(), "b2.yaml", &bundle_yaml("edits", "app", "  revisionHistoryLimit: 4\n"));
+    kubectl.ok(&["apply", "-f", changed.to_str().unwrap()]);
+    kubectl.ok(&["-n", "edits", "label", "bundle", "app", "team=payments"]);
+    kubectl.ok(&["-n", "edits", "annotate", "bundle", "app", "owner=alice"]);
+    kubectl.ok(&[
+        "-n",
+        "edits",
+        "patch",
+        "bundle",
+        "app",
+        "--type=json",
+        "-p",
+        r#"[{"op":"add","path":"/spec/paused","value":true}]"#,
+    ]);
+    kubectl.ok(&[
+        "-n",
+        "edits",
+        "patch",
+        "bundle",
+        "app",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"labels":{"tier":"gold"}}}"#,
+    ]);
+
+    let obj = server.get_json(&bundle("edits", "app")).await;
+    assert_eq!(u64_at(&obj, "/spec/revisionHistoryLimit"), 4);
+    assert_eq!(obj.pointer("/spec/paused"), Some(&Value::Bool(true)));
+    assert_eq!(str_at(&obj, "/metadata/labels/team"), "payments");
+    assert_eq!(str_at(&obj, "/metadata/labels/tier"), "gold");
+    assert_eq!(str_at(&obj, "/metadata/annotations/owner"), "alice");
+    assert_eq!(u64_at(&obj, "/metadata/generation"), 3, "two spec changes after create; label/annotate don't count");
+
+    let selected = kubectl.ok(&["-n", "edits", "get", "bundles", "-l", "team=payments,tier in (gold)", "-o", "name"]);
+    assert_eq!(selected.trim(), "bundle.content.stowage.dev/app");
+    let none = kubectl.ok(&["-n", "edits", "get", "bundles", "-l", "team!=payments", "-o", "name"]);
+    assert_eq!(none.trim(), "");
+    let bad = kubectl
+        .fails(&["-n", "edits", "patch", "bundle", "app", "--type=merge", "-p", r#"{"spec":{"paused":"yes"}}"#], None);
+    assert!(bad.contains("spec.paused") && bad.contains("boolean"), "{bad}");
+}
