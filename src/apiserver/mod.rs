@@ -103,7 +103,8 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi/v3/apis/content.stowage.dev/v1alpha1", get(openapi::v3_group_version))
         .route("/metrics", get(metrics))
         .fallback(not_found)
-        .layer(middleware::from_fn(require_identity));
+        .layer(middleware::from_fn(require_identity))
+        .layer(middleware::from_fn(plain_errors_as_status));
     Router::new()
         .route("/healthz", get(ok))
         .route("/livez", get(ok))
@@ -127,6 +128,26 @@ async fn require_identity(request: Request, next: Next) -> Response {
         return ApiError::unauthorized().into_response();
     }
     next.run(request).await
+}
+
+/// Errors produced outside our handlers (axum's extractor rejections, 405 from routing, body limits)
+/// come as plain text; clients expect a `Status`, so wrap them in one.
+async fn plain_errors_as_status(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let code = response.status();
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/json"));
+    if !(code.is_client_error() || code.is_server_error()) || is_json {
+        return response;
+    }
+    let message = match axum::body::to_bytes(response.into_body(), 4096).await {
+        Ok(bytes) if !bytes.is_empty() => String::from_utf8_lossy(&bytes).into_owned(),
+        _ => code.canonical_reason().unwrap_or("error").to_string(),
+    };
+    ApiError::from_code(code, message).into_response()
 }
 
 async fn metrics(State(app): State<AppState>) -> ApiResult<Response> {

@@ -84,6 +84,28 @@ impl ApiError {
         self
     }
 
+    /// A Status for an error that carries only an HTTP code and a message.
+    pub fn from_code(code: StatusCode, message: String) -> ApiError {
+        let reason = match code {
+            StatusCode::BAD_REQUEST => "BadRequest",
+            StatusCode::UNAUTHORIZED => "Unauthorized",
+            StatusCode::FORBIDDEN => "Forbidden",
+            StatusCode::NOT_FOUND => "NotFound",
+            StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowed",
+            StatusCode::NOT_ACCEPTABLE => "NotAcceptable",
+            StatusCode::CONFLICT => "Conflict",
+            StatusCode::PAYLOAD_TOO_LARGE => "RequestEntityTooLarge",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "UnsupportedMediaType",
+            StatusCode::UNPROCESSABLE_ENTITY => "Invalid",
+            StatusCode::TOO_MANY_REQUESTS => "TooManyRequests",
+            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
+            StatusCode::GATEWAY_TIMEOUT => "Timeout",
+            _ if code.is_server_error() => "InternalError",
+            _ => "Unknown",
+        };
+        ApiError::new(code, reason, message)
+    }
+
     pub fn not_found(resource: &str, name: &str) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "NotFound", format!("{resource}.{GROUP} {name:?} not found"))
             .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
