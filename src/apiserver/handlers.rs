@@ -24,6 +24,15 @@ pub fn resource_def(plural: &str) -> ApiResult<&'static ResourceDef> {
     })
 }
 
+/// A resource users may create and update (BundleContents are written only by the server).
+pub(super) fn writable_resource_def(plural: &str) -> ApiResult<&'static ResourceDef> {
+    let def = resource_def(plural)?;
+    if !def.user_writable {
+        return Err(ApiError::method_not_allowed(format!("{} are written only by the server", def.plural)));
+    }
+    Ok(def)
+}
+
 /// JSON response with optional `Warning` headers.
 pub fn json_response(code: StatusCode, body: &Value, warnings: &[String]) -> Response {
     let mut response =
@@ -233,10 +242,7 @@ pub async fn create(
     Query(params): Params,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let def = resource_def(&resource)?;
-    if !def.user_writable {
-        return Err(ApiError::method_not_allowed(format!("{} are written only by the server", def.plural)));
-    }
+    let def = writable_resource_def(&resource)?;
     let (mut obj, warnings) = decode_body(def, &body, &params)?;
     let mut meta = take_metadata(&mut obj);
     match meta.get("namespace").and_then(Value::as_str) {
@@ -339,10 +345,7 @@ async fn update_scoped(
     body: Bytes,
     scope: UpdateScope,
 ) -> ApiResult<Response> {
-    let def = resource_def(&resource)?;
-    if !def.user_writable {
-        return Err(ApiError::method_not_allowed(format!("{} are written only by the server", def.plural)));
-    }
+    let def = writable_resource_def(&resource)?;
     let (obj, warnings) = decode_body(def, &body, &params)?;
     let body_name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
     if body_name != name {
