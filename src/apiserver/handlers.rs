@@ -443,27 +443,18 @@ pub async fn delete(
         ),
         None => Precondition::MustExist,
     };
-    let mut writes = vec![ObjectWrite::Delete { key: ObjectKey::new(def.plural, &namespace, &name), precondition }];
-    if def.plural == "bundles" {
-        // A Bundle's revisions go with it (they are owned by it).
-        let (contents, _) = {
-            let namespace = namespace.clone();
-            blocking(&app, move |store| store.list_objects("bundlecontents", Some(&namespace))).await?
-        };
-        for content in contents {
-            if content.value.pointer("/spec/bundle").and_then(Value::as_str) == Some(name.as_str()) {
-                let content_name = content.value.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
-                writes.push(ObjectWrite::Delete {
-                    key: ObjectKey::new("bundlecontents", &namespace, content_name),
-                    precondition: Precondition::None,
-                });
-            }
-        }
-    }
     if dry_run(&params)? {
         return Ok(json_response(StatusCode::OK, &old, &[]));
     }
-    let outcome = blocking(&app, move |store| store.write_objects(writes)).await.map_err(|e| relabel(e, def, &name))?;
-    let deleted = outcome.objects.into_iter().next().unwrap_or(old);
+    let key = ObjectKey::new(def.plural, &namespace, &name);
+    let on_delete = def.on_delete;
+    let outcome = blocking(&app, move |store| {
+        let mut writes = vec![ObjectWrite::Delete { key, precondition }];
+        writes.extend(on_delete(store, &old)?);
+        store.write_objects(writes)
+    })
+    .await
+    .map_err(|e| relabel(e, def, &name))?;
+    let deleted = outcome.objects.into_iter().next().unwrap_or(Value::Null);
     Ok(json_response(StatusCode::OK, &deleted, &[]))
 }

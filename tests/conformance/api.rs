@@ -174,3 +174,28 @@ async fn health_and_metrics_endpoints() {
         assert_eq!(gauge(&m, key), 0.0, "{key} on an empty server");
     }
 }
+
+/// Deleting the BundleContent a Bundle serves: the Bundle says so (Pending, ContentDeleted) instead
+/// of pointing at nothing, its content is 404, and a new upload serves again.
+#[tokio::test(flavor = "multi_thread")]
+async fn deleting_the_active_bundlecontent_updates_its_bundle() {
+    let server = Server::start_temp(&[]);
+    let mut tree = Tree::new();
+    tree.insert("manifests/cm.yaml".into(), file(b"kind: ConfigMap\n".to_vec()));
+    server.create_bundle("ns", "b").await;
+    let uploaded = server.upload_ok("ns", "b", build_tar(&tree), None).await;
+    let content = str_at(&uploaded, "/status/contentName").to_owned();
+
+    let resp = server.delete(&bundlecontent("ns", &content)).await;
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let b = server.get_json(&bundle("ns", "b")).await;
+    assert_eq!(str_at(&b, "/status/phase"), "Pending");
+    assert_eq!(str_at(&b, "/status/conditions/0/reason"), "ContentDeleted");
+    assert_eq!(b.pointer("/status/contentName"), None);
+    expect_status(server.get(&bundle_content("ns", "b")).await, 404, "NotFound").await;
+
+    let again = server.upload_ok("ns", "b", build_tar(&tree), None).await;
+    assert_eq!(str_at(&again, "/status/phase"), "Unpacked");
+    let tar = server.download(&bundle_content("ns", "b")).await;
+    assert_eq!(digest_of(&tar), str_at(&again, "/status/digest"));
+}

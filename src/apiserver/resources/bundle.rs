@@ -3,10 +3,12 @@
 
 use serde_json::{json, Value};
 
+use super::bundlecontent::BUNDLE_CONTENT;
 use super::{short_digest, str_at, u64_at, Column, ResourceDef, AGE_COLUMN, NAME_COLUMN};
 use crate::apiserver::meta;
 use crate::apiserver::schema::{array_of, boolean, condition, doc_string, integer, kind_root, object, string};
 use crate::apiserver::status::Cause;
+use crate::storage::{ObjectKey, ObjectWrite, Precondition, StorageError, Store};
 
 pub const FORMATS: [&str; 3] = ["plain", "registry-v1", "helm"];
 const SOURCE_KINDS: [&str; 4] = ["image", "git", "http", "upload"];
@@ -39,6 +41,7 @@ pub static BUNDLE: ResourceDef = ResourceDef {
         Column { name: "Sources", kind: "string", format: "", description: "Kinds of sources.", priority: 1 },
     ],
     row,
+    on_delete,
 };
 
 fn schema() -> Value {
@@ -224,6 +227,21 @@ fn initial_status(obj: &Value) -> Option<Value> {
             "observedGeneration": generation,
         }],
     }))
+}
+
+/// A Bundle's revisions go with it (they are owned by it).
+fn on_delete(store: &Store, bundle: &Value) -> Result<Vec<ObjectWrite>, StorageError> {
+    let namespace = str_at(bundle, "/metadata/namespace");
+    let name = str_at(bundle, "/metadata/name");
+    let (contents, _) = store.list_objects(BUNDLE_CONTENT.plural, Some(namespace))?;
+    Ok(contents
+        .iter()
+        .filter(|c| str_at(&c.value, "/spec/bundle") == name)
+        .map(|c| ObjectWrite::Delete {
+            key: ObjectKey::new(BUNDLE_CONTENT.plural, namespace, str_at(&c.value, "/metadata/name")),
+            precondition: Precondition::None,
+        })
+        .collect())
 }
 
 fn row(obj: &Value) -> Vec<Value> {

@@ -7,6 +7,7 @@ use super::{short_digest, str_at, u64_at, Column, ResourceDef, AGE_COLUMN, NAME_
 use crate::apiserver::meta;
 use crate::apiserver::schema::{doc_string, integer, kind_root, object, string};
 use crate::apiserver::status::Cause;
+use crate::storage::{ObjectKey, ObjectWrite, Precondition, StorageError, Store};
 
 pub static BUNDLE_CONTENT: ResourceDef = ResourceDef {
     plural: "bundlecontents",
@@ -35,6 +36,7 @@ pub static BUNDLE_CONTENT: ResourceDef = ResourceDef {
         AGE_COLUMN,
     ],
     row,
+    on_delete,
 };
 
 fn schema() -> Value {
@@ -51,6 +53,38 @@ fn schema() -> Value {
         }),
     );
     kind_root("One immutable unpacked revision of a Bundle's content.", spec, object("Unused.", json!({})))
+}
+
+/// Deleting the revision a Bundle serves leaves that Bundle without content: say so in its status
+/// rather than point at nothing.
+fn on_delete(store: &Store, content: &Value) -> Result<Vec<ObjectWrite>, StorageError> {
+    let namespace = str_at(content, "/metadata/namespace");
+    let name = str_at(content, "/metadata/name");
+    let key = ObjectKey::new("bundles", namespace, str_at(content, "/spec/bundle"));
+    let Some(bundle) = store.get_object(&key)? else { return Ok(vec![]) };
+    if str_at(&bundle.value, "/status/contentName") != name {
+        return Ok(vec![]);
+    }
+    let generation = u64_at(&bundle.value, "/metadata/generation").unwrap_or(1);
+    let mut object = bundle.value.clone();
+    object["status"] = json!({
+        "observedGeneration": generation,
+        "phase": "Pending",
+        "conditions": [{
+            "type": "Unpacked",
+            "status": "False",
+            "reason": "ContentDeleted",
+            "message": format!("BundleContent {name:?} was deleted"),
+            "lastTransitionTime": meta::now_timestamp(),
+            "observedGeneration": generation,
+        }],
+    });
+    Ok(vec![ObjectWrite::Put {
+        key,
+        object,
+        precondition: Precondition::ResourceVersion(bundle.resource_version),
+        revision: None,
+    }])
 }
 
 fn row(obj: &Value) -> Vec<Value> {

@@ -7,6 +7,7 @@ pub mod bundlecontent;
 use serde_json::Value;
 
 use super::status::Cause;
+use crate::storage::{ObjectWrite, StorageError, Store};
 
 /// A table column, as `metav1.TableColumnDefinition`.
 pub struct Column {
@@ -36,6 +37,8 @@ pub struct ResourceDef {
     pub columns: &'static [Column],
     /// Cells for one row, in `columns` order.
     pub row: fn(&Value) -> Vec<Value>,
+    /// Writes that go with deleting this object, in the same atomic batch.
+    pub on_delete: fn(&Store, &Value) -> Result<Vec<ObjectWrite>, StorageError>,
 }
 
 pub static RESOURCES: [&ResourceDef; 2] = [&bundle::BUNDLE, &bundlecontent::BUNDLE_CONTENT];
