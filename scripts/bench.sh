@@ -25,7 +25,14 @@ NS=bench
 API=/apis/content.stowage.dev/v1alpha1
 
 log() { echo "bench: $*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+die() {
+    log "ERROR: $*"
+    if [ -n "${SERVER_DIR:-}" ] && [ -f "$SERVER_DIR.log" ]; then
+        log "last lines of the server log ($SERVER_DIR.log):"
+        tail -n 40 "$SERVER_DIR.log" >&2
+    fi
+    exit 1
+}
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -75,6 +82,9 @@ BIN="$repo/target/release/stowage"
 base_tmp="${BENCH_TMPDIR:-${TMPDIR:-/tmp}}"
 WORK="$(mktemp -d "$base_tmp/stowage-bench.XXXXXX")"
 RESULTS="$WORK/results.tsv"
+# A private copy: others may rebuild target/release while this runs.
+cp "$BIN" "$WORK/stowage"
+BIN="$WORK/stowage"
 : >"$RESULTS"
 SERVER_PID=""
 SERVER_DIR=""
@@ -141,7 +151,8 @@ peak_rss_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$SERVER_PID/status"; }
 api() {
     local path="${*: -1}"
     curl -sS --fail-with-body --cacert "$SERVER_DIR/pki/ca.crt" --cert "$SERVER_DIR/pki/admin.crt" \
-        --key "$SERVER_DIR/pki/admin.key" "${@:1:$#-1}" "$URL$path"
+        --key "$SERVER_DIR/pki/admin.key" "${@:1:$#-1}" "$URL$path" \
+        || die "request to $path failed (server $(kill -0 "$SERVER_PID" 2>/dev/null && echo running || echo gone))"
 }
 
 json_field() { python3 -c 'import json,sys; v=json.load(sys.stdin)

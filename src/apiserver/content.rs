@@ -511,6 +511,18 @@ where
             }
         }
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
-    Body::from_stream(stream)
+    Body::from_stream(ChannelStream(rx))
+}
+
+/// A receiver as a stream that may be polled again after it ended (compression layers do).
+struct ChannelStream(mpsc::Receiver<Result<Bytes, std::io::Error>>);
+
+impl futures_util::Stream for ChannelStream {
+    type Item = Result<Bytes, std::io::Error>;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
 }

@@ -97,7 +97,10 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(object_limit))
         .route(
             &format!("{base}/namespaces/{{namespace}}/{{resource}}/{{name}}/content"),
-            get(content::get_content).put(content::put_bundle_content).layer(DefaultBodyLimit::disable()),
+            get(content::get_content)
+                .layer(content_compression())
+                .put(content::put_bundle_content)
+                .layer(DefaultBodyLimit::disable()),
         )
         .route("/openapi/v3", get(openapi::v3_root))
         .route("/openapi/v3/apis/content.stowage.dev/v1alpha1", get(openapi::v3_group_version))
@@ -111,6 +114,15 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(ok))
         .merge(api)
         .with_state(state)
+}
+
+/// `Accept-Encoding: zstd` or `gzip` on content downloads, at the fastest levels (bundles are mostly
+/// text; a level that costs more CPU than the network saves does not pay). Only whole (200)
+/// representations are encoded: a range applies to the identity bytes the ETag names.
+fn content_compression() -> tower_http::compression::CompressionLayer<impl tower_http::compression::Predicate> {
+    use axum::http::{Extensions, HeaderMap, StatusCode, Version};
+    let whole = |status: StatusCode, _: Version, _: &HeaderMap, _: &Extensions| status == StatusCode::OK;
+    tower_http::compression::CompressionLayer::new().quality(tower_http::CompressionLevel::Fastest).compress_when(whole)
 }
 
 async fn ok() -> &'static str {

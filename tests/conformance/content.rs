@@ -212,3 +212,47 @@ async fn identical_content_is_the_same_revision() {
     assert_eq!(digest_of(&tar), str_at(&b, "/status/digest"));
     assert_trees_equal(&tree_from_dir(&other), &parse_served_tar(&tar), "88.5.2 after 88.5.3");
 }
+
+/// `Accept-Encoding: zstd` / `gzip` compress whole downloads (decompressing gives the digest's bytes);
+/// a Range request is answered with identity bytes, as the ETag and Content-Range describe them.
+#[tokio::test(flavor = "multi_thread")]
+async fn downloads_honour_accept_encoding() {
+    let server = Server::start_temp(&[]);
+    let kps = corpus().join("kube-prometheus-stack/88.5.3");
+    server.create_bundle("enc", "kps").await;
+    let bundle = server.upload_ok("enc", "kps", system_tar(&kps), None).await;
+    let digest = str_at(&bundle, "/status/digest").to_owned();
+    let url = server.url(&bundle_content("enc", "kps"));
+    for encoding in ["zstd", "gzip"] {
+        let resp = server.client().get(&url).header("accept-encoding", encoding).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(header(resp.headers(), "content-encoding"), Some(encoding));
+        let body = resp.bytes().await.unwrap();
+        let plain = match encoding {
+            "zstd" => zstd::stream::decode_all(&body[..]).unwrap(),
+            _ => {
+                let mut out = Vec::new();
+                std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&body[..]), &mut out).unwrap();
+                out
+            }
+        };
+        assert!(
+            body.len() * 4 < plain.len(),
+            "{encoding}: {} -> {} bytes is hardly compressed",
+            plain.len(),
+            body.len()
+        );
+        assert_eq!(digest_of(&plain), digest, "{encoding}");
+    }
+    let ranged = server
+        .client()
+        .get(&url)
+        .header("accept-encoding", "zstd")
+        .header("range", "bytes=100-199")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ranged.status(), StatusCode::PARTIAL_CONTENT);
+    assert_eq!(header(ranged.headers(), "content-encoding"), None);
+    assert_eq!(ranged.bytes().await.unwrap().len(), 100);
+}
