@@ -8,8 +8,18 @@ use serde_json::json;
 use super::*;
 use sha2::Digest;
 
+/// Opens the store, waiting for a background collection pass of a handle dropped just before to
+/// release the database lock (only a test reopens a store within one process).
 fn open(dir: &Path) -> Store {
-    Store::open(dir, StoreOptions::default()).unwrap()
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match Store::open(dir, StoreOptions::default()) {
+            Err(StorageError::Engine(e)) if std::time::Instant::now() < deadline && e.to_string().contains("lock") => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            other => return other.unwrap(),
+        }
+    }
 }
 
 /// Deterministic pseudo-random bytes (incompressible, no accidental dedup).
