@@ -82,9 +82,10 @@ BIN="$repo/target/release/stowage"
 base_tmp="${BENCH_TMPDIR:-${TMPDIR:-/tmp}}"
 WORK="$(mktemp -d "$base_tmp/stowage-bench.XXXXXX")"
 RESULTS="$WORK/results.tsv"
-# A private copy: others may rebuild target/release while this runs.
-cp "$BIN" "$WORK/stowage"
-BIN="$WORK/stowage"
+# A private copy under a neutral name: others may rebuild target/release, or stop `stowage`
+# processes by name, while this runs.
+cp "$BIN" "$WORK/bench-server"
+BIN="$WORK/bench-server"
 : >"$RESULTS"
 SERVER_PID=""
 SERVER_DIR=""
@@ -125,7 +126,8 @@ start_server() {
     SERVER_DIR="$1"
     mkdir -p "$SERVER_DIR"
     local logf="$SERVER_DIR.log" skip=0
-    [ -f "$logf" ] && skip="$(wc -l <"$logf")"
+    touch "$logf"
+    skip="$(wc -l <"$logf")"
     NO_COLOR=1 "$BIN" serve --data-dir "$SERVER_DIR" --listen 127.0.0.1:0 >>"$logf" 2>&1 &
     SERVER_PID=$!
     local deadline=$((SECONDS + 120))
@@ -233,6 +235,14 @@ scenario_footprint() {
     local zall
     zall="$(for v in "${dirs[@]}"; do tar -C "$v" -cf - .; done | zstd -q -19 --long=27 -c | wc -c)"
 
+    # Baseline: what an empty store takes (fresh start, settle, stop).
+    start_server "$WORK/empty"
+    settle
+    stop_server
+    local empty_sled empty_packs
+    empty_sled="$(file_bytes "$WORK/empty/store/db")"
+    empty_packs="$(file_bytes "$WORK/empty/store/packs")"
+
     local run
     for run in $(seq 1 "$RUNS"); do
         log "footprint: run $run/$RUNS"
@@ -265,6 +275,7 @@ scenario_footprint() {
         record "$section" "sled dir, allocated (du)" "$u" "$sled_alloc"
         record "$section" "**total on disk, allocated** (du)" "$u" "$((pack_alloc + sled_alloc))" "<=3"
         record "$section" "stowage_disk_bytes before stop" "$u" "$disk_metric"
+        record "$section" "baseline: empty store, sled + packs (apparent)" "$u" "$((empty_sled + empty_packs))"
         record "$section" "compare: one tar.gz per version (gzip -6), sum of 5" "$u" "$targz"
         record "$section" "compare: 5 tars concatenated, zstd -19 --long=27" "$u" "$zall"
         record "$section" "time to upload the 5 versions" s "$(calc "$t1 - $t0")"
