@@ -1,5 +1,10 @@
-//! Content-addressed chunks: stored once under their BLAKE3 hash, zstd-compressed by us, verified on
-//! every read.
+//! Content-addressed chunks: stored once under their BLAKE3 hash, packed into zstd-compressed
+//! blocks by us, verified on every read.
+//!
+//! A writer collects the new chunks of an upload in a [`BlockBuilder`] and seals it into a pack
+//! record of about [`BLOCK_TARGET`] raw bytes; the index (`c` keys) maps each chunk hash to its
+//! block and its range inside. An index entry is only ever *added* if absent (or moved by
+//! compaction, compare-and-swap): a second copy of a chunk never redirects readers of the first.
 //!
 //! Garbage collection uses reference counts (`r` keys) changed only under the [`Pins`] lock, in the
 //! same atomic batch as the segment records that add or drop the references. A writer *pins* a hash
@@ -10,15 +15,20 @@
 //! Candidates for the sweep are marked with `z` keys (new chunks, and chunks whose count fell to
 //! zero), so collection costs O(garbage), not O(store), and chunks orphaned by a crash are found.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
-use super::packs::Location;
+use super::packs::{BlockAt, Member};
 use super::{key, Result, StorageError, Store};
 
 /// Chunk sizes (FastCDC): content-defined cut points between these bounds.
 pub const MIN_CHUNK: u32 = 16 * 1024;
 pub const AVG_CHUNK: u32 = 32 * 1024;
 pub const MAX_CHUNK: u32 = 64 * 1024;
+/// Raw bytes collected before a block is sealed.
+pub const BLOCK_TARGET: usize = 256 * 1024;
+/// Decompressed blocks kept for sequential reads.
+const BLOCK_CACHE_ENTRIES: usize = 16;
 
 const CODEC_RAW: u8 = 0;
 const CODEC_ZSTD: u8 = 1;
@@ -30,17 +40,14 @@ pub type Hash = [u8; 32];
 pub struct ChunkRef {
     pub hash: Hash,
     pub len: u32,
-    /// Bytes the chunk takes in the store (for `storedSize`).
-    pub stored: u32,
 }
 
-pub const CHUNK_REF_LEN: usize = 40;
+pub const CHUNK_REF_LEN: usize = 36;
 
 impl ChunkRef {
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.hash);
         out.extend_from_slice(&self.len.to_le_bytes());
-        out.extend_from_slice(&self.stored.to_le_bytes());
     }
 
     pub fn decode_all(bytes: &[u8]) -> Result<Vec<ChunkRef>> {
@@ -52,11 +59,110 @@ impl ChunkRef {
             .map(|c| {
                 let mut hash = [0u8; 32];
                 hash.copy_from_slice(&c[..32]);
-                let len = u32::from_le_bytes([c[32], c[33], c[34], c[35]]);
-                let stored = u32::from_le_bytes([c[36], c[37], c[38], c[39]]);
-                ChunkRef { hash, len, stored }
+                ChunkRef { hash, len: u32::from_le_bytes([c[32], c[33], c[34], c[35]]) }
             })
             .collect())
+    }
+}
+
+/// Where a chunk is: its block, and its range in the block's raw bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    pub block: BlockAt,
+    pub offset: u32,
+    pub len: u32,
+}
+
+const LOCATION_LEN: usize = 8 + 8 + 4 + 1 + 4 + 4 + 4;
+
+impl Location {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(LOCATION_LEN);
+        out.extend_from_slice(&self.block.pack.to_be_bytes());
+        out.extend_from_slice(&self.block.payload_offset.to_be_bytes());
+        out.extend_from_slice(&self.block.stored_len.to_le_bytes());
+        out.push(self.block.codec);
+        out.extend_from_slice(&self.block.raw_len.to_le_bytes());
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Location> {
+        let b: &[u8; LOCATION_LEN] =
+            bytes.try_into().map_err(|_| StorageError::Corrupt("chunk index entry has the wrong size".into()))?;
+        let u64_at =
+            |i: usize| u64::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7]]);
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Ok(Location {
+            block: BlockAt {
+                pack: u64_at(0),
+                payload_offset: u64_at(8),
+                stored_len: u32_at(16),
+                codec: b[20],
+                raw_len: u32_at(21),
+            },
+            offset: u32_at(25),
+            len: u32_at(29),
+        })
+    }
+
+    /// The chunk's share of its block's stored bytes.
+    pub fn stored_share(&self) -> u64 {
+        (self.len as u64 * self.block.stored_len as u64).div_ceil(self.block.raw_len.max(1) as u64)
+    }
+}
+
+/// New chunks of one writer, waiting to be sealed into a block.
+#[derive(Default)]
+pub struct BlockBuilder {
+    raw: Vec<u8>,
+    members: Vec<Member>,
+    hashes: HashSet<Hash>,
+}
+
+impl BlockBuilder {
+    pub fn contains(&self, hash: &Hash) -> bool {
+        self.hashes.contains(hash)
+    }
+
+    pub fn push(&mut self, hash: Hash, data: &[u8]) {
+        self.members.push(Member { hash, offset: self.raw.len() as u32, len: data.len() as u32 });
+        self.raw.extend_from_slice(data);
+        self.hashes.insert(hash);
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.raw.len() >= BLOCK_TARGET
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+}
+
+/// Recently decompressed blocks, so a sequential read decompresses each block once.
+#[derive(Default)]
+pub struct BlockCache {
+    entries: std::sync::Mutex<VecDeque<(BlockAt, Arc<Vec<u8>>)>>,
+}
+
+impl BlockCache {
+    fn get(&self, at: &BlockAt) -> Option<Arc<Vec<u8>>> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.iter().find(|(key, _)| key == at).map(|(_, block)| block.clone())
+    }
+
+    fn put(&self, at: BlockAt, block: Arc<Vec<u8>>) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= BLOCK_CACHE_ENTRIES {
+            entries.pop_front();
+        }
+        entries.push_back((at, block));
+    }
+
+    pub fn forget_pack(&self, pack: u64) {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).retain(|(at, _)| at.pack != pack);
     }
 }
 
@@ -97,7 +203,7 @@ fn candidate_key(hash: &Hash) -> Vec<u8> {
     key(b'z', &[hash])
 }
 
-/// Compresses a chunk unless that does not pay: (codec, payload).
+/// Compresses a block unless that does not pay: (codec, payload).
 fn encode(data: &[u8], level: i32) -> (u8, Vec<u8>) {
     match zstd::bulk::compress(data, level) {
         Ok(compressed) if compressed.len() < data.len() => (CODEC_ZSTD, compressed),
@@ -105,51 +211,81 @@ fn encode(data: &[u8], level: i32) -> (u8, Vec<u8>) {
     }
 }
 
-fn decode(hash: &Hash, at: &Location, payload: Vec<u8>) -> Result<Vec<u8>> {
-    let corrupt = |what: &str| StorageError::Corrupt(format!("chunk {}: {what}", hex::encode(hash)));
+pub(super) fn decode_block(at: &BlockAt, payload: Vec<u8>) -> Result<Vec<u8>> {
+    let corrupt = |what: &str| StorageError::Corrupt(format!("block at {}:{}: {what}", at.pack, at.payload_offset));
     let raw_len = at.raw_len as usize;
-    if raw_len > MAX_CHUNK as usize {
-        return Err(corrupt("length out of range"));
-    }
     let data = match at.codec {
         CODEC_RAW => payload,
         CODEC_ZSTD => zstd::bulk::decompress(&payload, raw_len).map_err(|e| corrupt(&format!("zstd: {e}")))?,
         _ => return Err(corrupt("unknown codec")),
     };
-    if data.len() != raw_len || blake3::hash(&data).as_bytes() != hash {
-        return Err(corrupt("content does not match its hash"));
+    if data.len() != raw_len {
+        return Err(corrupt("wrong decompressed length"));
     }
     Ok(data)
 }
 
+/// The chunk's bytes out of its block, verified against its hash.
+fn slice_verified(hash: &Hash, at: &Location, block: &[u8]) -> Result<Vec<u8>> {
+    let range = at.offset as usize..(at.offset as usize + at.len as usize);
+    let data = block
+        .get(range)
+        .ok_or_else(|| StorageError::Corrupt(format!("chunk {} lies outside its block", hex::encode(hash))))?;
+    if blake3::hash(data).as_bytes() != hash {
+        return Err(StorageError::Corrupt(format!("chunk {}: content does not match its hash", hex::encode(hash))));
+    }
+    Ok(data.to_vec())
+}
+
 impl Store {
-    /// Stores `data` (if new) and pins it; the caller must record the reference with
-    /// [`Store::record_refs`], which also unpins.
-    pub(super) fn put_chunk(&self, data: &[u8]) -> Result<ChunkRef> {
-        let hash: Hash = *blake3::hash(data).as_bytes();
+    /// Pins `hash` and tells whether the store already has the chunk. The caller must record its
+    /// reference with [`Store::record_refs`] (which unpins) or [`Store::unpin`] it.
+    pub(super) fn pin_and_check(&self, hash: Hash) -> Result<bool> {
         self.lock_pins().pin(hash);
-        let stored = match self.store_new_chunk(&hash, data) {
-            Ok(stored) => stored,
+        match self.tree().contains_key(chunk_key(&hash)) {
+            Ok(known) => Ok(known),
             Err(e) => {
                 self.lock_pins().unpin(&hash);
-                return Err(e);
+                Err(e.into())
             }
-        };
-        Ok(ChunkRef { hash, len: data.len() as u32, stored })
+        }
     }
 
-    /// Writes the chunk's record unless the index already has it; returns its stored size.
-    fn store_new_chunk(&self, hash: &Hash, data: &[u8]) -> Result<u32> {
-        if let Some(existing) = self.tree().get(chunk_key(hash))? {
-            return Ok(Location::decode(&existing)?.stored_len);
+    /// Compresses and appends the builder's chunks as one block and indexes those not indexed yet.
+    pub(super) fn seal_block(&self, builder: &mut BlockBuilder) -> Result<()> {
+        if builder.is_empty() {
+            return Ok(());
         }
-        let (codec, payload) = encode(data, self.inner.options.zstd_level);
-        let at = self.inner.packs.append(hash, codec, data.len() as u32, &payload)?;
+        let (codec, payload) = encode(&builder.raw, self.inner.options.zstd_level);
+        let block = self.inner.packs.append(codec, builder.raw.len() as u32, &builder.members, &payload)?;
+        let _pins = self.lock_pins();
         let mut batch = sled::Batch::default();
-        batch.insert(chunk_key(hash), at.encode());
-        batch.insert(candidate_key(hash), &[][..]);
+        for m in &builder.members {
+            if !self.tree().contains_key(chunk_key(&m.hash))? {
+                batch.insert(chunk_key(&m.hash), Location { block, offset: m.offset, len: m.len }.encode());
+                batch.insert(candidate_key(&m.hash), &[][..]);
+            }
+        }
         self.tree().apply_batch(batch)?;
-        Ok(at.stored_len)
+        *builder = BlockBuilder::default();
+        Ok(())
+    }
+
+    /// Compaction: appends the builder's chunks as a new block, makes it durable, then moves each
+    /// chunk's index entry from its old location (in `olds`, parallel to the members) to it.
+    pub(super) fn seal_relocated(&self, builder: &mut BlockBuilder, olds: &mut Vec<Location>) -> Result<()> {
+        if builder.is_empty() {
+            return Ok(());
+        }
+        let (codec, payload) = encode(&builder.raw, self.inner.options.zstd_level);
+        let block = self.inner.packs.append(codec, builder.raw.len() as u32, &builder.members, &payload)?;
+        self.inner.packs.sync()?;
+        for (m, old) in builder.members.iter().zip(olds.iter()) {
+            self.relocate_chunk(&m.hash, old, &Location { block, offset: m.offset, len: m.len })?;
+        }
+        *builder = BlockBuilder::default();
+        olds.clear();
+        Ok(())
     }
 
     /// Where a chunk is, if stored.
@@ -166,24 +302,33 @@ impl Store {
         Ok(())
     }
 
-    /// Reads and verifies one chunk.
-    pub(super) fn get_chunk(&self, chunk: &ChunkRef) -> Result<Vec<u8>> {
-        let at = self
-            .chunk_location(&chunk.hash)?
-            .ok_or_else(|| StorageError::Corrupt(format!("chunk {} is missing", hex::encode(chunk.hash))))?;
-        let payload = match self.inner.packs.read(&chunk.hash, &at) {
-            Ok(payload) => payload,
-            // Compaction may have moved the record between the lookup and the read: look again.
+    /// The raw bytes of a block, from the cache or the pack.
+    pub(super) fn block(&self, at: &BlockAt) -> Result<Arc<Vec<u8>>> {
+        if let Some(block) = self.inner.blocks.get(at) {
+            return Ok(block);
+        }
+        let block = Arc::new(decode_block(at, self.inner.packs.read_payload(at)?)?);
+        self.inner.blocks.put(*at, block.clone());
+        Ok(block)
+    }
+
+    /// Reads and verifies one chunk; also returns its share of stored bytes.
+    pub(super) fn get_chunk(&self, chunk: &ChunkRef) -> Result<(Vec<u8>, u64)> {
+        let missing = || StorageError::Corrupt(format!("chunk {} is missing", hex::encode(chunk.hash)));
+        let at = self.chunk_location(&chunk.hash)?.ok_or_else(missing)?;
+        let block = match self.block(&at.block) {
+            Ok(block) => block,
+            // Compaction may have moved the chunk between the lookup and the read: look again.
             Err(first) => match self.chunk_location(&chunk.hash)? {
-                Some(moved) if moved != at => self.inner.packs.read(&chunk.hash, &moved)?,
+                Some(moved) if moved != at => return self.get_chunk(chunk),
                 _ => return Err(first),
             },
         };
-        let data = decode(&chunk.hash, &at, payload)?;
+        let data = slice_verified(&chunk.hash, &at, &block)?;
         if data.len() != chunk.len as usize {
             return Err(StorageError::Corrupt(format!("chunk {} has the wrong length", hex::encode(chunk.hash))));
         }
-        Ok(data)
+        Ok((data, at.stored_share()))
     }
 
     /// Applies `batch` together with reference-count changes (`delta` per occurrence in `refs`),
@@ -262,25 +407,29 @@ impl Store {
 mod tests {
     use super::*;
 
-    fn at(codec: u8, raw_len: usize) -> Location {
-        Location { pack: 1, offset: 0, codec, raw_len: raw_len as u32, stored_len: 0 }
+    fn block_at(codec: u8, raw_len: usize) -> BlockAt {
+        BlockAt { pack: 1, payload_offset: 0, stored_len: 0, codec, raw_len: raw_len as u32 }
     }
 
     #[test]
-    fn codec_round_trips_and_detects_corruption() {
+    fn blocks_round_trip_and_chunks_are_verified() {
         let data: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
-        let hash = *blake3::hash(&data).as_bytes();
-        let (codec, mut payload) = encode(&data, 3);
+        let (codec, payload) = encode(&data, 3);
         assert_eq!(codec, CODEC_ZSTD);
         assert!(payload.len() < data.len());
-        assert_eq!(decode(&hash, &at(codec, data.len()), payload.clone()).unwrap(), data);
-        let last = payload.len() - 1;
-        payload[last] ^= 0xff;
-        assert!(decode(&hash, &at(codec, data.len()), payload).is_err());
+        let block = decode_block(&block_at(codec, data.len()), payload).unwrap();
+        assert_eq!(block, data);
+        let hash = *blake3::hash(&data[100..200]).as_bytes();
+        let at = Location { block: block_at(codec, data.len()), offset: 100, len: 100 };
+        assert_eq!(slice_verified(&hash, &at, &block).unwrap(), &data[100..200]);
+        let shifted = Location { offset: 101, ..at };
+        assert!(slice_verified(&hash, &shifted, &block).is_err());
+        let outside = Location { offset: 49_950, ..at };
+        assert!(slice_verified(&hash, &outside, &block).is_err());
     }
 
     #[test]
-    fn incompressible_chunks_are_stored_raw() {
+    fn incompressible_blocks_are_stored_raw() {
         let mut x = 0x2545F4914F6CDD1Du64;
         let data: Vec<u8> = (0..1000)
             .map(|_| {
@@ -290,9 +439,19 @@ mod tests {
                 (x >> 24) as u8
             })
             .collect();
-        let hash = *blake3::hash(&data).as_bytes();
         let (codec, payload) = encode(&data, 3);
         assert_eq!(codec, CODEC_RAW);
-        assert_eq!(decode(&hash, &at(codec, data.len()), payload).unwrap(), data);
+        assert_eq!(decode_block(&block_at(codec, data.len()), payload).unwrap(), data);
+    }
+
+    #[test]
+    fn locations_encode_and_decode() {
+        let at = Location {
+            block: BlockAt { pack: 7, payload_offset: 123_456, stored_len: 999, codec: CODEC_ZSTD, raw_len: 262_144 },
+            offset: 65_536,
+            len: 4_000,
+        };
+        assert_eq!(Location::decode(&at.encode()).unwrap(), at);
+        assert!(Location::decode(&at.encode()[1..]).is_err());
     }
 }

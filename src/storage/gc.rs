@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 
 use super::chunks::ChunkRef;
+use super::chunks::{decode_block, BlockBuilder, Location};
 use super::objects::key_revision;
-use super::packs::Location;
 use super::{be, decode_json, encode_json, key, Result, RevisionId, RevisionRecord, RevisionState, Store};
 
 /// What a collection pass did.
@@ -23,8 +23,6 @@ pub struct GcReport {
 
 /// A pack is compacted once less than this fraction of it is still referenced.
 const COMPACT_BELOW_LIVE: f64 = 0.5;
-/// Records copied between fsync + index updates while compacting.
-const COMPACT_BATCH: usize = 4096;
 
 impl Store {
     pub(super) fn recover(&self) -> Result<()> {
@@ -88,15 +86,15 @@ impl Store {
         Ok(())
     }
 
-    /// Rewrites packs that are mostly dead: live records are copied to the active pack (fsynced
-    /// before the index points at the copies), then the old file is deleted.
+    /// Rewrites packs that are mostly dead: live chunks are copied into new blocks in the active
+    /// pack (fsynced before the index points at the copies), then the old file is deleted.
     fn compact_packs(&self) -> Result<u64> {
         let packs = &self.inner.packs;
         let mut live: HashMap<u64, u64> = HashMap::new();
         for item in self.tree().scan_prefix(b"c") {
             let (_, v) = item?;
             let at = Location::decode(&v)?;
-            *live.entry(at.pack).or_insert(0) += at.record_len();
+            *live.entry(at.block.pack).or_insert(0) += at.stored_share();
         }
         let active = packs.active_id();
         let mut compacted = 0;
@@ -106,11 +104,13 @@ impl Store {
             }
             let size = packs.size(id)?;
             let live_bytes = live.get(&id).copied().unwrap_or(0);
-            if live_bytes == 0 {
+            if live_bytes == 0 || (live_bytes as f64) < size as f64 * COMPACT_BELOW_LIVE {
+                if live_bytes > 0 {
+                    self.compact_pack(id)?;
+                }
+                self.flush()?;
                 packs.remove(id)?;
-                compacted += 1;
-            } else if (live_bytes as f64) < size as f64 * COMPACT_BELOW_LIVE {
-                self.compact_pack(id)?;
+                self.inner.blocks.forget_pack(id);
                 compacted += 1;
             }
         }
@@ -118,32 +118,34 @@ impl Store {
     }
 
     fn compact_pack(&self, id: u64) -> Result<()> {
-        let packs = &self.inner.packs;
-        let mut moves: Vec<([u8; 32], Location, Location)> = Vec::new();
-        packs.scan(id, |offset, hash, codec, raw_len, payload| {
-            match self.chunk_location(&hash)? {
-                Some(at) if at.pack == id && at.offset == offset => {
-                    let copy = packs.append(&hash, codec, raw_len, &payload)?;
-                    moves.push((hash, at, copy));
+        let mut builder = BlockBuilder::default();
+        let mut moved: Vec<Location> = Vec::new();
+        self.inner.packs.scan(id, |mut scanned| {
+            let mut block: Option<Vec<u8>> = None;
+            for member in &scanned.members {
+                let Some(at) = self.chunk_location(&member.hash)? else { continue };
+                if at.block != scanned.at || builder.contains(&member.hash) {
+                    continue; // dead here: swept, or indexed elsewhere
                 }
-                _ => return Ok(()),
-            }
-            if moves.len() >= COMPACT_BATCH {
-                self.apply_moves(&mut moves)?;
+                if block.is_none() {
+                    block = Some(decode_block(&scanned.at, std::mem::take(&mut scanned.payload))?);
+                }
+                let Some(raw) = block.as_deref() else { continue };
+                let range = member.offset as usize..(member.offset + member.len) as usize;
+                let Some(data) = raw.get(range) else { continue };
+                if blake3::hash(data).as_bytes() != &member.hash {
+                    tracing::error!(chunk = %hex::encode(member.hash), pack = id, "damaged chunk left in place");
+                    continue;
+                }
+                builder.push(member.hash, data);
+                moved.push(at);
+                if builder.is_full() {
+                    self.seal_relocated(&mut builder, &mut moved)?;
+                }
             }
             Ok(())
         })?;
-        self.apply_moves(&mut moves)?;
-        self.flush()?;
-        packs.remove(id)
-    }
-
-    fn apply_moves(&self, moves: &mut Vec<([u8; 32], Location, Location)>) -> Result<()> {
-        self.inner.packs.sync()?;
-        for (hash, old, new) in moves.drain(..) {
-            self.relocate_chunk(&hash, &old, &new)?;
-        }
-        Ok(())
+        self.seal_relocated(&mut builder, &mut moved)
     }
 
     /// Asks the background collector for a pass (coalesced; never blocks).

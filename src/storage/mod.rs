@@ -11,7 +11,7 @@
 //!
 //! | key | value |
 //! |---|---|
-//! | `c` hash(32) | where the chunk's record is in the pack files ([`packs`]) |
+//! | `c` hash(32) | where the chunk is: its block in the pack files, and its range in it ([`chunks`]) |
 //! | `r` hash(32) | reference count of the chunk (u64) |
 //! | `z` hash(32) | "may be garbage" marker: a new chunk, or one whose count fell to 0 |
 //! | `v` rev(8) | [`RevisionRecord`] (JSON) |
@@ -190,6 +190,7 @@ struct Inner {
     events: tokio::sync::broadcast::Sender<u64>,
     gc_requests: std::sync::mpsc::SyncSender<()>,
     packs: packs::Packs,
+    blocks: chunks::BlockCache,
 }
 
 impl Store {
@@ -218,6 +219,7 @@ impl Store {
                 events,
                 gc_requests,
                 packs,
+                blocks: chunks::BlockCache::default(),
             }),
         };
         store.recover()?;
@@ -247,10 +249,10 @@ impl Store {
         let mut stats = StoreStats::default();
         for item in self.tree().scan_prefix(b"c") {
             let (_, value) = item?;
-            let at = packs::Location::decode(&value)?;
+            let at = chunks::Location::decode(&value)?;
             stats.chunks += 1;
-            stats.chunk_stored_bytes += at.stored_len as u64;
-            stats.chunk_raw_bytes += at.raw_len as u64;
+            stats.chunk_stored_bytes += at.stored_share();
+            stats.chunk_raw_bytes += at.len as u64;
         }
         for item in self.tree().scan_prefix(b"v") {
             let (_, value) = item?;

@@ -1,14 +1,15 @@
-//! Append-only pack files holding chunk payloads; sled keeps only their small index.
+//! Append-only pack files holding compressed blocks of chunks; sled keeps only their small index.
 //!
 //! Why not sled values: measured here, sled 0.34 kept every inserted chunk in memory until process
 //! exit (1 GiB upload → 1.8 GiB RSS, `cache_capacity` ignored for writes) and took 1.7× the bytes
 //! on disk. Pack files make memory independent of content size and space use predictable.
 //!
-//! A record is `magic, hash(32), codec(1), raw_len(4), stored_len(4), payload`. Writers append to
-//! the *active* pack (a new one after every start and every [`PACK_ROLL_BYTES`]), so a torn tail
+//! A record is one *block*: several chunks compressed together (zstd needs context: bundle YAML cut
+//! into independent 32 KiB frames compresses about half as well as the same bytes in 256 KiB
+//! blocks). Layout: `magic, codec(1), raw_len(4), stored_len(4), count(2)`, then `count` directory
+//! entries `hash(32), offset(4), len(4)` naming the chunks inside, then the payload. Writers append
+//! to the *active* pack (a new one after every start and every [`PACK_ROLL_BYTES`]), so a torn tail
 //! left by a crash is never appended to. [`Packs::sync`] fsyncs before any commit is acknowledged.
-//! A chunk's location lives in the sled index; bytes a pack holds that no index entry points at are
-//! dead, and packs that are mostly dead are compacted by copying their live records forward.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -19,47 +20,37 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use super::{Result, StorageError};
 
-const MAGIC: &[u8; 4] = b"SWC1";
-pub const RECORD_HEADER: usize = 4 + 32 + 1 + 4 + 4;
+const MAGIC: &[u8; 4] = b"SWB1";
+const HEADER: usize = 4 + 1 + 4 + 4 + 2;
+const DIRECTORY_ENTRY: usize = 32 + 4 + 4;
 /// Packs roll over at this size.
 pub const PACK_ROLL_BYTES: u64 = 128 << 20;
+/// Largest raw block a record may claim (guards scans of damaged files).
+const MAX_BLOCK_RAW: u32 = 4 << 20;
 
-/// Where a chunk's record is.
+/// A chunk inside a block: its hash and byte range in the block's raw (uncompressed) bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Location {
-    pub pack: u64,
-    pub offset: u64,
-    pub codec: u8,
-    pub raw_len: u32,
-    pub stored_len: u32,
+pub struct Member {
+    pub hash: [u8; 32],
+    pub offset: u32,
+    pub len: u32,
 }
 
-pub const LOCATION_LEN: usize = 8 + 8 + 1 + 4 + 4;
+/// Where a block's payload is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BlockAt {
+    pub pack: u64,
+    pub payload_offset: u64,
+    pub stored_len: u32,
+    pub codec: u8,
+    pub raw_len: u32,
+}
 
-impl Location {
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(LOCATION_LEN);
-        out.extend_from_slice(&self.pack.to_be_bytes());
-        out.extend_from_slice(&self.offset.to_be_bytes());
-        out.push(self.codec);
-        out.extend_from_slice(&self.raw_len.to_le_bytes());
-        out.extend_from_slice(&self.stored_len.to_le_bytes());
-        out
-    }
-
-    pub fn decode(bytes: &[u8]) -> Result<Location> {
-        let b: &[u8; LOCATION_LEN] =
-            bytes.try_into().map_err(|_| StorageError::Corrupt("chunk index entry has the wrong size".into()))?;
-        let u64_at =
-            |i: usize| u64::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7]]);
-        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        Ok(Location { pack: u64_at(0), offset: u64_at(8), codec: b[16], raw_len: u32_at(17), stored_len: u32_at(21) })
-    }
-
-    /// Bytes the record takes in its pack.
-    pub fn record_len(&self) -> u64 {
-        RECORD_HEADER as u64 + self.stored_len as u64
-    }
+/// A block read back by a scan.
+pub struct ScannedBlock {
+    pub at: BlockAt,
+    pub members: Vec<Member>,
+    pub payload: Vec<u8>,
 }
 
 struct Active {
@@ -85,6 +76,10 @@ fn pack_name(id: u64) -> String {
 
 fn parse_pack_name(name: &str) -> Option<u64> {
     u64::from_str_radix(name.strip_prefix("pack-")?.strip_suffix(".dat")?, 16).ok()
+}
+
+fn le32(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
 impl Packs {
@@ -123,14 +118,22 @@ impl Packs {
         self.dir.join(pack_name(id))
     }
 
-    /// Appends a record; returns where it went.
-    pub fn append(&self, hash: &[u8; 32], codec: u8, raw_len: u32, payload: &[u8]) -> Result<Location> {
-        let mut record = Vec::with_capacity(RECORD_HEADER + payload.len());
+    /// Appends a block record; returns where its payload went.
+    pub fn append(&self, codec: u8, raw_len: u32, members: &[Member], payload: &[u8]) -> Result<BlockAt> {
+        let count =
+            u16::try_from(members.len()).map_err(|_| StorageError::Corrupt("too many chunks in one block".into()))?;
+        let mut record = Vec::with_capacity(HEADER + members.len() * DIRECTORY_ENTRY + payload.len());
         record.extend_from_slice(MAGIC);
-        record.extend_from_slice(hash);
         record.push(codec);
         record.extend_from_slice(&raw_len.to_le_bytes());
         record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        record.extend_from_slice(&count.to_le_bytes());
+        for m in members {
+            record.extend_from_slice(&m.hash);
+            record.extend_from_slice(&m.offset.to_le_bytes());
+            record.extend_from_slice(&m.len.to_le_bytes());
+        }
+        let payload_start = record.len() as u64;
         record.extend_from_slice(payload);
         let mut guard = lock(&self.active);
         if guard.as_ref().is_none_or(|a| a.len >= PACK_ROLL_BYTES) {
@@ -146,7 +149,13 @@ impl Packs {
         active.file.write_all_at(&record, offset)?;
         active.len += record.len() as u64;
         active.dirty = true;
-        Ok(Location { pack: active.id, offset, codec, raw_len, stored_len: payload.len() as u32 })
+        Ok(BlockAt {
+            pack: active.id,
+            payload_offset: offset + payload_start,
+            stored_len: payload.len() as u32,
+            codec,
+            raw_len,
+        })
     }
 
     fn create_pack(&self) -> Result<Active> {
@@ -188,17 +197,13 @@ impl Packs {
         Ok(file)
     }
 
-    /// Reads a record's payload, checking its header names `hash`.
-    pub fn read(&self, hash: &[u8; 32], at: &Location) -> Result<Vec<u8>> {
+    /// Reads a block's (still compressed) payload.
+    pub fn read_payload(&self, at: &BlockAt) -> Result<Vec<u8>> {
         let file = self.file(at.pack)?;
-        let mut record = vec![0u8; at.record_len() as usize];
-        file.read_exact_at(&mut record, at.offset)
-            .map_err(|e| StorageError::Corrupt(format!("chunk {}: short read: {e}", hex::encode(hash))))?;
-        if &record[..4] != MAGIC || &record[4..36] != hash {
-            return Err(StorageError::Corrupt(format!("chunk {}: record header mismatch", hex::encode(hash))));
-        }
-        record.drain(..RECORD_HEADER);
-        Ok(record)
+        let mut payload = vec![0u8; at.stored_len as usize];
+        file.read_exact_at(&mut payload, at.payload_offset)
+            .map_err(|e| StorageError::Corrupt(format!("pack {}: short read: {e}", pack_name(at.pack))))?;
+        Ok(payload)
     }
 
     /// Bytes in a pack file.
@@ -206,29 +211,40 @@ impl Packs {
         Ok(std::fs::metadata(self.path(id))?.len())
     }
 
-    /// Walks a pack's records in order: (offset, hash, codec, raw_len, payload). Stops at a torn tail.
-    pub fn scan(&self, id: u64, mut visit: impl FnMut(u64, [u8; 32], u8, u32, Vec<u8>) -> Result<()>) -> Result<()> {
+    /// Walks a pack's blocks in order. Stops at a torn or damaged tail.
+    pub fn scan(&self, id: u64, mut visit: impl FnMut(ScannedBlock) -> Result<()>) -> Result<()> {
         let mut reader = std::io::BufReader::new(File::open(self.path(id))?);
         let mut offset = 0u64;
         loop {
-            let mut header = [0u8; RECORD_HEADER];
+            let mut header = [0u8; HEADER];
             if reader.read_exact(&mut header).is_err() || &header[..4] != MAGIC {
                 return Ok(());
             }
-            let mut hash = [0u8; 32];
-            hash.copy_from_slice(&header[4..36]);
-            let codec = header[36];
-            let raw_len = u32::from_le_bytes([header[37], header[38], header[39], header[40]]);
-            let stored_len = u32::from_le_bytes([header[41], header[42], header[43], header[44]]);
-            if stored_len > 2 * super::chunks::MAX_CHUNK {
+            let (codec, raw_len, stored_len) = (header[4], le32(&header[5..9]), le32(&header[9..13]));
+            let count = u16::from_le_bytes([header[13], header[14]]) as usize;
+            if raw_len > MAX_BLOCK_RAW || stored_len > MAX_BLOCK_RAW {
                 return Ok(());
             }
+            let mut directory = vec![0u8; count * DIRECTORY_ENTRY];
             let mut payload = vec![0u8; stored_len as usize];
-            if reader.read_exact(&mut payload).is_err() {
+            if reader.read_exact(&mut directory).is_err() || reader.read_exact(&mut payload).is_err() {
                 return Ok(());
             }
-            visit(offset, hash, codec, raw_len, payload)?;
-            offset += RECORD_HEADER as u64 + stored_len as u64;
+            let members = directory
+                .chunks_exact(DIRECTORY_ENTRY)
+                .map(|e| {
+                    let mut hash = [0u8; 32];
+                    hash.copy_from_slice(&e[..32]);
+                    Member { hash, offset: le32(&e[32..36]), len: le32(&e[36..40]) }
+                })
+                .collect();
+            let payload_offset = offset + (HEADER + directory.len()) as u64;
+            offset = payload_offset + stored_len as u64;
+            visit(ScannedBlock {
+                at: BlockAt { pack: id, payload_offset, stored_len, codec, raw_len },
+                members,
+                payload,
+            })?;
         }
     }
 

@@ -85,8 +85,8 @@ impl Store {
             for chunk in ChunkRef::decode_all(&v)? {
                 let chunk_end = pos + chunk.len as u64;
                 if chunk_end > delivered {
-                    let data = self.get_chunk(&chunk)?;
-                    stored += chunk.stored as u64;
+                    let (data, share) = self.get_chunk(&chunk)?;
+                    stored += share;
                     let from = (delivered - pos) as usize;
                     let to = (end.min(chunk_end) - pos) as usize;
                     out(&data[from..to])?;

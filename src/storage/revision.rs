@@ -11,7 +11,7 @@ use std::io::Read;
 
 use sha2::{Digest, Sha256};
 
-use super::chunks::{ChunkRef, AVG_CHUNK, MAX_CHUNK, MIN_CHUNK};
+use super::chunks::{BlockBuilder, ChunkRef, AVG_CHUNK, MAX_CHUNK, MIN_CHUNK};
 use super::objects::key_revision;
 use super::tarfmt::{self, padded};
 use super::{
@@ -19,7 +19,7 @@ use super::{
     StorageError, Store, WriteOutcome,
 };
 
-/// Chunk references per segment record (40 bytes each: a 10 KiB sled value).
+/// Chunk references per segment record (36 bytes each: a 9 KiB sled value).
 pub const SEGMENT_CHUNKS: usize = 256;
 /// Entries per batch while finalizing.
 const FINALIZE_BATCH: usize = 512;
@@ -43,6 +43,8 @@ pub struct RevisionWriter {
     id: RevisionId,
     next_file_id: u64,
     open: bool,
+    /// New chunks not yet sealed into a block.
+    blocks: BlockBuilder,
 }
 
 impl Store {
@@ -58,7 +60,7 @@ impl Store {
             stored_size: 0,
         };
         self.tree().insert(key_revision(id), encode_json(&record))?;
-        Ok(RevisionWriter { store: self.clone(), id, next_file_id: 0, open: true })
+        Ok(RevisionWriter { store: self.clone(), id, next_file_id: 0, open: true, blocks: BlockBuilder::default() })
     }
 
     /// Marks a revision for deletion; the collector frees its data.
@@ -96,11 +98,22 @@ impl RevisionWriter {
             };
             sha.update(&chunk.data);
             size += chunk.length as u64;
-            match self.store.put_chunk(&chunk.data) {
-                Ok(r) => segment.push(r),
+            let hash = *blake3::hash(&chunk.data).as_bytes();
+            let known = match self.store.pin_and_check(hash) {
+                Ok(known) => known || self.blocks.contains(&hash),
                 Err(e) => {
                     self.store.unpin(&segment);
                     return Err(e);
+                }
+            };
+            segment.push(ChunkRef { hash, len: chunk.length as u32 });
+            if !known {
+                self.blocks.push(hash, &chunk.data);
+                if self.blocks.is_full() {
+                    if let Err(e) = self.store.seal_block(&mut self.blocks) {
+                        self.store.unpin(&segment);
+                        return Err(e);
+                    }
                 }
             }
             if segment.len() == SEGMENT_CHUNKS {
@@ -171,6 +184,7 @@ impl RevisionWriter {
     /// Computes tar offsets and the digest, flushes, and hands back the revision ready to attach.
     pub fn finalize(mut self) -> Result<PendingRevision> {
         let store = self.store.clone();
+        store.seal_block(&mut self.blocks)?;
         let id = self.id;
         let mut offset = 0u64;
         let mut tar_hash = Sha256::new();

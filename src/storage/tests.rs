@@ -190,13 +190,17 @@ fn an_interrupted_write_leaves_nothing_after_reopen() {
 #[test]
 fn a_damaged_chunk_is_an_error_not_wrong_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    let rev = attach(&store, "c1", write(&store, &[("f", noise(8, 50_000))]));
+    let rev = {
+        let store = open(dir.path());
+        attach(&store, "c1", write(&store, &[("f", noise(8, 50_000))]))
+    };
     let pack = std::fs::read_dir(dir.path().join("packs")).unwrap().next().unwrap().unwrap().path();
     let mut bytes = std::fs::read(&pack).unwrap();
     let last = bytes.len() - 10;
     bytes[last] ^= 0x55;
     std::fs::write(&pack, bytes).unwrap();
+    // A fresh handle: nothing of the block is cached.
+    let store = open(dir.path());
     let entry = store.file(rev, "f").unwrap().unwrap();
     let result = store.read_file(rev, &entry, RangeSpec { start: 0, end: 50_000 }, &mut |_| Ok(()));
     assert!(matches!(result, Err(StorageError::Corrupt(_))), "{result:?}");
