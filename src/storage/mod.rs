@@ -97,13 +97,10 @@ pub struct RevisionRecord {
 }
 
 /// One entry (regular file or symlink) of a revision.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug)]
 pub struct FileEntry {
     pub path: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
-    #[serde(default)]
     pub executable: bool,
     pub size: u64,
     /// Hex sha256 of the file's bytes (of the target string for symlinks).
@@ -111,11 +108,59 @@ pub struct FileEntry {
     /// Internal id of the file's chunk list within the revision.
     pub file_id: u64,
     /// Offset of this entry's header in the served tar; set when the revision is finalized.
-    #[serde(default)]
     pub tar_offset: u64,
 }
 
+const FLAG_EXECUTABLE: u8 = 1;
+const FLAG_SYMLINK: u8 = 2;
+/// flags(1) size(8) sha256(32) file_id(8) tar_offset(8), then the symlink target.
+const FILE_RECORD: usize = 1 + 8 + 32 + 8 + 8;
+
 impl FileEntry {
+    /// The compact record stored under the entry's `f` key (which holds the path).
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(FILE_RECORD + self.target.as_ref().map_or(0, String::len));
+        let flags =
+            if self.executable { FLAG_EXECUTABLE } else { 0 } | if self.target.is_some() { FLAG_SYMLINK } else { 0 };
+        out.push(flags);
+        out.extend_from_slice(&self.size.to_le_bytes());
+        let mut sha = [0u8; 32];
+        // Our own hex from sha2; a malformed value cannot occur.
+        let _ = hex::decode_to_slice(&self.sha256, &mut sha);
+        out.extend_from_slice(&sha);
+        out.extend_from_slice(&self.file_id.to_le_bytes());
+        out.extend_from_slice(&self.tar_offset.to_le_bytes());
+        if let Some(target) = &self.target {
+            out.extend_from_slice(target.as_bytes());
+        }
+        out
+    }
+
+    /// Decodes a record stored under `key` (`f`, revision, path).
+    fn decode(key: &[u8], value: &[u8]) -> Result<FileEntry> {
+        let corrupt = || StorageError::Corrupt("undecodable file record".into());
+        let path = key.get(9..).and_then(|p| std::str::from_utf8(p).ok()).ok_or_else(corrupt)?;
+        if value.len() < FILE_RECORD {
+            return Err(corrupt());
+        }
+        let u64_at = |i: usize| read_le(&value[i..i + 8]);
+        let flags = value[0];
+        let target = if flags & FLAG_SYMLINK != 0 {
+            Some(String::from_utf8(value[FILE_RECORD..].to_vec()).map_err(|_| corrupt())?)
+        } else {
+            None
+        };
+        Ok(FileEntry {
+            path: path.to_string(),
+            target,
+            executable: flags & FLAG_EXECUTABLE != 0,
+            size: u64_at(1),
+            sha256: hex::encode(&value[9..41]),
+            file_id: u64_at(41),
+            tar_offset: u64_at(49),
+        })
+    }
+
     pub fn is_symlink(&self) -> bool {
         self.target.is_some()
     }
@@ -202,6 +247,7 @@ impl Store {
             .path(dir.join("db"))
             .cache_capacity(options.cache_bytes)
             .mode(sled::Mode::LowSpace)
+            .segment_size(128 * 1024)
             .open()?;
         let tree = (*db).clone();
         let packs = packs::Packs::open(&dir.join("packs"))?;
@@ -299,6 +345,12 @@ fn key(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
 
 fn be(n: u64) -> [u8; 8] {
     n.to_be_bytes()
+}
+
+fn read_le(bytes: &[u8]) -> u64 {
+    let mut arr = [0u8; 8];
+    arr.copy_from_slice(&bytes[..8]);
+    u64::from_le_bytes(arr)
 }
 
 fn read_be(bytes: &[u8]) -> Result<u64> {

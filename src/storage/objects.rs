@@ -139,7 +139,7 @@ impl Store {
         let rv = self.current_resource_version()? + 1;
         let mut batch = sled::Batch::default();
         let mut objects = Vec::with_capacity(writes.len());
-        let mut released = false;
+        let mut collect = false; // a revision changed state: let the collector look
         for (i, write) in writes.into_iter().enumerate() {
             // Each change gets its own change-log slot so watchers see every event in order.
             let log_key = key(b'l', &[&be(rv), &(i as u32).to_be_bytes()]);
@@ -150,6 +150,8 @@ impl Store {
                     set_resource_version(&mut object, rv);
                     let revision = match revision {
                         Some(id) => {
+                            // The sweep then clears the "may be garbage" marks of its new chunks.
+                            collect = true;
                             let mut record = self.revision_record(id)?;
                             record.state = RevisionState::Committed;
                             batch.insert(key_revision(id), encode_json(&record));
@@ -173,7 +175,7 @@ impl Store {
                         let mut record = self.revision_record(id)?;
                         record.state = RevisionState::Deleting;
                         batch.insert(key_revision(id), encode_json(&record));
-                        released = true;
+                        collect = true;
                     }
                     batch.remove(key.encode());
                     batch.insert(log_key, encode_json(&change("DELETED", &key, &object)));
@@ -189,7 +191,7 @@ impl Store {
         if rv % 1024 == 0 {
             self.trim_change_log(rv)?;
         }
-        if released {
+        if collect {
             self.request_gc();
         }
         Ok(WriteOutcome { resource_version: rv, objects })

@@ -7,9 +7,7 @@
 use super::chunks::ChunkRef;
 use super::revision::{file_key, segment_key, tar_index_key};
 use super::tarfmt::{self, padded, BLOCK};
-use super::{
-    be, decode_json, key, read_be, FileEntry, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store,
-};
+use super::{be, key, read_be, FileEntry, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store};
 
 /// A resolved, satisfiable byte range `[start, end)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +29,7 @@ impl Iterator for FileListing<'_> {
     type Item = Result<FileEntry>;
     fn next(&mut self) -> Option<Self::Item> {
         let item = self.iter.next()?;
-        Some(item.map_err(StorageError::from).and_then(|(_, v)| decode_json(&v)))
+        Some(item.map_err(StorageError::from).and_then(|(k, v)| FileEntry::decode(&k, &v)))
     }
 }
 
@@ -48,7 +46,7 @@ impl Store {
     }
 
     pub fn file(&self, rev: RevisionId, path: &str) -> Result<Option<FileEntry>> {
-        self.tree().get(file_key(rev, path))?.map(|v| decode_json(&v)).transpose()
+        self.tree().get(file_key(rev, path))?.map(|v| FileEntry::decode(&file_key(rev, path), &v)).transpose()
     }
 
     /// Entries whose path starts with `prefix` (all entries for `""`).
@@ -151,7 +149,7 @@ impl Store {
     fn entries_from(&self, rev: RevisionId, path: &str) -> impl Iterator<Item = Result<FileEntry>> + '_ {
         self.tree()
             .range(file_key(rev, path)..key(b'f', &[&be(rev + 1)]))
-            .map(|item| item.map_err(StorageError::from).and_then(|(_, v)| decode_json(&v)))
+            .map(|item| item.map_err(StorageError::from).and_then(|(k, v)| FileEntry::decode(&k, &v)))
     }
 
     /// Emits the part of `entry` (header, data, padding) that falls in `[pos, end)`; returns the

@@ -15,8 +15,8 @@ use super::chunks::{BlockBuilder, ChunkRef, AVG_CHUNK, MAX_CHUNK, MIN_CHUNK};
 use super::objects::key_revision;
 use super::tarfmt::{self, padded};
 use super::{
-    be, decode_json, encode_json, key, FileEntry, ObjectWrite, Result, RevisionId, RevisionRecord, RevisionState,
-    StorageError, Store, WriteOutcome,
+    be, encode_json, key, FileEntry, ObjectWrite, Result, RevisionId, RevisionRecord, RevisionState, StorageError,
+    Store, WriteOutcome,
 };
 
 /// Chunk references per segment record (36 bytes each: a 9 KiB sled value).
@@ -135,7 +135,7 @@ impl RevisionWriter {
             file_id,
             tar_offset: 0,
         };
-        self.store.tree().insert(file_key(self.id, path), encode_json(&entry))?;
+        self.store.tree().insert(file_key(self.id, path), entry.encode())?;
         Ok(())
     }
 
@@ -150,7 +150,7 @@ impl RevisionWriter {
             file_id: self.take_file_id(),
             tar_offset: 0,
         };
-        self.store.tree().insert(file_key(self.id, path), encode_json(&entry))?;
+        self.store.tree().insert(file_key(self.id, path), entry.encode())?;
         Ok(())
     }
 
@@ -159,7 +159,7 @@ impl RevisionWriter {
         self.ensure_new(path)?;
         let invalid = |reason: &str| StorageError::InvalidEntry { path: path.into(), reason: reason.into() };
         let source: FileEntry = match self.store.tree().get(file_key(self.id, target))? {
-            Some(v) => decode_json(&v)?,
+            Some(v) => FileEntry::decode(&file_key(self.id, target), &v)?,
             None => return Err(invalid("hard link target is not an earlier file of the archive")),
         };
         if source.is_symlink() {
@@ -177,7 +177,7 @@ impl RevisionWriter {
             self.store.record_refs(batch, &refs, 1, &[])?;
         }
         let entry = FileEntry { path: path.to_string(), file_id, ..source };
-        self.store.tree().insert(file_key(self.id, path), encode_json(&entry))?;
+        self.store.tree().insert(file_key(self.id, path), entry.encode())?;
         Ok(())
     }
 
@@ -193,7 +193,7 @@ impl RevisionWriter {
         let mut batched = 0;
         for item in store.tree().scan_prefix(key(b'f', &[&be(id)])) {
             let (k, v) = item?;
-            let mut entry: FileEntry = decode_json(&v)?;
+            let mut entry = FileEntry::decode(&k, &v)?;
             entry.tar_offset = offset;
             let header = tarfmt::header_bytes(&entry.header_spec());
             tar_hash.update(&header);
@@ -209,7 +209,7 @@ impl RevisionWriter {
             offset += header.len() as u64 + if entry.is_symlink() { 0 } else { padded(entry.size) };
             files += 1;
             size += entry.size;
-            batch.insert(k, encode_json(&entry));
+            batch.insert(k, entry.encode());
             batched += 1;
             if batched == FINALIZE_BATCH {
                 store.tree().apply_batch(std::mem::take(&mut batch))?;
