@@ -247,7 +247,6 @@ impl Store {
             .path(dir.join("db"))
             .cache_capacity(options.cache_bytes)
             .mode(sled::Mode::LowSpace)
-            .segment_size(128 * 1024)
             .open()?;
         let tree = (*db).clone();
         let packs = packs::Packs::open(&dir.join("packs"))?;
