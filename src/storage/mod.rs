@@ -15,7 +15,7 @@
 //! | `r` hash(32) | reference count of the chunk (u64) |
 //! | `z` hash(32) | "may be garbage" marker: a new chunk, or one whose count fell to 0 |
 //! | `v` rev(8) | [`RevisionRecord`] (JSON) |
-//! | `f` rev(8) path | [`FileEntry`] (JSON) |
+//! | `f` rev(8) path | [`FileEntry`] (compact binary record) |
 //! | `k` rev(8) file(8) start(8) | a segment of a file's chunk list ([`revision`]) |
 //! | `t` rev(8) tar_offset(8) | path of the entry starting at that offset of the served tar |
 //! | `o` resource `/` namespace `/` name | an API object ([`objects`]) |
