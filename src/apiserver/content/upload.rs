@@ -54,15 +54,13 @@ impl EntrySink for RevisionSink<'_> {
 }
 
 fn encoding(headers: &HeaderMap) -> ApiResult<Encoding> {
-    let value = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()).unwrap_or("").trim();
-    match value.to_ascii_lowercase().as_str() {
-        "" | "identity" => Ok(Encoding::Identity),
-        "gzip" | "x-gzip" => Ok(Encoding::Gzip),
-        "zstd" => Ok(Encoding::Zstd),
-        other => Err(ApiError::unsupported_media_type(format!(
-            "unsupported Content-Encoding {other:?}: use gzip, zstd or none"
-        ))),
-    }
+    let value = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok());
+    Encoding::from_content_encoding(value).ok_or_else(|| {
+        ApiError::unsupported_media_type(format!(
+            "unsupported Content-Encoding {:?}: use gzip, zstd or none",
+            value.unwrap_or("")
+        ))
+    })
 }
 
 pub async fn put_bundle_content(
