@@ -27,6 +27,8 @@ pub const AVG_CHUNK: u32 = 32 * 1024;
 pub const MAX_CHUNK: u32 = 64 * 1024;
 /// Raw bytes collected before a block is sealed.
 pub const BLOCK_TARGET: usize = 256 * 1024;
+/// Sweep candidates handled per batch.
+const SWEEP_GROUP: usize = 1024;
 /// Decompressed blocks kept for sequential reads.
 const BLOCK_CACHE_ENTRIES: usize = 16;
 
@@ -376,24 +378,31 @@ impl Store {
     /// Deletes every candidate chunk that has no references and no pin. Returns chunks removed.
     pub(super) fn sweep_chunks(&self) -> Result<u64> {
         let mut removed = 0;
-        let candidates: Vec<Hash> = self
-            .tree()
-            .scan_prefix(b"z")
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter_map(|k| k.get(1..33).and_then(|h| h.try_into().ok()))
-            .collect();
-        for hash in candidates {
+        // Candidates in bounded groups: one scan, one batch and one lock hold per group.
+        let mut after: Vec<u8> = key(b'z', &[]);
+        loop {
+            let group: Vec<Hash> = self
+                .tree()
+                .range(after.clone()..key(b'z' + 1, &[]))
+                .keys()
+                .filter_map(|k| k.ok())
+                .filter(|k| k.as_ref() != after.as_slice())
+                .filter_map(|k| k.get(1..33).and_then(|h| h.try_into().ok()))
+                .take(SWEEP_GROUP)
+                .collect();
+            let Some(last) = group.last() else { return Ok(removed) };
+            after = candidate_key(last);
             let pins = self.lock_pins();
             let mut batch = sled::Batch::default();
-            batch.remove(candidate_key(&hash));
-            if !pins.is_pinned(&hash) && self.tree().get(ref_key(&hash))?.is_none() {
-                batch.remove(chunk_key(&hash));
-                removed += 1;
+            for hash in &group {
+                batch.remove(candidate_key(hash));
+                if !pins.is_pinned(hash) && self.tree().get(ref_key(hash))?.is_none() {
+                    batch.remove(chunk_key(hash));
+                    removed += 1;
+                }
             }
             self.tree().apply_batch(batch)?;
         }
-        Ok(removed)
     }
 
     fn lock_pins(&self) -> std::sync::MutexGuard<'_, Pins> {
