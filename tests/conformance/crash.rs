@@ -134,3 +134,44 @@ async fn kill9_during_upload_keeps_committed_revisions() {
     assert_eq!(digest_of(&tar), str_at(&b, "/status/digest"));
     assert_trees_equal(&tree4, &parse_served_tar(&tar), "upload after the crash");
 }
+
+/// kill -9 while deletions are being collected (and again right after the restart, while recovery
+/// collects): the store reopens, the Bundle that was kept still serves its exact content, the
+/// deleted ones stay gone, and their chunks are eventually released.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill9_during_garbage_collection_keeps_the_rest() {
+    let mut server = Server::start_temp(&[]);
+    let keep = revision_tree(7);
+    server.create_bundle("gc", "keep").await;
+    let kept = server.upload_ok("gc", "keep", build_tar(&keep), None).await;
+    let kept_digest = str_at(&kept, "/status/digest").to_owned();
+    let chunks_kept_only = server.metrics().await["stowage_chunks"];
+    for i in 0..6 {
+        let name = format!("drop-{i}");
+        server.create_bundle("gc", &name).await;
+        let mut tree = revision_tree(20 + i);
+        tree.extend(keep.clone()); // shares every chunk of `keep`
+        server.upload_ok("gc", &name, build_tar(&tree), None).await;
+    }
+    for i in 0..6 {
+        let resp = server.delete(&bundle("gc", &format!("drop-{i}"))).await;
+        assert!(resp.status().is_success(), "{}", resp.status());
+    }
+    server.kill9();
+    server.restart();
+    server.kill9();
+    server.restart();
+
+    let tar = server.download(&bundle_content("gc", "keep")).await;
+    assert_eq!(digest_of(&tar), kept_digest, "kept bundle damaged by collection interrupted twice");
+    assert_trees_equal(&keep, &parse_served_tar(&tar), "kept bundle after two kills");
+    assert_eq!(server.bundlecontent_names("gc").await, vec![str_at(&kept, "/status/contentName").to_owned()]);
+    eventually(Duration::from_secs(30), "only the kept bundle's chunks remain", || async {
+        let m = server.metrics().await;
+        match (m["stowage_chunks"], m[r#"stowage_revisions{state="deleting"}"#]) {
+            (chunks, deleting) if chunks == chunks_kept_only && deleting == 0.0 => Ok(()),
+            other => Err(format!("{other:?} (want {chunks_kept_only} chunks)")),
+        }
+    })
+    .await;
+}
