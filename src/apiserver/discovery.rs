@@ -45,9 +45,9 @@ pub async fn resources() -> Response {
     let mut list = Vec::new();
     for def in RESOURCES {
         let verbs: &[&str] = if def.user_writable {
-            &["create", "delete", "get", "list", "patch", "update"]
+            &["create", "delete", "get", "list", "patch", "update", "watch"]
         } else {
-            &["delete", "get", "list"]
+            &["delete", "get", "list", "watch"]
         };
         list.push(json!({
             "name": def.plural,

@@ -93,12 +93,12 @@ async fn list(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let def = resource_def(resource)?;
-    if params.get("watch").is_some_and(|w| w == "true" || w == "1") {
-        return Err(ApiError::method_not_allowed("watch is not supported yet"));
-    }
     let labels = LabelSelector::parse(params.get("labelSelector").map(String::as_str).unwrap_or(""))?;
     let fields =
         FieldSelector::parse(params.get("fieldSelector").map(String::as_str).unwrap_or(""), &selectable_fields(def))?;
+    if params.get("watch").is_some_and(|w| w == "true" || w == "1") {
+        return super::watch::serve(&app, def, namespace, &params, &headers, labels, fields).await;
+    }
     let (objects, rv) = blocking(&app, move |store| store.list_objects(def.plural, namespace.as_deref())).await?;
     let items: Vec<Value> =
         objects.into_iter().map(|o| o.value).filter(|o| labels.matches(o) && fields.matches(o)).collect();
@@ -268,7 +268,7 @@ pub async fn create(
     } else {
         name
     };
-    for error in meta::dns1123_label_errors(&namespace) {
+    if let Some(error) = meta::dns1123_label_errors(&namespace).into_iter().next() {
         return Err(ApiError::invalid(
             def.kind,
             &name,

@@ -18,6 +18,7 @@ mod schema;
 mod selectors;
 pub mod status;
 mod table;
+mod watch;
 
 use std::sync::Arc;
 
@@ -57,6 +58,20 @@ impl Default for Limits {
 pub struct AppState {
     pub store: Store,
     pub limits: Arc<Limits>,
+}
+
+/// A receiver as a response-body stream that may be polled again after it ended (compression
+/// layers do; `futures::stream::unfold` would panic).
+pub(crate) struct ChannelStream(pub tokio::sync::mpsc::Receiver<Result<axum::body::Bytes, std::io::Error>>);
+
+impl futures_util::Stream for ChannelStream {
+    type Item = Result<axum::body::Bytes, std::io::Error>;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
 }
 
 /// Runs a store call on the blocking pool.

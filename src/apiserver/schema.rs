@@ -164,25 +164,6 @@ pub fn kind_root(description: &str, spec: Value, status: Value) -> Value {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reports_unknown_fields_and_types() {
-        let schema = kind_root(
-            "t",
-            object("s", json!({"paused": boolean(), "items": array_of(object("i", json!({"a": string()})))})),
-            object("st", json!({})),
-        );
-        let body = json!({"apiVersion": "x", "metadata": {"name": "n", "bogus": 1}, "spec": {"paused": "yes", "items": [{"a": "x", "b": 2}], "zzz": 1}});
-        let report = check(&schema, &body);
-        assert_eq!(report.unknown, vec!["metadata.bogus", "spec.items[0].b", "spec.zzz"]);
-        assert_eq!(report.causes.len(), 1);
-        assert_eq!(report.causes[0].field, "spec.paused");
-    }
-}
-
 /// Removes every field the schema does not declare (CRD pruning), after [`check`] reported them.
 pub fn prune(schema: &Value, value: &mut Value) {
     if schema.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true) {
@@ -205,5 +186,24 @@ pub fn prune(schema: &Value, value: &mut Value) {
             }
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_unknown_fields_and_types() {
+        let schema = kind_root(
+            "t",
+            object("s", json!({"paused": boolean(), "items": array_of(object("i", json!({"a": string()})))})),
+            object("st", json!({})),
+        );
+        let body = json!({"apiVersion": "x", "metadata": {"name": "n", "bogus": 1}, "spec": {"paused": "yes", "items": [{"a": "x", "b": 2}], "zzz": 1}});
+        let report = check(&schema, &body);
+        assert_eq!(report.unknown, vec!["metadata.bogus", "spec.items[0].b", "spec.zzz"]);
+        assert_eq!(report.causes.len(), 1);
+        assert_eq!(report.causes[0].field, "spec.paused");
     }
 }

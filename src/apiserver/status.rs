@@ -150,6 +150,11 @@ impl ApiError {
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message)
     }
 
+    /// 410: a watch from a resourceVersion the change log no longer holds.
+    pub fn gone(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::GONE, "Expired", message)
+    }
+
     pub fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message)
     }

@@ -206,6 +206,14 @@ impl Store {
         })
     }
 
+    /// The resourceVersion of the oldest change still in the log, if any.
+    pub fn oldest_change(&self) -> Result<Option<u64>> {
+        match self.tree().scan_prefix(b"l").keys().next() {
+            Some(k) => Ok(Some(read_be(k?.get(1..).unwrap_or_default())?)),
+            None => Ok(None),
+        }
+    }
+
     fn trim_change_log(&self, rv: u64) -> Result<()> {
         let keep_from = rv.saturating_sub(self.inner.options.change_log_len);
         let mut batch = sled::Batch::default();

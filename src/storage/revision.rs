@@ -203,7 +203,7 @@ impl RevisionWriter {
                     Ok(())
                 })?;
                 let pad = padded(entry.size) - entry.size;
-                tar_hash.update(&vec![0u8; pad as usize]);
+                tar_hash.update(&[0u8; tarfmt::BLOCK as usize][..pad as usize]);
             }
             batch.insert(tar_index_key(id, offset), entry.path.as_bytes());
             offset += header.len() as u64 + if entry.is_symlink() { 0 } else { padded(entry.size) };

@@ -43,7 +43,7 @@ fn write(store: &Store, files: &[(&str, Vec<u8>)]) -> PendingRevision {
     writer.finalize().unwrap()
 }
 
-fn attach(store: &Store, name: &str, mut pending: PendingRevision) -> RevisionId {
+fn attach(name: &str, mut pending: PendingRevision) -> RevisionId {
     let id = pending.record().id;
     let key = ObjectKey::new("bundlecontents", "ns", name);
     let object = json!({"metadata": {"name": name}});
@@ -80,7 +80,7 @@ fn served_tar_round_trips_and_matches_its_digest() {
             ("run.sh", b"#!/bin/sh\n".to_vec()),
         ],
     );
-    let rev = attach(&store, "c1", pending);
+    let rev = attach("c1", pending);
     let record = store.revision(rev).unwrap();
     let tar = read_all(&store, rev, RangeSpec { start: 0, end: record.tar_size });
     assert_eq!(tar.len() as u64, record.tar_size);
@@ -105,7 +105,7 @@ fn every_range_equals_the_slice_of_the_whole() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let pending = write(&store, &[("x", noise(2, 200_000)), ("y", noise(3, 1000)), ("z/w", noise(4, 70_000))]);
-    let rev = attach(&store, "c1", pending);
+    let rev = attach("c1", pending);
     let size = store.revision(rev).unwrap().tar_size;
     let whole = read_all(&store, rev, RangeSpec { start: 0, end: size });
     for (start, end) in
@@ -133,9 +133,9 @@ fn identical_files_are_stored_once_and_deleting_releases_space() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let data = noise(5, 500_000);
-    let r1 = attach(&store, "c1", write(&store, &[("a", data.clone())]));
+    let r1 = attach("c1", write(&store, &[("a", data.clone())]));
     let after_one = store.stats().unwrap();
-    attach(&store, "c2", write(&store, &[("b", data.clone()), ("c", data.clone())]));
+    attach("c2", write(&store, &[("b", data.clone()), ("c", data.clone())]));
     let after_two = store.stats().unwrap();
     assert_eq!(after_one.chunks, after_two.chunks, "same content adds no chunks");
 
@@ -166,7 +166,7 @@ fn an_interrupted_write_leaves_nothing_after_reopen() {
     let kept;
     {
         let store = open(dir.path());
-        kept = attach(&store, "c1", write(&store, &[("keep", noise(6, 100_000))]));
+        kept = attach("c1", write(&store, &[("keep", noise(6, 100_000))]));
         let mut writer = store.begin_revision().unwrap();
         writer.add_file("lost", false, &mut &noise(7, 300_000)[..]).unwrap();
         store.flush().unwrap();
@@ -180,7 +180,7 @@ fn an_interrupted_write_leaves_nothing_after_reopen() {
     let expected_chunks = {
         let fresh = tempfile::tempdir().unwrap();
         let other = open(fresh.path());
-        attach(&other, "c1", write(&other, &[("keep", noise(6, 100_000))]));
+        attach("c1", write(&other, &[("keep", noise(6, 100_000))]));
         other.stats().unwrap().chunks
     };
     assert_eq!(stats.chunks, expected_chunks, "orphan chunks were collected");
@@ -192,7 +192,7 @@ fn a_damaged_chunk_is_an_error_not_wrong_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let rev = {
         let store = open(dir.path());
-        attach(&store, "c1", write(&store, &[("f", noise(8, 50_000))]))
+        attach("c1", write(&store, &[("f", noise(8, 50_000))]))
     };
     let pack = std::fs::read_dir(dir.path().join("packs")).unwrap().next().unwrap().unwrap().path();
     let mut bytes = std::fs::read(&pack).unwrap();
@@ -210,8 +210,8 @@ fn a_damaged_chunk_is_an_error_not_wrong_bytes() {
 fn mostly_dead_packs_are_compacted() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    attach(&store, "small", write(&store, &[("s", noise(9, 100_000))]));
-    attach(&store, "big", write(&store, &[("b", noise(10, 2_000_000))]));
+    attach("small", write(&store, &[("s", noise(9, 100_000))]));
+    attach("big", write(&store, &[("b", noise(10, 2_000_000))]));
     let before = store.stats().unwrap().disk_bytes;
     store
         .write_objects(vec![ObjectWrite::Delete {

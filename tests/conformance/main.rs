@@ -17,3 +17,4 @@ mod content;
 mod crash;
 mod kubectl;
 mod range;
+mod watch;

@@ -16,7 +16,7 @@ use crate::apiserver::range::{self, RangeRequest};
 use crate::apiserver::resources::bundle::BUNDLE;
 use crate::apiserver::resources::bundlecontent::BUNDLE_CONTENT;
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::{blocking, AppState, API_VERSION};
+use crate::apiserver::{blocking, AppState, ChannelStream, API_VERSION};
 use crate::storage::{FileEntry, ObjectKey, RangeSpec, RevisionId, RevisionRecord, Sink, StorageError, Store};
 
 /// Output buffer size for streamed responses.
@@ -143,7 +143,7 @@ async fn listing(app: &AppState, revision: RevisionId, record: RevisionRecord, p
         let head = json!({"kind": "BundleContentFileList", "apiVersion": API_VERSION, "digest": record.digest});
         let head = head.to_string();
         // Stream `{"kind":…,"digest":…,"files":[…]}` without holding the list.
-        out(head[..head.len() - 1].as_bytes())?;
+        out(&head.as_bytes()[..head.len() - 1])?;
         out(b",\"files\":[")?;
         let mut first = true;
         for entry in store.files(revision, &path) {
@@ -250,17 +250,4 @@ where
         }
     });
     Body::from_stream(ChannelStream(rx))
-}
-
-/// A receiver as a stream that may be polled again after it ended (compression layers do).
-struct ChannelStream(mpsc::Receiver<Result<Bytes, std::io::Error>>);
-
-impl futures_util::Stream for ChannelStream {
-    type Item = Result<Bytes, std::io::Error>;
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        self.0.poll_recv(cx)
-    }
 }

@@ -158,7 +158,8 @@ fn validate_source(path: &str, source: &Value) -> Vec<Cause> {
             causes.push(Cause::invalid(format!("{path}.http.url"), &json!(url), "must be an http or https URL"));
         }
         let sha = str_at(source, "/http/sha256");
-        if !sha.is_empty() && !(sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit())) {
+        let valid_sha = sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit());
+        if !sha.is_empty() && !valid_sha {
             causes.push(Cause::invalid(format!("{path}.http.sha256"), &json!(sha), "must be 64 hexadecimal digits"));
         }
     }
