@@ -52,8 +52,10 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     };
     let kubeconfig =
         pki::write_admin_kubeconfig(&options.data_dir, &pki, &url).context("writing the admin kubeconfig")?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
     let state = AppState {
         store,
+        shutdown: shutdown.clone(),
         limits: Arc::new(Limits {
             max_body_bytes: options.max_body_bytes,
             max_unpacked_bytes: options.max_unpacked_bytes,
@@ -61,7 +63,12 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         }),
     };
     tracing::info!("stowage ready on {url} (kubectl --kubeconfig {})", kubeconfig.display());
-    apiserver::listener::serve_tls(listener, tls_config, apiserver::router(state), shutdown_signal()).await?;
+    let stopping = async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        shutdown.cancel();
+    };
+    apiserver::listener::serve_tls(listener, tls_config, apiserver::router(state), stopping).await?;
     tracing::info!("stowage stopped");
     Ok(())
 }

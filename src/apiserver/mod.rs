@@ -58,6 +58,9 @@ impl Default for Limits {
 pub struct AppState {
     pub store: Store,
     pub limits: Arc<Limits>,
+    /// Cancelled when the server starts shutting down: long-running responses (watches) end so
+    /// clients re-list elsewhere instead of holding the shutdown up.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 /// A receiver as a response-body stream that may be polled again after it ended (compression

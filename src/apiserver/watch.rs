@@ -172,6 +172,7 @@ async fn follow(
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => return,
             _ = tx.closed() => return,
+            _ = app.shutdown.cancelled() => return,
             _ = bookmark_timer.tick(), if bookmarks => {
                 if tx.send(Ok(filter.bookmark(from))).await.is_err() {
                     return;
