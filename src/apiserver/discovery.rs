@@ -45,9 +45,9 @@ pub async fn resources() -> Response {
     let mut list = Vec::new();
     for def in RESOURCES {
         let verbs: &[&str] = if def.user_writable {
-            &["create", "delete", "get", "list", "patch", "update", "watch"]
+            &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
         } else {
-            &["delete", "get", "list", "watch"]
+            &["delete", "deletecollection", "get", "list", "watch"]
         };
         list.push(json!({
             "name": def.plural,

@@ -47,13 +47,7 @@ pub fn json_response(code: StatusCode, body: &Value, warnings: &[String]) -> Res
 }
 
 fn render(def: &ResourceDef, obj: &Value, headers: &HeaderMap, params: &HashMap<String, String>) -> Value {
-    match table::negotiate(headers, params.get("includeObject").map(String::as_str)) {
-        Representation::Object => obj.clone(),
-        Representation::Table { include } => {
-            let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null);
-            table::table(def, std::slice::from_ref(obj), include, json!({"resourceVersion": rv}))
-        }
-    }
+    table::render_one(def, obj, table::negotiate(headers, params.get("includeObject").map(String::as_str)))
 }
 
 /// Fields a field selector may name, per resource.
@@ -105,6 +99,12 @@ async fn list(
     let list_meta = json!({"resourceVersion": rv.to_string()});
     let body = match table::negotiate(&headers, params.get("includeObject").map(String::as_str)) {
         Representation::Table { include } => table::table(def, &items, include, list_meta),
+        Representation::Metadata => json!({
+            "kind": "PartialObjectMetadataList",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": list_meta,
+            "items": items.iter().map(table::partial_object_metadata).collect::<Vec<_>>(),
+        }),
         Representation::Object => json!({
             "kind": def.list_kind,
             "apiVersion": API_VERSION,
@@ -457,4 +457,44 @@ pub async fn delete(
     .map_err(|e| relabel(e, def, &name))?;
     let deleted = outcome.objects.into_iter().next().unwrap_or(Value::Null);
     Ok(json_response(StatusCode::OK, &deleted, &[]))
+}
+
+/// DELETE on a collection (`kubectl delete bundles --all`, the namespace controller): every object
+/// the selectors match, each with its delete hook, one atomic write per object.
+pub async fn delete_collection(
+    State(app): State<AppState>,
+    Path((namespace, resource)): Path<(String, String)>,
+    Query(params): Params,
+) -> ApiResult<Response> {
+    let def = resource_def(&resource)?;
+    let labels = LabelSelector::parse(params.get("labelSelector").map(String::as_str).unwrap_or(""))?;
+    let fields =
+        FieldSelector::parse(params.get("fieldSelector").map(String::as_str).unwrap_or(""), &selectable_fields(def))?;
+    let dry = dry_run(&params)?;
+    let deleted = blocking(&app, move |store| {
+        let (objects, _) = store.list_objects(def.plural, Some(&namespace))?;
+        let mut deleted = Vec::new();
+        for object in objects.into_iter().map(|o| o.value).filter(|o| labels.matches(o) && fields.matches(o)) {
+            if dry {
+                deleted.push(object);
+                continue;
+            }
+            let name = object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+            let mut writes = vec![ObjectWrite::Delete {
+                key: ObjectKey::new(def.plural, &namespace, name),
+                precondition: Precondition::MustExist,
+            }];
+            writes.extend((def.on_delete)(store, &object)?);
+            match store.write_objects(writes) {
+                Ok(outcome) => deleted.extend(outcome.objects.into_iter().next()),
+                // Already gone (e.g. a BundleContent deleted with its Bundle a moment ago).
+                Err(crate::storage::StorageError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(deleted)
+    })
+    .await?;
+    let body = json!({"kind": def.list_kind, "apiVersion": API_VERSION, "metadata": {}, "items": deleted});
+    Ok(json_response(StatusCode::OK, &body, &[]))
 }

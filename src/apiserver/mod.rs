@@ -102,7 +102,7 @@ pub fn router(state: AppState) -> Router {
         .route(&format!("{base}/{{resource}}"), get(handlers::list_all))
         .route(
             &format!("{base}/namespaces/{{namespace}}/{{resource}}"),
-            get(handlers::list_namespaced).post(handlers::create),
+            get(handlers::list_namespaced).post(handlers::create).delete(handlers::delete_collection),
         )
         .route(
             &format!("{base}/namespaces/{{namespace}}/{{resource}}/{{name}}"),

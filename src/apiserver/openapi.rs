@@ -89,6 +89,7 @@ pub fn group_version_document() -> Value {
             "parameters": [path_param("namespace")],
         });
         collection["get"]["parameters"] = Value::Array(list_params());
+        collection["delete"] = operation(def, "deletecollection", "deleteCollectionNamespaced", def.list_kind, true);
         let mut item = json!({
             "get": operation(def, "get", "readNamespaced", def.kind, false),
             "delete": operation(def, "delete", "deleteNamespaced", def.kind, true),

@@ -1,5 +1,6 @@
-//! Response negotiation for object reads: plain JSON, or a `meta.k8s.io/v1` `Table` (what kubectl
-//! asks for) with the resource's columns.
+//! Response negotiation for object reads: plain JSON, a `meta.k8s.io/v1` `Table` (what kubectl asks
+//! for) with the resource's columns, or `PartialObjectMetadata[List]` (what the garbage collector's
+//! and namespace controller's metadata client asks for, protobuf first: JSON is served).
 
 use axum::http::HeaderMap;
 use serde_json::{json, Map, Value};
@@ -10,7 +11,11 @@ use super::resources::ResourceDef;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Representation {
     Object,
-    Table { include: IncludeObject },
+    Table {
+        include: IncludeObject,
+    },
+    /// `PartialObjectMetadata` (`…List` for lists).
+    Metadata,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +43,9 @@ pub fn negotiate(headers: &HeaderMap, include_object: Option<&str>) -> Represent
                     _ => IncludeObject::Metadata,
                 };
                 return Representation::Table { include };
+            }
+            (Some("PartialObjectMetadata" | "PartialObjectMetadataList"), Some("meta.k8s.io"), Some("v1")) => {
+                return Representation::Metadata
             }
             (None, _, _) => return Representation::Object,
             _ => continue,
@@ -81,6 +89,18 @@ pub fn table(def: &ResourceDef, objects: &[Value], include: IncludeObject, list_
     })
 }
 
+/// `obj` as the client asked for it (single objects and watch events).
+pub fn render_one(def: &ResourceDef, obj: &Value, representation: Representation) -> Value {
+    match representation {
+        Representation::Object => obj.clone(),
+        Representation::Metadata => partial_object_metadata(obj),
+        Representation::Table { include } => {
+            let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null);
+            table(def, std::slice::from_ref(obj), include, json!({"resourceVersion": rv}))
+        }
+    }
+}
+
 pub fn partial_object_metadata(obj: &Value) -> Value {
     json!({
         "kind": "PartialObjectMetadata",
@@ -105,5 +125,17 @@ mod tests {
         assert_eq!(negotiate(&headers, None), Representation::Table { include: IncludeObject::Metadata });
         headers.insert("accept", "application/json".parse().unwrap());
         assert_eq!(negotiate(&headers, None), Representation::Object);
+    }
+
+    #[test]
+    fn metadata_client_accept_header_selects_partial_metadata_as_json() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "accept",
+            "application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(negotiate(&headers, None), Representation::Metadata);
     }
 }

@@ -49,13 +49,7 @@ impl Filter {
     }
 
     fn render(&self, kind: &str, object: &Value) -> Bytes {
-        let object = match self.representation {
-            Representation::Object => object.clone(),
-            Representation::Table { include } => {
-                let rv = object.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null);
-                table::table(self.def, std::slice::from_ref(object), include, json!({"resourceVersion": rv}))
-            }
-        };
+        let object = table::render_one(self.def, object, self.representation);
         let mut line = json!({"type": kind, "object": object}).to_string();
         line.push('\n');
         Bytes::from(line)

@@ -199,3 +199,60 @@ async fn deleting_the_active_bundlecontent_updates_its_bundle() {
     let tar = server.download(&bundle_content("ns", "b")).await;
     assert_eq!(digest_of(&tar), str_at(&again, "/status/digest"));
 }
+
+/// The metadata client of the garbage collector and namespace controller: protobuf offered first,
+/// `as=PartialObjectMetadata[List]` on get, list and watch — answered in JSON, every object (watch
+/// events included) a PartialObjectMetadata; then the namespace controller's deletecollection.
+#[tokio::test(flavor = "multi_thread")]
+async fn metadata_client_and_deletecollection() {
+    let server = Server::start_temp(&[]);
+    for name in ["a", "b"] {
+        server.create_bundle("meta", name).await;
+    }
+    let list_accept = "application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,\
+                       application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json";
+    let one_accept = "application/vnd.kubernetes.protobuf;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,\
+                      application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json";
+    let get = |path: String, accept: &'static str| {
+        let request = server.client().get(server.url(&path)).header("accept", accept);
+        async move { request.send().await.unwrap() }
+    };
+
+    let resp = get(bundles("meta"), list_accept).await;
+    assert_eq!(resp.status(), 200);
+    let list = parse_json(&resp.bytes().await.unwrap(), "metadata list");
+    assert_eq!(str_at(&list, "/kind"), "PartialObjectMetadataList");
+    assert_eq!(list["items"].as_array().unwrap().len(), 2);
+    assert_eq!(str_at(&list, "/items/0/kind"), "PartialObjectMetadata");
+    assert!(list.pointer("/items/0/spec").is_none(), "metadata only: {list:#}");
+    let rv = str_at(&list, "/metadata/resourceVersion").to_owned();
+
+    let one = parse_json(&get(bundle("meta", "a"), one_accept).await.bytes().await.unwrap(), "metadata get");
+    assert_eq!(str_at(&one, "/kind"), "PartialObjectMetadata");
+    assert_eq!(str_at(&one, "/metadata/name"), "a");
+
+    let watch =
+        get(format!("{}?watch=true&resourceVersion={rv}&allowWatchBookmarks=true", bundles("meta")), list_accept).await;
+    assert_eq!(watch.status(), 200);
+
+    // The namespace controller: delete the collection.
+    let resp = server.client().delete(server.url(&bundles("meta"))).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let listed = server.get_json(&bundles("meta")).await;
+    assert_eq!(listed["items"].as_array().unwrap().len(), 0);
+
+    let mut stream = futures_util::StreamExt::boxed(watch.bytes_stream());
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while text.matches('\n').count() < 2 {
+        match tokio::time::timeout_at(deadline, futures_util::StreamExt::next(&mut stream)).await {
+            Ok(Some(Ok(bytes))) => text.push_str(&String::from_utf8_lossy(&bytes)),
+            other => panic!("watch ended early ({:?}): {text}", other.map(|o| o.map(|r| r.map(|b| b.len())))),
+        }
+    }
+    for line in text.lines().take(2) {
+        let event = parse_json(line.as_bytes(), "watch event");
+        assert_eq!(str_at(&event, "/type"), "DELETED");
+        assert_eq!(str_at(&event, "/object/kind"), "PartialObjectMetadata", "{event:#}");
+    }
+}
