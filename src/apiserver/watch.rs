@@ -56,8 +56,20 @@ impl Filter {
     }
 
     fn bookmark(&self, rv: u64) -> Bytes {
-        let object =
-            json!({"kind": self.def.kind, "apiVersion": API_VERSION, "metadata": {"resourceVersion": rv.to_string()}});
+        self.bookmark_with(rv, json!({}))
+    }
+
+    fn bookmark_with(&self, rv: u64, annotations: Value) -> Bytes {
+        let mut metadata = json!({"resourceVersion": rv.to_string()});
+        if annotations.as_object().is_some_and(|a| !a.is_empty()) {
+            metadata["annotations"] = annotations;
+        }
+        let object = json!({"kind": self.def.kind, "apiVersion": API_VERSION, "metadata": metadata});
+        // Metadata watchers get every event object, bookmarks included, as PartialObjectMetadata.
+        let object = match self.representation {
+            Representation::Metadata => table::partial_object_metadata(&object),
+            _ => object,
+        };
         let mut line = json!({"type": "BOOKMARK", "object": object}).to_string();
         line.push('\n');
         Bytes::from(line)
@@ -85,7 +97,27 @@ pub async fn serve(
     // Subscribe before reading anything, so no change falls between the read and the follow.
     let notifications = app.store.subscribe();
     let requested = params.get("resourceVersion").map(String::as_str).unwrap_or("");
+    // WatchList (streaming lists): the current state as ADDED events, ended by a bookmark.
+    let send_initial = params.get("sendInitialEvents").is_some_and(|v| v == "true");
+    if send_initial && params.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan") {
+        return Err(ApiError::new_unprocessable(
+            "sendInitialEvents=true requires resourceVersionMatch=NotOlderThan (and allowWatchBookmarks=true)",
+        ));
+    }
     let (initial, from) = match requested {
+        _ if send_initial => {
+            let plural = def.plural;
+            let ns = filter.namespace.clone();
+            let (objects, rv) = blocking(app, move |store| store.list_objects(plural, ns.as_deref())).await?;
+            let mut lines: Vec<Bytes> = objects
+                .iter()
+                .map(|o| &o.value)
+                .filter(|o| filter.labels.matches(o) && filter.fields.matches(o))
+                .map(|o| filter.render("ADDED", o))
+                .collect();
+            lines.push(filter.bookmark_with(rv, json!({"k8s.io/initial-events-end": "true"})));
+            (lines, rv)
+        }
         "" | "0" => {
             let plural = def.plural;
             let ns = filter.namespace.clone();

@@ -99,3 +99,29 @@ async fn kubectl_wait_returns_when_the_upload_lands() {
     assert!(out.status.success(), "kubectl wait failed: {stdout} {}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("condition met"), "{stdout}");
 }
+
+/// WatchList (streaming lists), as informers with the WatchListClient feature use it: the current
+/// objects as ADDED events, then a BOOKMARK annotated `k8s.io/initial-events-end`, then live changes.
+#[tokio::test(flavor = "multi_thread")]
+async fn watchlist_ends_initial_events_with_a_bookmark() {
+    let server = Server::start_temp(&[]);
+    server.create_bundle("wl", "existing").await;
+    let query = "watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true";
+    let watch = server.client().get(server.url(&format!("{}?{query}", bundles("wl")))).send().await.unwrap();
+    assert_eq!(watch.status(), 200);
+    server.create_bundle("wl", "later").await;
+    let events = read_events(watch, 3).await;
+    assert_eq!(str_at(&events[0], "/type"), "ADDED");
+    assert_eq!(str_at(&events[0], "/object/metadata/name"), "existing");
+    assert_eq!(str_at(&events[1], "/type"), "BOOKMARK");
+    assert_eq!(str_at(&events[1], "/object/metadata/annotations/k8s.io~1initial-events-end"), "true");
+    assert_eq!(kinds_and_names(&events[2..]), vec![("ADDED".into(), "later".into())]);
+
+    let bad = server
+        .client()
+        .get(server.url(&format!("{}?watch=true&sendInitialEvents=true", bundles("wl"))))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 422);
+}
