@@ -479,10 +479,10 @@ pub struct EntrySummary {
 
 /// Reads a served tar from `r`, checking the deterministic form as `parse_served_tar` does,
 /// and returns path → summary.
-pub fn summarize_served_tar(r: impl Read) -> io::Result<BTreeMap<String, EntrySummary>> {
+pub fn summarize_served_tar(mut r: impl Read) -> io::Result<BTreeMap<String, EntrySummary>> {
     let mut out = BTreeMap::new();
     let mut previous: Option<Vec<u8>> = None;
-    let mut archive = tar::Archive::new(r);
+    let mut archive = tar::Archive::new(&mut r);
     for entry in archive.entries()? {
         let mut entry = entry?;
         let path_bytes = entry.path_bytes().into_owned();
@@ -502,6 +502,12 @@ pub fn summarize_served_tar(r: impl Read) -> io::Result<BTreeMap<String, EntrySu
         let summary = EntrySummary { size, sha256: hex::encode(hasher.finalize()), exec: mode == 0o755 };
         out.insert(path, summary);
     }
+    drop(archive);
+    // The tar crate stops at the first end-of-archive block; read the rest (the second zero block)
+    // so the sender never finds the reader gone, and check it is only zeros.
+    let mut rest = Vec::new();
+    r.read_to_end(&mut rest)?;
+    assert!(rest.iter().all(|b| *b == 0), "{} non-zero bytes after the end-of-archive block", rest.len());
     Ok(out)
 }
 
