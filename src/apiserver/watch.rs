@@ -173,11 +173,7 @@ async fn follow(
         // Drain the log from `from`.
         loop {
             let after = from;
-            let changes = match blocking(&app, move |store| {
-                store.changes_since(after).take(BATCH).collect::<Result<Vec<_>, _>>()
-            })
-            .await
-            {
+            let changes = match blocking(&app, move |store| store.changes_after(after, BATCH)).await {
                 Ok(changes) => changes,
                 Err(e) => {
                     let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;

@@ -206,6 +206,20 @@ impl Store {
         })
     }
 
+    /// At least `limit` changes after `after` (fewer at the end of the log), never splitting the
+    /// changes of one resourceVersion, so a reader can resume from the last one it got.
+    pub fn changes_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, ChangeEvent)>> {
+        let mut out: Vec<(u64, ChangeEvent)> = Vec::new();
+        for item in self.changes_since(after) {
+            let (rv, event) = item?;
+            if out.len() >= limit && out.last().is_some_and(|(last, _)| *last != rv) {
+                break;
+            }
+            out.push((rv, event));
+        }
+        Ok(out)
+    }
+
     /// The resourceVersion of the oldest change still in the log, if any.
     pub fn oldest_change(&self) -> Result<Option<u64>> {
         match self.tree().scan_prefix(b"l").keys().next() {

@@ -253,3 +253,24 @@ fn resource_versions_are_monotonic_and_preconditions_hold() {
     let events: Vec<_> = store.changes_since(0).map(|e| e.unwrap()).collect();
     assert_eq!(events.iter().map(|(_, e)| e.kind.as_str()).collect::<Vec<_>>(), vec!["ADDED", "MODIFIED"]);
 }
+
+#[test]
+fn change_log_reads_never_split_one_resource_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let put = |name: &str| ObjectWrite::Put {
+        key: ObjectKey::new("bundles", "ns", name),
+        object: json!({"metadata": {"name": name}}),
+        precondition: Precondition::MustNotExist,
+        revision: None,
+    };
+    store.write_objects(vec![put("a")]).unwrap();
+    let both = store.write_objects(vec![put("b"), put("c")]).unwrap().resource_version;
+    store.write_objects(vec![put("d")]).unwrap();
+    // A limit of 2 would end between b and c: the read takes c along.
+    let first = store.changes_after(0, 2).unwrap();
+    assert_eq!(first.iter().map(|(_, e)| e.name.as_str()).collect::<Vec<_>>(), vec!["a", "b", "c"]);
+    assert_eq!(first.last().unwrap().0, both);
+    let rest = store.changes_after(both, 2).unwrap();
+    assert_eq!(rest.iter().map(|(_, e)| e.name.as_str()).collect::<Vec<_>>(), vec!["d"]);
+}
