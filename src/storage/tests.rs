@@ -274,3 +274,66 @@ fn change_log_reads_never_split_one_resource_version() {
     let rest = store.changes_after(both, 2).unwrap();
     assert_eq!(rest.iter().map(|(_, e)| e.name.as_str()).collect::<Vec<_>>(), vec!["d"]);
 }
+
+/// Writers reusing chunks while other revisions sharing them are deleted and collected, all at
+/// once: every revision that was committed reads back whole, and nothing survives deletion.
+#[test]
+fn collection_never_takes_a_chunk_a_concurrent_writer_reuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let shared: Vec<Vec<u8>> = (0..6).map(|i| noise(100 + i, 120_000)).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let collector = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                store.collect().unwrap();
+            }
+        })
+    };
+    let writers: Vec<_> = (0..2)
+        .map(|w| {
+            let (store, shared) = (store.clone(), shared.clone());
+            std::thread::spawn(move || {
+                let mut kept = Vec::new();
+                for round in 0..12 {
+                    let name = format!("w{w}-{round}");
+                    let mut files: Vec<(String, Vec<u8>)> =
+                        shared.iter().enumerate().map(|(i, d)| (format!("s{i}"), d.clone())).collect();
+                    files.push(("own".into(), noise(1000 + w * 100 + round, 50_000)));
+                    let refs: Vec<(&str, Vec<u8>)> = files.iter().map(|(p, d)| (p.as_str(), d.clone())).collect();
+                    let rev = attach(&name, write(&store, &refs));
+                    if round % 2 == 0 {
+                        // Delete every other revision right away: its shared chunks stay referenced.
+                        let key = ObjectKey::new("bundlecontents", "ns", &name);
+                        store
+                            .write_objects(vec![ObjectWrite::Delete { key, precondition: Precondition::None }])
+                            .unwrap();
+                    } else {
+                        kept.push((rev, files));
+                    }
+                }
+                kept
+            })
+        })
+        .collect();
+    let kept: Vec<_> = writers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    collector.join().unwrap();
+    store.collect().unwrap();
+    for (rev, files) in &kept {
+        for (path, data) in files {
+            let entry = store.file(*rev, path).unwrap().unwrap();
+            let mut got = Vec::new();
+            store
+                .read_file(*rev, &entry, RangeSpec { start: 0, end: entry.size }, &mut |b| {
+                    got.extend_from_slice(b);
+                    Ok(())
+                })
+                .unwrap();
+            assert!(got == *data, "revision {rev} file {path} damaged");
+        }
+    }
+    let stats = store.stats().unwrap();
+    assert_eq!((stats.revisions_committed, stats.revisions_deleting, stats.revisions_staging), (12, 0, 0));
+}
