@@ -106,30 +106,11 @@ pub async fn serve(
     }
     let (initial, from) = match requested {
         _ if send_initial => {
-            let plural = def.plural;
-            let ns = filter.namespace.clone();
-            let (objects, rv) = blocking(app, move |store| store.list_objects(plural, ns.as_deref())).await?;
-            let mut lines: Vec<Bytes> = objects
-                .iter()
-                .map(|o| &o.value)
-                .filter(|o| filter.labels.matches(o) && filter.fields.matches(o))
-                .map(|o| filter.render("ADDED", o))
-                .collect();
+            let (mut lines, rv) = current_state(app, &filter).await?;
             lines.push(filter.bookmark_with(rv, json!({"k8s.io/initial-events-end": "true"})));
             (lines, rv)
         }
-        "" | "0" => {
-            let plural = def.plural;
-            let ns = filter.namespace.clone();
-            let (objects, rv) = blocking(app, move |store| store.list_objects(plural, ns.as_deref())).await?;
-            let added: Vec<Bytes> = objects
-                .iter()
-                .map(|o| &o.value)
-                .filter(|o| filter.labels.matches(o) && filter.fields.matches(o))
-                .map(|o| filter.render("ADDED", o))
-                .collect();
-            (added, rv)
-        }
+        "" | "0" => current_state(app, &filter).await?,
         text => {
             let rv: u64 =
                 text.parse().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {text:?}")))?;
@@ -155,6 +136,20 @@ pub async fn serve(
     *response.status_mut() = StatusCode::OK;
     response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
     Ok(response)
+}
+
+/// The objects the watch selects now, as ADDED events, and the resourceVersion they are at.
+async fn current_state(app: &AppState, filter: &Filter) -> ApiResult<(Vec<Bytes>, u64)> {
+    let plural = filter.def.plural;
+    let ns = filter.namespace.clone();
+    let (objects, rv) = blocking(app, move |store| store.list_objects(plural, ns.as_deref())).await?;
+    let added = objects
+        .iter()
+        .map(|o| &o.value)
+        .filter(|o| filter.labels.matches(o) && filter.fields.matches(o))
+        .map(|o| filter.render("ADDED", o))
+        .collect();
+    Ok((added, rv))
 }
 
 /// Sends every matching change after `from` until the timeout or the client goes away.
