@@ -502,7 +502,6 @@ pub fn summarize_served_tar(mut r: impl Read) -> io::Result<BTreeMap<String, Ent
         let summary = EntrySummary { size, sha256: hex::encode(hasher.finalize()), exec: mode == 0o755 };
         out.insert(path, summary);
     }
-    drop(archive);
     // The tar crate stops at the first end-of-archive block; read the rest (the second zero block)
     // so the sender never finds the reader gone, and check it is only zeros.
     let mut rest = Vec::new();
