@@ -8,8 +8,7 @@
 
 use std::collections::HashMap;
 
-use super::chunks::ChunkRef;
-use super::chunks::{decode_block, BlockBuilder, Location};
+use super::chunks::{decode_block, BlockBuilder, ChunkRef, Location};
 use super::objects::key_revision;
 use super::{be, decode_json, encode_json, key, Result, RevisionId, RevisionRecord, RevisionState, Store};
 

@@ -138,8 +138,13 @@ impl FileEntry {
 
     /// Decodes a record stored under `key` (`f`, revision, path).
     fn decode(key: &[u8], value: &[u8]) -> Result<FileEntry> {
+        let path = key.get(9..).and_then(|p| std::str::from_utf8(p).ok());
+        FileEntry::decode_at(path.ok_or_else(|| StorageError::Corrupt("undecodable file key".into()))?, value)
+    }
+
+    /// Decodes the record of the entry at `path`.
+    fn decode_at(path: &str, value: &[u8]) -> Result<FileEntry> {
         let corrupt = || StorageError::Corrupt("undecodable file record".into());
-        let path = key.get(9..).and_then(|p| std::str::from_utf8(p).ok()).ok_or_else(corrupt)?;
         if value.len() < FILE_RECORD {
             return Err(corrupt());
         }
@@ -172,6 +177,20 @@ impl FileEntry {
             (false, true) => 0o755,
             (false, false) => 0o644,
         }
+    }
+
+    /// Bytes of data the entry carries in the tar (none for a symlink).
+    fn data_size(&self) -> u64 {
+        if self.is_symlink() {
+            0
+        } else {
+            self.size
+        }
+    }
+
+    /// Data plus padding to the next tar block.
+    fn tar_data_len(&self) -> u64 {
+        tarfmt::padded(self.data_size())
     }
 
     fn header_spec(&self) -> tarfmt::HeaderSpec<'_> {

@@ -6,7 +6,7 @@
 
 use super::chunks::ChunkRef;
 use super::revision::{file_key, segment_key, tar_index_key};
-use super::tarfmt::{self, padded, BLOCK};
+use super::tarfmt::{self, BLOCK};
 use super::{be, key, read_be, FileEntry, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store};
 
 /// A resolved, satisfiable byte range `[start, end)`.
@@ -46,7 +46,7 @@ impl Store {
     }
 
     pub fn file(&self, rev: RevisionId, path: &str) -> Result<Option<FileEntry>> {
-        self.tree().get(file_key(rev, path))?.map(|v| FileEntry::decode(&file_key(rev, path), &v)).transpose()
+        self.tree().get(file_key(rev, path))?.map(|v| FileEntry::decode_at(path, &v)).transpose()
     }
 
     /// Entries whose path starts with `prefix` (all entries for `""`).
@@ -138,7 +138,7 @@ impl Store {
     pub fn write_subtree_tar(&self, rev: RevisionId, prefix: &str, out: &mut Sink<'_>) -> Result<()> {
         for entry in self.files(rev, prefix) {
             let entry = entry?;
-            let len = tarfmt::header_len(&entry.header_spec()) + data_len(&entry);
+            let len = tarfmt::header_len(&entry.header_spec()) + entry.tar_data_len();
             let mut relocated = entry.clone();
             relocated.tar_offset = 0;
             self.emit_entry(rev, &relocated, 0, len, out)?;
@@ -158,8 +158,8 @@ impl Store {
         let header = tarfmt::header_bytes(&entry.header_spec());
         let header_start = entry.tar_offset;
         let data_start = header_start + header.len() as u64;
-        let data_end = data_start + if entry.is_symlink() { 0 } else { entry.size };
-        let entry_end = data_start + data_len(entry);
+        let data_end = data_start + entry.data_size();
+        let entry_end = data_start + entry.tar_data_len();
         let mut pos = pos.max(header_start);
         if pos < data_start && pos < end {
             let to = data_start.min(end);
@@ -177,14 +177,5 @@ impl Store {
             pos = to;
         }
         Ok(pos.max(entry_end.min(end)))
-    }
-}
-
-/// Data plus padding of an entry in the tar.
-fn data_len(entry: &FileEntry) -> u64 {
-    if entry.is_symlink() {
-        0
-    } else {
-        padded(entry.size)
     }
 }

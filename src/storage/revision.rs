@@ -159,7 +159,7 @@ impl RevisionWriter {
         self.ensure_new(path)?;
         let invalid = |reason: &str| StorageError::InvalidEntry { path: path.into(), reason: reason.into() };
         let source: FileEntry = match self.store.tree().get(file_key(self.id, target))? {
-            Some(v) => FileEntry::decode(&file_key(self.id, target), &v)?,
+            Some(v) => FileEntry::decode_at(target, &v)?,
             None => return Err(invalid("hard link target is not an earlier file of the archive")),
         };
         if source.is_symlink() {
@@ -206,7 +206,7 @@ impl RevisionWriter {
                 tar_hash.update(&[0u8; tarfmt::BLOCK as usize][..pad as usize]);
             }
             batch.insert(tar_index_key(id, offset), entry.path.as_bytes());
-            offset += header.len() as u64 + if entry.is_symlink() { 0 } else { padded(entry.size) };
+            offset += header.len() as u64 + entry.tar_data_len();
             files += 1;
             size += entry.size;
             batch.insert(k, entry.encode());
