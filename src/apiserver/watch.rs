@@ -5,8 +5,8 @@
 //! its own task. Store notifications only say "something changed"; the log is the source of truth,
 //! so a watcher that lagged behind the notifications reads the log and misses nothing.
 //!
-//! Not yet: ADDED/DELETED synthesis when an update moves an object into or out of a label
-//! selector (such updates are delivered as MODIFIED only if the new state matches).
+//! With selectors, an update that moves an object into the selection is sent as ADDED and one that
+//! moves it out as DELETED (with its last selected state), as kube-apiserver's watch cache does.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -41,11 +41,33 @@ struct Filter {
 }
 
 impl Filter {
-    fn matches(&self, event: &ChangeEvent) -> bool {
-        event.resource == self.def.plural
-            && self.namespace.as_deref().is_none_or(|ns| ns == event.namespace)
-            && self.labels.matches(&event.object)
-            && self.fields.matches(&event.object)
+    fn selects(&self, object: &Value) -> bool {
+        self.labels.matches(object) && self.fields.matches(object)
+    }
+
+    /// The event this watcher sees for a change, if any.
+    fn event(&self, rv: u64, change: &ChangeEvent) -> Option<Bytes> {
+        if change.resource != self.def.plural || self.namespace.as_deref().is_some_and(|ns| ns != change.namespace) {
+            return None;
+        }
+        let now = self.selects(&change.object);
+        if change.kind != "MODIFIED" {
+            return now.then(|| self.render(&change.kind, &change.object));
+        }
+        let before = change.previous.as_ref().is_some_and(|p| self.selects(p));
+        match (before, now) {
+            (true, true) => Some(self.render("MODIFIED", &change.object)),
+            (false, true) => Some(self.render("ADDED", &change.object)),
+            (true, false) => {
+                // Left the selection: its last selected state, at the change's resourceVersion.
+                let mut last = change.previous.clone().unwrap_or(Value::Null);
+                if let Some(meta) = last.get_mut("metadata").and_then(Value::as_object_mut) {
+                    meta.insert("resourceVersion".into(), json!(rv.to_string()));
+                }
+                Some(self.render("DELETED", &last))
+            }
+            (false, false) => None,
+        }
     }
 
     fn render(&self, kind: &str, object: &Value) -> Bytes {
@@ -114,10 +136,9 @@ pub async fn serve(
         text => {
             let rv: u64 =
                 text.parse().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {text:?}")))?;
-            let oldest = blocking(app, |store| store.oldest_change()).await?;
-            let current = blocking(app, |store| store.current_resource_version()).await?;
-            if oldest.is_some_and(|oldest| rv + 1 < oldest) || (oldest.is_none() && rv < current) {
-                return Err(ApiError::gone(format!("too old resource version: {rv} ({})", oldest.unwrap_or(current))));
+            if !blocking(app, move |store| store.log_covers(rv)).await? {
+                let current = blocking(app, |store| store.current_resource_version()).await?;
+                return Err(ApiError::gone(format!("too old resource version: {rv} ({current})")));
             }
             (Vec::new(), rv)
         }
@@ -143,12 +164,8 @@ async fn current_state(app: &AppState, filter: &Filter) -> ApiResult<(Vec<Bytes>
     let plural = filter.def.plural;
     let ns = filter.namespace.clone();
     let (objects, rv) = blocking(app, move |store| store.list_objects(plural, ns.as_deref())).await?;
-    let added = objects
-        .iter()
-        .map(|o| &o.value)
-        .filter(|o| filter.labels.matches(o) && filter.fields.matches(o))
-        .map(|o| filter.render("ADDED", o))
-        .collect();
+    let added =
+        objects.iter().map(|o| &o.value).filter(|o| filter.selects(o)).map(|o| filter.render("ADDED", o)).collect();
     Ok((added, rv))
 }
 
@@ -176,10 +193,12 @@ async fn follow(
                 }
             };
             let done = changes.len() < BATCH;
-            for (rv, event) in changes {
+            for (rv, change) in changes {
                 from = rv;
-                if filter.matches(&event) && tx.send(Ok(filter.render(&event.kind, &event.object))).await.is_err() {
-                    return;
+                if let Some(line) = filter.event(rv, &change) {
+                    if tx.send(Ok(line)).await.is_err() {
+                        return;
+                    }
                 }
             }
             if done {

@@ -24,6 +24,7 @@
 
 mod chunks;
 mod gc;
+mod listing;
 mod objects;
 mod packs;
 mod read;
@@ -36,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 pub use gc::GcReport;
+pub use listing::{ListPage, ListQuery};
 pub use objects::{ChangeEvent, ObjectKey, ObjectWrite, Precondition, StoredObject, WriteOutcome};
 pub use read::{FileListing, RangeSpec, Sink};
 pub use revision::{PendingRevision, RevisionWriter};
@@ -62,6 +64,12 @@ pub enum StorageError {
     InvalidEntry { path: String, reason: String },
     #[error("the reader went away")]
     Cancelled,
+    /// A resourceVersion older than the change log still covers.
+    #[error("resource version {0} is too old")]
+    Expired(u64),
+    /// A resourceVersion the store has not reached yet.
+    #[error("too large resource version: {requested}, current: {current}")]
+    TooNew { requested: u64, current: u64 },
 }
 
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;

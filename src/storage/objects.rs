@@ -13,6 +13,8 @@ use super::{
 };
 
 const RV_COUNTER: &[u8] = b"mrv";
+/// The oldest resourceVersion whose changes the log still holds in full.
+const LOG_START: &[u8] = b"mlogstart";
 
 /// Where an object lives: resource (plural, e.g. `bundles`), namespace, name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -46,11 +48,11 @@ pub struct StoredObject {
 }
 
 #[derive(Serialize, Deserialize)]
-struct Envelope {
+pub(super) struct Envelope {
     rv: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     revision: Option<RevisionId>,
-    object: Value,
+    pub(super) object: Value,
 }
 
 /// What must hold for a write to go ahead.
@@ -88,6 +90,10 @@ pub struct ChangeEvent {
     pub namespace: String,
     pub name: String,
     pub object: Value,
+    /// The object as it was before this change (`None` for ADDED). Lets a reader reconstruct any
+    /// state the log still covers: consistent paged lists, selector transitions in watches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<Value>,
 }
 
 /// The result of a write: its resourceVersion and the objects as written (deleted ones as they
@@ -162,14 +168,15 @@ impl Store {
                     let kind = if existing.is_some() { "MODIFIED" } else { "ADDED" };
                     let envelope = Envelope { rv, revision, object: object.clone() };
                     batch.insert(key.encode(), encode_json(&envelope));
-                    batch.insert(log_key, encode_json(&change(kind, &key, &object)));
+                    let previous = existing.map(|e| e.value);
+                    batch.insert(log_key, encode_json(&change(kind, &key, &object, previous)));
                     objects.push(object);
                 }
                 ObjectWrite::Delete { key, precondition } => {
                     let existing = self.get_object(&key)?;
                     check(&key, precondition, existing.as_ref())?;
                     let Some(existing) = existing else { continue };
-                    let mut object = existing.value;
+                    let mut object = existing.value.clone();
                     set_resource_version(&mut object, rv);
                     if let Some(id) = existing.revision {
                         let mut record = self.revision_record(id)?;
@@ -178,7 +185,7 @@ impl Store {
                         collect = true;
                     }
                     batch.remove(key.encode());
-                    batch.insert(log_key, encode_json(&change("DELETED", &key, &object)));
+                    batch.insert(log_key, encode_json(&change("DELETED", &key, &object, Some(existing.value))));
                     objects.push(object);
                 }
             }
@@ -188,7 +195,9 @@ impl Store {
         self.flush()?;
         drop(guard);
         let _ = self.inner.events.send(rv);
-        if rv % 1024 == 0 {
+        // Trim in steps (each is a range delete), often enough that the log stays near its length.
+        let trim_every = (self.inner.options.change_log_len / 4).clamp(1, 1024);
+        if rv % trim_every == 0 {
             self.trim_change_log(rv)?;
         }
         if collect {
@@ -220,12 +229,14 @@ impl Store {
         Ok(out)
     }
 
-    /// The resourceVersion of the oldest change still in the log, if any.
-    pub fn oldest_change(&self) -> Result<Option<u64>> {
-        match self.tree().scan_prefix(b"l").keys().next() {
-            Some(k) => Ok(Some(read_be(k?.get(1..).unwrap_or_default())?)),
-            None => Ok(None),
-        }
+    /// Whether the log still holds every change after `after`, so that the state at `after` can
+    /// be replayed or reconstructed.
+    pub fn log_covers(&self, after: u64) -> Result<bool> {
+        let start = match self.tree().get(LOG_START)? {
+            Some(v) => read_be(&v)?,
+            None => 0, // never trimmed
+        };
+        Ok(after + 1 >= start)
     }
 
     fn trim_change_log(&self, rv: u64) -> Result<()> {
@@ -234,6 +245,7 @@ impl Store {
         for k in self.tree().range(key(b'l', &[])..key(b'l', &[&be(keep_from)])).keys() {
             batch.remove(k?);
         }
+        batch.insert(LOG_START, &be(keep_from)[..]);
         self.tree().apply_batch(batch)?;
         Ok(())
     }
@@ -243,7 +255,7 @@ impl Store {
         decode_json(&v)
     }
 
-    fn lock_objects(&self) -> std::sync::MutexGuard<'_, ()> {
+    pub(super) fn lock_objects(&self) -> std::sync::MutexGuard<'_, ()> {
         self.inner.object_lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -252,18 +264,23 @@ pub(super) fn key_revision(id: RevisionId) -> Vec<u8> {
     key(b'v', &[&be(id)])
 }
 
-fn change(kind: &str, key: &ObjectKey, object: &Value) -> ChangeEvent {
+fn change(kind: &str, key: &ObjectKey, object: &Value, previous: Option<Value>) -> ChangeEvent {
     ChangeEvent {
         kind: kind.into(),
         resource: key.resource.clone(),
         namespace: key.namespace.clone(),
         name: key.name.clone(),
         object: object.clone(),
+        previous,
     }
 }
 
+pub(super) fn decode_envelope(bytes: &[u8]) -> Result<Envelope> {
+    decode_json(bytes)
+}
+
 fn decode_object(bytes: &[u8]) -> Result<StoredObject> {
-    let envelope: Envelope = decode_json(bytes)?;
+    let envelope = decode_envelope(bytes)?;
     Ok(StoredObject { value: envelope.object, resource_version: envelope.rv, revision: envelope.revision })
 }
 

@@ -275,6 +275,57 @@ fn change_log_reads_never_split_one_resource_version() {
     assert_eq!(rest.iter().map(|(_, e)| e.name.as_str()).collect::<Vec<_>>(), vec!["d"]);
 }
 
+/// A paged list started at one resourceVersion stays at it: later creates, updates and deletes do
+/// not show up in the remaining pages, until the log no longer covers it.
+#[test]
+fn paged_lists_are_consistent_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions { change_log_len: 8, ..StoreOptions::default() }).unwrap();
+    let put = |name: &str, v: u64| ObjectWrite::Put {
+        key: ObjectKey::new("bundles", "ns", name),
+        object: json!({"metadata": {"name": name}, "v": v}),
+        precondition: Precondition::None,
+        revision: None,
+    };
+    for name in ["a", "b", "c", "d", "e"] {
+        store.write_objects(vec![put(name, 1)]).unwrap();
+    }
+    let all = |_: &serde_json::Value| true;
+    let names = |page: &ListPage| {
+        page.items.iter().map(|o| o["metadata"]["name"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    let query = |at, after, limit| ListQuery { resource: "bundles", namespace: Some("ns"), at, after, limit };
+    let first = store.list_page(&query(None, None, Some(2)), &all).unwrap();
+    assert_eq!(names(&first), ["a", "b"]);
+    assert_eq!(first.last.as_deref(), Some("ns/b"));
+    // Changes after the first page: c modified, d deleted, f and b2 created.
+    store.write_objects(vec![put("c", 2)]).unwrap();
+    store
+        .write_objects(vec![ObjectWrite::Delete {
+            key: ObjectKey::new("bundles", "ns", "d"),
+            precondition: Precondition::None,
+        }])
+        .unwrap();
+    store.write_objects(vec![put("f", 1), put("b2", 1)]).unwrap();
+    let at = Some(first.resource_version);
+    let second = store.list_page(&query(at, first.last.as_deref(), Some(2)), &all).unwrap();
+    assert_eq!(names(&second), ["c", "d"]);
+    assert_eq!(second.items[0]["v"], json!(1), "c as it was at the snapshot");
+    let third = store.list_page(&query(at, second.last.as_deref(), Some(2)), &all).unwrap();
+    assert_eq!(names(&third), ["e"]);
+    assert!(third.last.is_none());
+    // A filter counts toward the limit only for objects it keeps.
+    let only_v2 = |o: &serde_json::Value| o["v"] == json!(2);
+    assert_eq!(names(&store.list_page(&query(None, None, Some(1)), &only_v2).unwrap()), ["c"]);
+    // Too new, then too old once the log moved on.
+    let current = store.current_resource_version().unwrap();
+    assert!(matches!(store.list_page(&query(Some(current + 5), None, None), &all), Err(StorageError::TooNew { .. })));
+    for v in 0..20 {
+        store.write_objects(vec![put("a", v)]).unwrap();
+    }
+    assert!(matches!(store.list_page(&query(at, first.last.as_deref(), Some(2)), &all), Err(StorageError::Expired(_))));
+}
+
 /// Writers reusing chunks while other revisions sharing them are deleted and collected, all at
 /// once: every revision that was committed reads back whole, and nothing survives deletion.
 #[test]
