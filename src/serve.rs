@@ -25,6 +25,10 @@ pub struct ServeOptions {
     /// Largest unpacked size of one upload in bytes (compression-bomb limit).
     #[arg(long, default_value_t = Limits::default().max_unpacked_bytes)]
     pub max_unpacked_bytes: u64,
+    /// How many recent changes the store keeps for watches and paged lists: a watch or a list
+    /// continuation from further back gets 410 Gone and re-lists.
+    #[arg(long, default_value_t = StoreOptions::default().change_log_len)]
+    pub change_log_length: u64,
 }
 
 pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
@@ -34,9 +38,9 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     let pki = pki::ensure_standalone(&options.data_dir).context("preparing certificates")?;
     let store = {
         let dir = options.data_dir.join("store");
-        tokio::task::spawn_blocking(move || Store::open(&dir, StoreOptions::default()))
-            .await
-            .context("opening the store")??
+        let store_options =
+            StoreOptions { change_log_len: options.change_log_length.max(1), ..StoreOptions::default() };
+        tokio::task::spawn_blocking(move || Store::open(&dir, store_options)).await.context("opening the store")??
     };
     let tls_config =
         tls::server_config(&pki.serving_cert, &pki.serving_key, &pki.ca_cert).context("TLS configuration")?;

@@ -72,15 +72,22 @@ pub struct ApiError {
     pub reason: &'static str,
     pub message: String,
     pub details: Option<serde_json::Value>,
+    /// The Status's `metadata` (a ListMeta), e.g. the continue token of an expired list.
+    pub list_meta: Option<serde_json::Value>,
 }
 
 impl ApiError {
     fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { code, reason, message: message.into(), details: None }
+        ApiError { code, reason, message: message.into(), details: None, list_meta: None }
     }
 
     fn with_details(mut self, details: serde_json::Value) -> ApiError {
         self.details = Some(details);
+        self
+    }
+
+    pub fn with_list_meta(mut self, list_meta: serde_json::Value) -> ApiError {
+        self.list_meta = Some(list_meta);
         self
     }
 
@@ -150,6 +157,19 @@ impl ApiError {
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message)
     }
 
+    /// 504 for a resourceVersion the server has not reached (after waiting a little for it).
+    pub fn too_large_resource_version(requested: u64, current: u64) -> ApiError {
+        ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "Timeout",
+            format!("Too large resource version: {requested}, current: {current}"),
+        )
+        .with_details(json!({
+            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+            "retryAfterSeconds": 1,
+        }))
+    }
+
     /// 410: a watch from a resourceVersion the change log no longer holds.
     pub fn gone(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::GONE, "Expired", message)
@@ -195,6 +215,9 @@ impl ApiError {
         });
         if let Some(details) = &self.details {
             status["details"] = details.clone();
+        }
+        if let Some(list_meta) = &self.list_meta {
+            status["metadata"] = list_meta.clone();
         }
         status
     }

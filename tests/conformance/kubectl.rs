@@ -11,13 +11,13 @@ use crate::tarutil::*;
 
 const KUBECTL_TIMEOUT: Duration = Duration::from_secs(90);
 
-struct Kubectl {
+pub(crate) struct Kubectl {
     kubeconfig: PathBuf,
     cache_dir: tempfile::TempDir,
 }
 
 impl Kubectl {
-    fn new(server: &Server) -> Kubectl {
+    pub(crate) fn new(server: &Server) -> Kubectl {
         let found = Command::new("kubectl").args(["version", "--client"]).output();
         assert!(
             matches!(&found, Ok(o) if o.status.success()),
@@ -27,7 +27,7 @@ impl Kubectl {
     }
 
     /// Runs kubectl with `args` (stdin from `stdin`, stdout to `stdout_to` if given).
-    fn run_with(&self, args: &[&str], stdin: Option<&Path>, stdout_to: Option<&Path>) -> Output {
+    pub(crate) fn run_with(&self, args: &[&str], stdin: Option<&Path>, stdout_to: Option<&Path>) -> Output {
         let mut cmd = Command::new("kubectl");
         cmd.arg("--kubeconfig")
             .arg(&self.kubeconfig)
@@ -70,12 +70,12 @@ impl Kubectl {
         out
     }
 
-    fn run(&self, args: &[&str]) -> Output {
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
         self.run_with(args, None, None)
     }
 
     /// Runs kubectl, asserts success, returns stdout.
-    fn ok(&self, args: &[&str]) -> String {
+    pub(crate) fn ok(&self, args: &[&str]) -> String {
         let out = self.run(args);
         assert!(
             out.status.success(),
@@ -88,7 +88,7 @@ impl Kubectl {
     }
 
     /// Runs kubectl, asserts failure, returns stderr.
-    fn fails(&self, args: &[&str], stdin: Option<&Path>) -> String {
+    pub(crate) fn fails(&self, args: &[&str], stdin: Option<&Path>) -> String {
         let out = self.run_with(args, stdin, None);
         assert!(
             !out.status.success(),
@@ -99,13 +99,13 @@ impl Kubectl {
     }
 }
 
-fn write_yaml(dir: &Path, name: &str, yaml: &str) -> PathBuf {
+pub(crate) fn write_yaml(dir: &Path, name: &str, yaml: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, yaml).unwrap();
     p
 }
 
-fn bundle_yaml(ns: &str, name: &str, extra_spec: &str) -> String {
+pub(crate) fn bundle_yaml(ns: &str, name: &str, extra_spec: &str) -> String {
     format!(
         "apiVersion: content.stowage.dev/v1alpha1\n\
          kind: Bundle\n\

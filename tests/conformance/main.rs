@@ -16,5 +16,6 @@ mod big;
 mod content;
 mod crash;
 mod kubectl;
+mod paging;
 mod range;
 mod watch;

@@ -125,3 +125,30 @@ async fn watchlist_ends_initial_events_with_a_bookmark() {
         .unwrap();
     assert_eq!(bad.status(), 422);
 }
+
+/// A label change that moves an object into a watch's selector is ADDED, one that moves it out is
+/// DELETED (as kube-apiserver's watch cache reports them), so an informer's cache stays exact.
+#[tokio::test(flavor = "multi_thread")]
+async fn selector_transitions_are_added_and_deleted() {
+    let server = Server::start_temp(&[]);
+    server.create_bundle("sel", "app").await;
+    let url = server.url(&format!("{}?watch=true&labelSelector=tier%3Dfront", bundles("sel")));
+    let watch = server.client().get(url).send().await.unwrap();
+    async fn relabel(server: &Server, tier: &str) {
+        let mut obj = server.get_json(&bundle("sel", "app")).await;
+        obj["metadata"]["labels"] = serde_json::json!({"tier": tier});
+        assert_eq!(server.put_json(&bundle("sel", "app"), &obj).await.status(), 200);
+    }
+    relabel(&server, "front").await; // into the selection
+    relabel(&server, "front").await; // stays (a no-op update still is an event)
+    relabel(&server, "back").await; // out of it
+    let events = read_events(watch, 3).await;
+    assert_eq!(
+        kinds_and_names(&events),
+        vec![("ADDED".into(), "app".into()), ("MODIFIED".into(), "app".into()), ("DELETED".into(), "app".into())]
+    );
+    // The DELETED event carries the last selected state, at the version of the change.
+    assert_eq!(str_at(&events[2], "/object/metadata/labels/tier"), "front");
+    let current = server.get_json(&bundle("sel", "app")).await;
+    assert_eq!(str_at(&events[2], "/object/metadata/resourceVersion"), str_at(&current, "/metadata/resourceVersion"));
+}

@@ -1,0 +1,183 @@
+//! The generic verbs — get, list, create, update, update status, delete — written once for every
+//! resource in [`super::resources`], and what they share: decoding and checking bodies, validation,
+//! dry runs, responses.
+
+mod delete;
+mod paging;
+mod read;
+mod write;
+
+pub use delete::{delete, delete_collection};
+pub use read::{get, get_object, list_all, list_namespaced};
+pub(super) use write::replace;
+pub use write::{create, update, update_status};
+
+use std::collections::HashMap;
+
+use axum::body::Bytes;
+use axum::extract::Query;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use super::resources::{self, ResourceDef};
+use super::status::{ApiError, ApiResult, Cause};
+use super::table;
+use super::{meta, schema, API_VERSION};
+
+pub type Params = Query<HashMap<String, String>>;
+
+pub fn resource_def(plural: &str) -> ApiResult<&'static ResourceDef> {
+    resources::lookup(plural).ok_or_else(|| {
+        ApiError::not_found_message(format!("the server could not find the requested resource ({plural})"))
+    })
+}
+
+/// A resource users may create and update (BundleContents are written only by the server).
+pub(super) fn writable_resource_def(plural: &str) -> ApiResult<&'static ResourceDef> {
+    let def = resource_def(plural)?;
+    if !def.user_writable {
+        return Err(ApiError::method_not_allowed(format!("{} are written only by the server", def.plural)));
+    }
+    Ok(def)
+}
+
+/// JSON response with optional `Warning` headers.
+pub fn json_response(code: StatusCode, body: &Value, warnings: &[String]) -> Response {
+    let mut response =
+        (code, [(axum::http::header::CONTENT_TYPE, "application/json")], body.to_string()).into_response();
+    for warning in warnings {
+        let text = format!("299 - {:?}", warning);
+        if let Ok(value) = HeaderValue::from_str(&text) {
+            response.headers_mut().append("warning", value);
+        }
+    }
+    response
+}
+
+fn render(def: &ResourceDef, obj: &Value, headers: &HeaderMap, params: &HashMap<String, String>) -> Value {
+    table::render_one(def, obj, table::negotiate(headers, params.get("includeObject").map(String::as_str)))
+}
+
+/// Fields a field selector may name, per resource.
+fn selectable_fields(def: &ResourceDef) -> Vec<(&'static str, &'static str)> {
+    let mut fields = vec![("metadata.name", "/metadata/name"), ("metadata.namespace", "/metadata/namespace")];
+    match def.plural {
+        "bundles" => fields.push(("status.phase", "/status/phase")),
+        "bundlecontents" => fields.push(("spec.bundle", "/spec/bundle")),
+        _ => {}
+    }
+    fields
+}
+
+/// Parses a request body into an object of `def`'s kind: schema check, unknown-field handling per
+/// `fieldValidation`, pruning. Returns the object and any warnings.
+fn decode_body(def: &ResourceDef, body: &Bytes, params: &HashMap<String, String>) -> ApiResult<(Value, Vec<String>)> {
+    let obj: Value = serde_json::from_slice(body).map_err(|e| cannot_handle(def, e.to_string()))?;
+    check_object(def, obj, params)
+}
+
+fn cannot_handle(def: &ResourceDef, detail: String) -> ApiError {
+    let kind = def.kind;
+    ApiError::bad_request(format!("{kind} in version \"v1alpha1\" cannot be handled as a {kind}: {detail}"))
+}
+
+/// Checks a whole object (a request body, or the result of a patch) against the resource's
+/// schema: kind, unknown fields per `fieldValidation`, types; prunes undeclared fields.
+pub(super) fn check_object(
+    def: &ResourceDef,
+    mut obj: Value,
+    params: &HashMap<String, String>,
+) -> ApiResult<(Value, Vec<String>)> {
+    let kind = def.kind;
+    let cannot = |detail: String| cannot_handle(def, detail);
+    if !obj.is_object() {
+        return Err(cannot("the body is not a JSON object".into()));
+    }
+    let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let body_kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+    if api_version != API_VERSION || body_kind != kind {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({api_version}) and kind ({body_kind}) do not match the request \
+             ({API_VERSION}, {kind})"
+        )));
+    }
+    let schema = (def.schema)();
+    let report = schema::check(&schema, &obj);
+    let mut warnings = Vec::new();
+    if !report.unknown.is_empty() {
+        let unknown: Vec<String> = report.unknown.iter().map(|f| format!("unknown field {f:?}")).collect();
+        match params.get("fieldValidation").map(String::as_str) {
+            Some("Strict") => return Err(cannot(format!("strict decoding error: {}", unknown.join(", ")))),
+            Some("Ignore") => {}
+            None | Some("Warn") => warnings = unknown,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "fieldValidation must be one of Ignore, Warn or Strict, not {other:?}"
+                )))
+            }
+        }
+    }
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
+    if !report.causes.is_empty() {
+        return Err(ApiError::invalid(def.kind, &name, report.causes));
+    }
+    schema::prune(&schema, &mut obj);
+    Ok((obj, warnings))
+}
+
+/// Takes `metadata` out of an object to edit it; [`put_metadata`] puts it back.
+fn take_metadata(obj: &mut Value) -> serde_json::Map<String, Value> {
+    match obj.get_mut("metadata").map(Value::take) {
+        Some(Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    }
+}
+
+fn put_metadata(obj: &mut Value, meta: serde_json::Map<String, Value>) {
+    if let Some(map) = obj.as_object_mut() {
+        map.insert("metadata".into(), Value::Object(meta));
+    }
+}
+
+fn validate(def: &ResourceDef, obj: &Value) -> ApiResult<()> {
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+    let mut causes = Vec::new();
+    for error in meta::dns1123_subdomain_errors(name) {
+        causes.push(Cause::invalid("metadata.name", &json!(name), error));
+    }
+    causes.extend(meta::label_causes(obj.pointer("/metadata/labels")));
+    causes.extend((def.validate)(obj));
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(def.kind, name, causes))
+    }
+}
+
+fn dry_run(params: &HashMap<String, String>) -> ApiResult<bool> {
+    match params.get("dryRun").map(String::as_str) {
+        None | Some("") => Ok(false),
+        Some("All") => Ok(true),
+        Some(other) => {
+            Err(ApiError::bad_request(format!("unsupported dryRun value {other:?}: only \"All\" is supported")))
+        }
+    }
+}
+
+/// Re-labels a generic storage error with the resource and name it concerns.
+pub(super) fn relabel(err: ApiError, def: &ResourceDef, name: &str) -> ApiError {
+    match err.reason {
+        "AlreadyExists" => ApiError::already_exists(def.plural, name),
+        "Conflict" => ApiError::conflict(def.plural, name),
+        "NotFound" => ApiError::not_found(def.plural, name),
+        _ => err,
+    }
+}
+
+/// Which part of the object an update may change.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum UpdateScope {
+    Main,
+    Status,
+}

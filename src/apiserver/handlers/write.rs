@@ -1,0 +1,194 @@
+//! Writing objects: create and update (of the object or its `status`), and [`replace`], the one
+//! path every change to an existing object (update, patch) goes through.
+
+use std::collections::HashMap;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::{
+    decode_body, dry_run, get_object, json_response, put_metadata, relabel, take_metadata, validate,
+    writable_resource_def, Params, UpdateScope,
+};
+use crate::apiserver::meta;
+use crate::apiserver::resources::ResourceDef;
+use crate::apiserver::status::{ApiError, ApiResult, Cause};
+use crate::apiserver::{blocking, AppState};
+use crate::storage::{ObjectKey, ObjectWrite, Precondition};
+
+/// `generateName` suffix: five characters from Kubernetes' alphabet (no vowels, no look-alikes).
+fn random_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let bytes = uuid::Uuid::new_v4().into_bytes();
+    bytes.iter().take(5).map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect()
+}
+
+pub async fn create(
+    State(app): State<AppState>,
+    Path((namespace, resource)): Path<(String, String)>,
+    Query(params): Params,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let def = writable_resource_def(&resource)?;
+    let (mut obj, warnings) = decode_body(def, &body, &params)?;
+    let mut meta = take_metadata(&mut obj);
+    match meta.get("namespace").and_then(Value::as_str) {
+        Some(ns) if !ns.is_empty() && ns != namespace => {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ))
+        }
+        _ => {}
+    }
+    let name = meta.get("name").and_then(Value::as_str).unwrap_or("").to_string();
+    let name = if name.is_empty() {
+        match meta.get("generateName").and_then(Value::as_str).filter(|g| !g.is_empty()) {
+            Some(prefix) => format!("{prefix}{}", random_suffix()),
+            None => {
+                return Err(ApiError::invalid(
+                    def.kind,
+                    "",
+                    vec![Cause::required("metadata.name", "name or generateName is required")],
+                ))
+            }
+        }
+    } else {
+        name
+    };
+    if let Some(error) = meta::dns1123_label_errors(&namespace).into_iter().next() {
+        return Err(ApiError::invalid(
+            def.kind,
+            &name,
+            vec![Cause::invalid("metadata.namespace", &json!(namespace), error)],
+        ));
+    }
+    meta.insert("name".into(), json!(name));
+    meta.insert("namespace".into(), json!(namespace));
+    meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+    meta.insert("creationTimestamp".into(), json!(meta::now_timestamp()));
+    meta.insert("generation".into(), json!(1));
+    for field in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
+        meta.remove(field);
+    }
+    put_metadata(&mut obj, meta);
+    validate(def, &obj)?;
+    let obj_map = obj.as_object_mut().ok_or_else(|| ApiError::internal("object is not a map"))?;
+    obj_map.remove("status");
+    if let Some(status) = (def.initial_status)(&obj) {
+        obj["status"] = status;
+    }
+    if dry_run(&params)? {
+        return Ok(json_response(StatusCode::CREATED, &obj, &warnings));
+    }
+    let key = ObjectKey::new(def.plural, &namespace, &name);
+    let write = ObjectWrite::Put { key, object: obj, precondition: Precondition::MustNotExist, revision: None };
+    let outcome =
+        blocking(&app, move |store| store.write_objects(vec![write])).await.map_err(|e| relabel(e, def, &name))?;
+    let created = outcome.objects.into_iter().next().unwrap_or(Value::Null);
+    Ok(json_response(StatusCode::CREATED, &created, &warnings))
+}
+
+pub async fn update(
+    state: State<AppState>,
+    Path((namespace, resource, name)): Path<(String, String, String)>,
+    params: Params,
+    body: Bytes,
+) -> ApiResult<Response> {
+    update_scoped(state, namespace, resource, name, params, body, UpdateScope::Main).await
+}
+
+pub async fn update_status(
+    state: State<AppState>,
+    Path((namespace, resource, name)): Path<(String, String, String)>,
+    params: Params,
+    body: Bytes,
+) -> ApiResult<Response> {
+    update_scoped(state, namespace, resource, name, params, body, UpdateScope::Status).await
+}
+
+async fn update_scoped(
+    State(app): State<AppState>,
+    namespace: String,
+    resource: String,
+    name: String,
+    Query(params): Params,
+    body: Bytes,
+    scope: UpdateScope,
+) -> ApiResult<Response> {
+    let def = writable_resource_def(&resource)?;
+    let (obj, warnings) = decode_body(def, &body, &params)?;
+    let body_name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+    if body_name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    let rv_text = obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("").to_string();
+    if rv_text.is_empty() {
+        return Err(ApiError::invalid(
+            def.kind,
+            &name,
+            vec![Cause::invalid("metadata.resourceVersion", &json!("0x0"), "must be specified for an update")],
+        ));
+    }
+    let rv: u64 = rv_text.parse().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv_text:?}")))?;
+    let old = get_object(&app, def, &namespace, &name).await?;
+    let updated = replace(&app, def, &namespace, &name, obj, &old, rv, &params, scope).await?;
+    Ok(json_response(StatusCode::OK, &updated, &warnings))
+}
+
+/// Writes `obj` over `old` (stored at resourceVersion `rv`), keeping what the scope protects:
+/// server-owned metadata always, status on the main resource, everything but status on `status`.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::apiserver) async fn replace(
+    app: &AppState,
+    def: &'static ResourceDef,
+    namespace: &str,
+    name: &str,
+    mut obj: Value,
+    old: &Value,
+    rv: u64,
+    params: &HashMap<String, String>,
+    scope: UpdateScope,
+) -> ApiResult<Value> {
+    // Server-owned metadata never changes through an update.
+    let mut meta = take_metadata(&mut obj);
+    for field in ["uid", "creationTimestamp", "namespace", "generation"] {
+        if let Some(value) = old.pointer(&format!("/metadata/{field}")) {
+            meta.insert(field.into(), value.clone());
+        }
+    }
+    match scope {
+        UpdateScope::Main => {
+            obj["status"] = old.get("status").cloned().unwrap_or(Value::Null);
+            if obj.get("spec") != old.get("spec") {
+                let generation = old.pointer("/metadata/generation").and_then(Value::as_u64).unwrap_or(1) + 1;
+                meta.insert("generation".into(), json!(generation));
+            }
+            put_metadata(&mut obj, meta);
+        }
+        UpdateScope::Status => {
+            drop(meta);
+            let status = obj.get("status").cloned().unwrap_or(Value::Null);
+            obj = old.clone();
+            obj["status"] = status;
+        }
+    }
+    if obj.get("status").is_some_and(Value::is_null) {
+        if let Some(map) = obj.as_object_mut() {
+            map.remove("status");
+        }
+    }
+    validate(def, &obj)?;
+    if dry_run(params)? {
+        return Ok(obj);
+    }
+    let key = ObjectKey::new(def.plural, namespace, name);
+    let write = ObjectWrite::Put { key, object: obj, precondition: Precondition::ResourceVersion(rv), revision: None };
+    let outcome =
+        blocking(app, move |store| store.write_objects(vec![write])).await.map_err(|e| relabel(e, def, name))?;
+    Ok(outcome.objects.into_iter().next().unwrap_or(Value::Null))
+}
