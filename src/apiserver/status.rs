@@ -71,9 +71,9 @@ pub struct ApiError {
     pub code: StatusCode,
     pub reason: &'static str,
     pub message: String,
-    pub details: Option<serde_json::Value>,
+    pub details: Option<Box<serde_json::Value>>,
     /// The Status's `metadata` (a ListMeta), e.g. the continue token of an expired list.
-    pub list_meta: Option<serde_json::Value>,
+    pub list_meta: Option<Box<serde_json::Value>>,
 }
 
 impl ApiError {
@@ -82,12 +82,12 @@ impl ApiError {
     }
 
     fn with_details(mut self, details: serde_json::Value) -> ApiError {
-        self.details = Some(details);
+        self.details = Some(Box::new(details));
         self
     }
 
     pub fn with_list_meta(mut self, list_meta: serde_json::Value) -> ApiError {
-        self.list_meta = Some(list_meta);
+        self.list_meta = Some(Box::new(list_meta));
         self
     }
 
@@ -214,10 +214,10 @@ impl ApiError {
             "code": self.code.as_u16(),
         });
         if let Some(details) = &self.details {
-            status["details"] = details.clone();
+            status["details"] = (**details).clone();
         }
         if let Some(list_meta) = &self.list_meta {
-            status["metadata"] = list_meta.clone();
+            status["metadata"] = (**list_meta).clone();
         }
         status
     }
