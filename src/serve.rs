@@ -57,6 +57,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     let kubeconfig =
         pki::write_admin_kubeconfig(&options.data_dir, &pki, &url).context("writing the admin kubeconfig")?;
     let shutdown = tokio_util::sync::CancellationToken::new();
+    let collector = apiserver::garbage_collector::spawn(store.clone(), shutdown.clone());
     let state = AppState {
         store,
         shutdown: shutdown.clone(),
@@ -73,6 +74,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         shutdown.cancel();
     };
     apiserver::listener::serve_tls(listener, tls_config, apiserver::router(state), stopping).await?;
+    collector.abort();
     tracing::info!("stowage stopped");
     Ok(())
 }

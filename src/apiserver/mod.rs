@@ -7,7 +7,9 @@
 
 mod content;
 mod discovery;
+pub mod garbage_collector;
 mod handlers;
+mod lifecycle;
 pub mod listener;
 mod meta;
 mod openapi;

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use super::resources::{self, ResourceDef};
 use super::status::{ApiError, ApiResult, Cause};
 use super::table;
-use super::{meta, schema, API_VERSION};
+use super::{lifecycle, meta, schema, API_VERSION};
 
 pub type Params = Query<HashMap<String, String>>;
 
@@ -140,13 +140,15 @@ fn put_metadata(obj: &mut Value, meta: serde_json::Map<String, Value>) {
     }
 }
 
-fn validate(def: &ResourceDef, obj: &Value) -> ApiResult<()> {
+/// Validates an object about to be stored; `causes` are problems the caller found already.
+fn validate(def: &ResourceDef, obj: &Value, mut causes: Vec<Cause>) -> ApiResult<()> {
     let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
-    let mut causes = Vec::new();
     for error in meta::dns1123_subdomain_errors(name) {
         causes.push(Cause::invalid("metadata.name", &json!(name), error));
     }
     causes.extend(meta::label_causes(obj.pointer("/metadata/labels")));
+    causes.extend(lifecycle::finalizer_causes(obj));
+    causes.extend(lifecycle::owner_reference_causes(obj));
     causes.extend((def.validate)(obj));
     if causes.is_empty() {
         Ok(())

@@ -16,8 +16,8 @@ use super::{
 use crate::apiserver::meta;
 use crate::apiserver::resources::ResourceDef;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
-use crate::apiserver::{blocking, AppState};
-use crate::storage::{ObjectKey, ObjectWrite, Precondition};
+use crate::apiserver::{blocking, lifecycle, AppState};
+use crate::storage::{ObjectKey, ObjectWrite, Precondition, StoredObject};
 
 /// `generateName` suffix: five characters from Kubernetes' alphabet (no vowels, no look-alikes).
 fn random_suffix() -> String {
@@ -74,7 +74,7 @@ pub async fn create(
         meta.remove(field);
     }
     put_metadata(&mut obj, meta);
-    validate(def, &obj)?;
+    validate(def, &obj, Vec::new())?;
     let obj_map = obj.as_object_mut().ok_or_else(|| ApiError::internal("object is not a map"))?;
     obj_map.remove("status");
     if let Some(status) = (def.initial_status)(&obj) {
@@ -182,11 +182,22 @@ pub(in crate::apiserver) async fn replace(
             map.remove("status");
         }
     }
-    validate(def, &obj)?;
-    if dry_run(params)? {
+    let causes = lifecycle::carry_deletion_state(old, &mut obj);
+    validate(def, &obj, causes)?;
+    let dry = dry_run(params)?;
+    let key = ObjectKey::new(def.plural, namespace, name);
+    if lifecycle::is_finalized(&obj) {
+        // The last finalizer is gone: the object goes now (the update is its deletion).
+        let stored = StoredObject { value: obj, resource_version: rv, revision: None };
+        let deleted = blocking(app, move |store| lifecycle::remove_now(store, def, &key, &stored, dry))
+            .await
+            .map_err(|e| relabel(e, def, name))?;
+        let (lifecycle::Deleted::Gone(last) | lifecycle::Deleted::Pending(last)) = deleted;
+        return Ok(last);
+    }
+    if dry {
         return Ok(obj);
     }
-    let key = ObjectKey::new(def.plural, namespace, name);
     let write = ObjectWrite::Put { key, object: obj, precondition: Precondition::ResourceVersion(rv), revision: None };
     let outcome =
         blocking(app, move |store| store.write_objects(vec![write])).await.map_err(|e| relabel(e, def, name))?;

@@ -3,12 +3,11 @@
 
 use serde_json::{json, Value};
 
-use super::bundlecontent::BUNDLE_CONTENT;
 use super::{short_digest, str_at, u64_at, Column, ResourceDef, AGE_COLUMN, NAME_COLUMN};
 use crate::apiserver::meta;
 use crate::apiserver::schema::{array_of, boolean, condition, doc_string, integer, kind_root, object, string};
 use crate::apiserver::status::Cause;
-use crate::storage::{ObjectKey, ObjectWrite, Precondition, StorageError, Store};
+use crate::storage::{ObjectWrite, StorageError, Store};
 
 pub const FORMATS: [&str; 3] = ["plain", "registry-v1", "helm"];
 const SOURCE_KINDS: [&str; 4] = ["image", "git", "http", "upload"];
@@ -230,19 +229,10 @@ fn initial_status(obj: &Value) -> Option<Value> {
     }))
 }
 
-/// A Bundle's revisions go with it (they are owned by it).
-fn on_delete(store: &Store, bundle: &Value) -> Result<Vec<ObjectWrite>, StorageError> {
-    let namespace = str_at(bundle, "/metadata/namespace");
-    let name = str_at(bundle, "/metadata/name");
-    let (contents, _) = store.list_objects(BUNDLE_CONTENT.plural, Some(namespace))?;
-    Ok(contents
-        .iter()
-        .filter(|c| str_at(&c.value, "/spec/bundle") == name)
-        .map(|c| ObjectWrite::Delete {
-            key: ObjectKey::new(BUNDLE_CONTENT.plural, namespace, str_at(&c.value, "/metadata/name")),
-            precondition: Precondition::None,
-        })
-        .collect())
+/// Nothing to do in the same write: a Bundle's BundleContents name it as their owner, and the
+/// garbage collector deletes or orphans them per the delete's propagation policy.
+fn on_delete(_store: &Store, _bundle: &Value) -> Result<Vec<ObjectWrite>, StorageError> {
+    Ok(Vec::new())
 }
 
 fn row(obj: &Value) -> Vec<Value> {
