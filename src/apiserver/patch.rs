@@ -9,7 +9,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::Value;
 
-use super::handlers::{check_object, json_response, replace, writable_resource_def, Params, UpdateScope};
+use super::handlers::{check_object, json_response, replace, updatable_resource_def, Params, UpdateScope};
 use super::status::{ApiError, ApiResult};
 use super::{blocking, AppState};
 use crate::storage::ObjectKey;
@@ -66,7 +66,7 @@ async fn patch_scoped(
     body: Bytes,
     scope: UpdateScope,
 ) -> ApiResult<Response> {
-    let def = writable_resource_def(&resource)?;
+    let def = updatable_resource_def(&resource, scope)?;
     let patch = parse(&headers, &body)?;
     let mut attempt = 0;
     loop {

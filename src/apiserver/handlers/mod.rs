@@ -42,6 +42,15 @@ pub(super) fn writable_resource_def(plural: &str) -> ApiResult<&'static Resource
     Ok(def)
 }
 
+/// A resource a user may update in `scope`: every resource's metadata (labels, finalizers, owner
+/// references — garbage collectors patch those), spec and status only where users own them.
+pub(super) fn updatable_resource_def(plural: &str, scope: UpdateScope) -> ApiResult<&'static ResourceDef> {
+    match scope {
+        UpdateScope::Main => resource_def(plural),
+        UpdateScope::Status => writable_resource_def(plural),
+    }
+}
+
 /// JSON response with optional `Warning` headers.
 pub fn json_response(code: StatusCode, body: &Value, warnings: &[String]) -> Response {
     let mut response =

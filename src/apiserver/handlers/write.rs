@@ -10,8 +10,8 @@ use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::{
-    decode_body, dry_run, get_object, json_response, put_metadata, relabel, take_metadata, validate,
-    writable_resource_def, Params, UpdateScope,
+    decode_body, dry_run, get_object, json_response, put_metadata, relabel, take_metadata, updatable_resource_def,
+    validate, writable_resource_def, Params, UpdateScope,
 };
 use crate::apiserver::meta;
 use crate::apiserver::resources::ResourceDef;
@@ -118,7 +118,7 @@ async fn update_scoped(
     body: Bytes,
     scope: UpdateScope,
 ) -> ApiResult<Response> {
-    let def = writable_resource_def(&resource)?;
+    let def = updatable_resource_def(&resource, scope)?;
     let (obj, warnings) = decode_body(def, &body, &params)?;
     let body_name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
     if body_name != name {
@@ -182,7 +182,10 @@ pub(in crate::apiserver) async fn replace(
             map.remove("status");
         }
     }
-    let causes = lifecycle::carry_deletion_state(old, &mut obj);
+    let mut causes = lifecycle::carry_deletion_state(old, &mut obj);
+    if !def.user_writable && obj.get("spec") != old.get("spec") {
+        causes.push(Cause::invalid("spec", obj.get("spec").unwrap_or(&Value::Null), "field is immutable"));
+    }
     validate(def, &obj, causes)?;
     let dry = dry_run(params)?;
     let key = ObjectKey::new(def.plural, namespace, name);
