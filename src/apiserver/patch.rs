@@ -1,5 +1,6 @@
-//! PATCH on objects and their `status`: JSON merge patch (RFC 7386) and JSON patch (RFC 6902), as
-//! kube-apiserver accepts for custom resources. The patched object then goes through exactly the
+//! PATCH on objects and their `status`: JSON merge patch (RFC 7386), JSON patch (RFC 6902) and
+//! strategic merge patch — which, for these types as for custom resources, has merge-patch
+//! semantics (no list merge keys are declared), honouring only its map directives. The patched object then goes through exactly the
 //! checks and rules of an update; a conflict with a concurrent writer is retried, as the
 //! kube-apiserver does, unless the patch itself pinned a resourceVersion.
 
@@ -39,6 +40,47 @@ pub async fn patch_status(
 enum PatchKind {
     Merge(Value),
     Json(json_patch::Patch),
+    Strategic(Value),
+}
+
+fn is_directive(key: &str) -> bool {
+    key == "$patch"
+        || key == "$retainKeys"
+        || key.starts_with("$setElementOrder/")
+        || key.starts_with("$deleteFromPrimitiveList/")
+}
+
+/// Applies a strategic merge patch with merge-patch semantics: maps merge, `null` deletes, lists
+/// are replaced (no merge keys are declared); `$patch: delete` removes the map it is in and
+/// `$patch: replace` replaces it whole; ordering and retain-keys directives have nothing to act on.
+fn strategic_merge(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    match patch.get("$patch").and_then(Value::as_str) {
+        Some("delete") => {
+            *target = Value::Null;
+            return;
+        }
+        Some("replace") => *target = Value::Object(serde_json::Map::new()),
+        _ => {}
+    }
+    if !target.is_object() {
+        *target = Value::Object(serde_json::Map::new());
+    }
+    let Some(fields) = target.as_object_mut() else { return };
+    for (key, value) in patch.iter().filter(|(k, _)| !is_directive(k)) {
+        if value.is_null() {
+            fields.remove(key);
+            continue;
+        }
+        let field = fields.entry(key.clone()).or_insert(Value::Null);
+        strategic_merge(field, value);
+        if field.is_null() {
+            fields.remove(key);
+        }
+    }
 }
 
 fn parse(headers: &HeaderMap, body: &Bytes) -> ApiResult<PatchKind> {
@@ -47,10 +89,13 @@ fn parse(headers: &HeaderMap, body: &Bytes) -> ApiResult<PatchKind> {
     let invalid = |e: serde_json::Error| ApiError::bad_request(format!("invalid patch: {e}"));
     match media {
         "application/merge-patch+json" => Ok(PatchKind::Merge(serde_json::from_slice(body).map_err(invalid)?)),
+        "application/strategic-merge-patch+json" => {
+            Ok(PatchKind::Strategic(serde_json::from_slice(body).map_err(invalid)?))
+        }
         "application/json-patch+json" => Ok(PatchKind::Json(serde_json::from_slice(body).map_err(invalid)?)),
         _ => Err(ApiError::unsupported_media_type(format!(
             "the body of the request was in an unknown format ({media}) - accepted media types include: \
-             application/json-patch+json, application/merge-patch+json"
+             application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"
         ))),
     }
 }
@@ -78,6 +123,7 @@ async fn patch_scoped(
         let mut patched = stored.value.clone();
         match &patch {
             PatchKind::Merge(p) => json_patch::merge(&mut patched, p),
+            PatchKind::Strategic(p) => strategic_merge(&mut patched, p),
             PatchKind::Json(p) => json_patch::patch(&mut patched, p)
                 .map_err(|e| ApiError::new_unprocessable(format!("the JSON patch could not be applied: {e}")))?,
         }
@@ -97,5 +143,27 @@ async fn patch_scoped(
             Err(e) => return Err(e),
             Ok(updated) => return Ok(json_response(StatusCode::OK, &updated, &warnings)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn strategic_merge_has_merge_semantics_and_map_directives() {
+        let mut obj = json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "spec": {"sources": [{"upload": {}}], "paused": true}});
+        let patch = json!({
+            "metadata": {"labels": {"b": null, "c": "3"}},
+            "spec": {"sources": [{"http": {"url": "https://x"}}], "$setElementOrder/sources": [{"http": {}}]},
+        });
+        strategic_merge(&mut obj, &patch);
+        assert_eq!(obj["metadata"]["labels"], json!({"a": "1", "c": "3"}));
+        assert_eq!(obj["spec"], json!({"sources": [{"http": {"url": "https://x"}}], "paused": true}));
+        strategic_merge(&mut obj, &json!({"metadata": {"labels": {"$patch": "replace", "z": "9"}}}));
+        assert_eq!(obj["metadata"]["labels"], json!({"z": "9"}));
+        strategic_merge(&mut obj, &json!({"metadata": {"labels": {"$patch": "delete"}}}));
+        assert!(obj["metadata"].get("labels").is_none());
     }
 }
