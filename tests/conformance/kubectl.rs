@@ -28,18 +28,36 @@ impl Kubectl {
 
     /// Runs kubectl with `args` (stdin from `stdin`, stdout to `stdout_to` if given).
     pub(crate) fn run_with(&self, args: &[&str], stdin: Option<&Path>, stdout_to: Option<&Path>) -> Output {
+        self.run_env(args, stdin, stdout_to, &[])
+    }
+
+    /// A kubectl command for this server, without stdio set up.
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("kubectl");
         cmd.arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .arg("--cache-dir")
             .arg(self.cache_dir.path())
-            .arg("--request-timeout=60s")
             .args(args)
             .env_remove("KUBECONFIG")
             .env_remove("HTTPS_PROXY")
             .env_remove("https_proxy")
             .env_remove("HTTP_PROXY")
-            .env_remove("http_proxy")
+            .env_remove("http_proxy");
+        cmd
+    }
+
+    /// [`Kubectl::run_with`] with extra environment variables.
+    pub(crate) fn run_env(
+        &self,
+        args: &[&str],
+        stdin: Option<&Path>,
+        stdout_to: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> Output {
+        let mut cmd = self.command(&["--request-timeout=60s"]);
+        cmd.args(args)
+            .envs(env.iter().copied())
             .stdin(match stdin {
                 Some(p) => Stdio::from(std::fs::File::open(p).unwrap()),
                 None => Stdio::null(),

@@ -16,6 +16,7 @@ mod big;
 mod content;
 mod crash;
 mod kubectl;
+mod kubectl_conventions;
 mod lifecycle;
 mod paging;
 mod range;
