@@ -223,6 +223,12 @@ impl Server {
         &self.client
     }
 
+    /// Another admin client, on its own connections (an HTTP/2 connection's flow-control window is
+    /// shared by its streams).
+    pub fn second_client(&self) -> Client {
+        client_for(&self.data_dir, true)
+    }
+
     /// A client that trusts the server's CA but presents no client certificate.
     pub fn anonymous_client(&self) -> Client {
         client_for(&self.data_dir, false)

@@ -152,3 +152,30 @@ async fn selector_transitions_are_added_and_deleted() {
     let current = server.get_json(&bundle("sel", "app")).await;
     assert_eq!(str_at(&events[2], "/object/metadata/resourceVersion"), str_at(&current, "/metadata/resourceVersion"));
 }
+
+/// A watcher that never reads must not hold up writers or other watchers: they see every event,
+/// in order, while the stalled one's buffers are full.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_watcher_blocks_neither_writers_nor_other_watchers() {
+    let server = Server::start_temp(&[]);
+    let url = server.url(&format!("{}?watch=true&resourceVersion=0", bundles("slow")));
+    let stalled = server.second_client().get(&url).send().await.unwrap();
+    assert_eq!(stalled.status(), 200);
+    let follower = server.client().get(&url).send().await.unwrap();
+    const WRITES: usize = 300;
+    let started = std::time::Instant::now();
+    for i in 0..WRITES {
+        // 16 KiB objects: 300 of them overflow every buffer between the server and the stalled client.
+        let mut obj = upload_bundle("slow", &format!("b{i:03}"));
+        obj["metadata"]["annotations"] = serde_json::json!({"filler": "x".repeat(16 << 10)});
+        assert_eq!(server.post_json(&bundles("slow"), &obj).await.status(), 201);
+    }
+    let writing = started.elapsed();
+    let events = read_events(follower, WRITES).await;
+    assert_eq!(events.len(), WRITES, "the reading watcher missed events");
+    let names: Vec<String> = events.iter().map(|e| str_at(e, "/object/metadata/name").to_owned()).collect();
+    let expected: Vec<String> = (0..WRITES).map(|i| format!("b{i:03}")).collect();
+    assert_eq!(names, expected);
+    report(&format!("{WRITES} creates with a stalled watcher took {writing:?}"));
+    drop(stalled);
+}
