@@ -15,6 +15,7 @@ mod meta;
 mod openapi;
 mod patch;
 mod range;
+pub mod request_info;
 pub mod resources;
 mod schema;
 mod selectors;
