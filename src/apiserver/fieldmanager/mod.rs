@@ -17,18 +17,20 @@ mod fieldset;
 mod managed;
 mod merge;
 mod path;
+mod scope;
 mod types;
 
 #[cfg(test)]
 mod tests;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use compare::compare;
 use fields_of::config_field_set;
 use managed::{without_server_fields, Entry, ManagedFields, ManagerKey, Operation};
 use merge::{merge, prune};
 use path::path_to_string;
+use scope::Scope;
 use types::Ty;
 
 /// The Update manager kube attributes an object's existing fields to when it is first applied to
@@ -84,78 +86,6 @@ fn conflicts_message(conflicts: &[Conflict]) -> String {
         lines.push(format!("- {}", conflict.field));
     }
     format!("Apply failed with {} conflicts: {}", conflicts.len(), lines.join("\n"))
-}
-
-/// What part of the object a request writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Scope {
-    /// The main resource: everything but `status`.
-    Main,
-    /// The `status` subresource: only `status`.
-    Status,
-}
-
-impl Scope {
-    fn of(subresource: Option<&str>) -> Result<Scope, ApplyError> {
-        match subresource {
-            None | Some("") => Ok(Scope::Main),
-            Some("status") => Ok(Scope::Status),
-            Some(other) => {
-                Err(ApplyError::BadRequest(format!("field management is not supported for subresource {other:?}")))
-            }
-        }
-    }
-
-    fn subresource(self) -> &'static str {
-        match self {
-            Scope::Main => "",
-            Scope::Status => "status",
-        }
-    }
-
-    /// The part of `object` this scope reads and writes, without `metadata.managedFields`.
-    fn view(self, object: &Value) -> Value {
-        match self {
-            Scope::Main => {
-                let mut view = match object {
-                    Value::Object(map) => map.clone(),
-                    _ => Map::new(),
-                };
-                view.remove("status");
-                if let Some(Value::Object(metadata)) = view.get_mut("metadata") {
-                    metadata.remove("managedFields");
-                }
-                Value::Object(view)
-            }
-            Scope::Status => match object.get("status") {
-                Some(status) => json!({ "status": status }),
-                None => json!({}),
-            },
-        }
-    }
-
-    /// `base` with its scoped part replaced by `view`.
-    fn recombine(self, base: Option<&Value>, view: Value) -> Value {
-        match self {
-            Scope::Main => {
-                let mut out = view;
-                if let (Some(status), Value::Object(map)) = (base.and_then(|b| b.get("status")), &mut out) {
-                    map.insert("status".into(), status.clone());
-                }
-                out
-            }
-            Scope::Status => {
-                let mut out = base.cloned().unwrap_or_else(|| json!({}));
-                if let Value::Object(map) = &mut out {
-                    match view.get("status") {
-                        Some(status) => map.insert("status".into(), status.clone()),
-                        None => map.remove("status"),
-                    };
-                }
-                out
-            }
-        }
-    }
 }
 
 fn managed_fields_of(object: Option<&Value>) -> Option<&Value> {

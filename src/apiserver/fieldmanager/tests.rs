@@ -577,3 +577,55 @@ fn hostile_inputs_do_not_panic() {
         apply(&schema(), Some(&garbage), &config(json!({}), json!({"paused": true})), "m", false, None, "not a time");
     let _ = update(&schema(), Some(&garbage), live.clone(), "m", None, T2);
 }
+
+#[test]
+fn items_the_configuration_names_take_its_order_and_other_items_keep_their_place() {
+    let live = with_status(json!([{"type": "A"}, {"type": "B"}, {"type": "C"}]));
+    let applied = json!({"conditions": [{"type": "C"}, {"type": "X"}, {"type": "A"}]});
+    let object = match apply(&schema(), Some(&live), &status_config(applied), "ctl", true, Some("status"), T2) {
+        Ok(object) => object,
+        Err(e) => panic!("{e}"),
+    };
+    let types: Vec<&str> =
+        object["status"]["conditions"].as_array().into_iter().flatten().filter_map(|c| c["type"].as_str()).collect();
+    assert_eq!(types, vec!["B", "C", "X", "A"]);
+}
+
+#[test]
+fn preserve_unknown_fields_subtrees_are_granular_maps_with_atomic_lists() {
+    let schema = (crate::apiserver::resources::bundlecontent::BUNDLE_CONTENT.schema)();
+    let content = |source: Value| json!({"apiVersion": API, "kind": "BundleContent", "metadata": {"name": "c"}, "spec": {"source": source}});
+    let a = match apply(&schema, None, &content(json!({"image": {"ref": "x"}, "tags": [1, 2]})), "a", false, None, T1) {
+        Ok(object) => object,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(
+        fields(&a, "a", "Apply").as_deref(),
+        Some(r#"{"f:spec":{"f:source":{"f:image":{".":{},"f:ref":{}},"f:tags":{}}}}"#)
+    );
+    let b = match apply(&schema, Some(&a), &content(json!({"image": {"digest": "d"}})), "b", false, None, T2) {
+        Ok(object) => object,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(b["spec"]["source"], json!({"image": {"ref": "x", "digest": "d"}, "tags": [1, 2]}));
+    let error = match apply(&schema, Some(&b), &content(json!({"tags": [3]})), "b", false, None, T3) {
+        Ok(object) => panic!("expected a conflict, got {object}"),
+        Err(e) => e,
+    };
+    assert_eq!(conflicts(error)[0].field, ".spec.source.tags");
+}
+
+#[test]
+fn entries_are_ordered_apply_first_then_by_time() {
+    let object = created_by_update("zz-early");
+    let mut new = object.clone();
+    new["spec"]["paused"] = json!(true);
+    let object = update_ok(Some(&object), new, "aa-late", None, T3);
+    let object = apply_ok(Some(&object), &config(json!({"labels": {"x": "y"}}), json!({})), "mm", T2);
+    let order: Vec<(Value, Value)> =
+        entries(&object).iter().map(|e| (e["manager"].clone(), e["operation"].clone())).collect();
+    assert_eq!(
+        order,
+        vec![(json!("mm"), json!("Apply")), (json!("zz-early"), json!("Update")), (json!("aa-late"), json!("Update")),]
+    );
+}
