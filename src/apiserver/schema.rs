@@ -108,6 +108,21 @@ pub fn array_of(items: Value) -> Value {
     json!({"type": "array", "items": items})
 }
 
+/// A list whose items are owned one by one, by value (`x-kubernetes-list-type: set`).
+pub fn list_set(items: Value) -> Value {
+    json!({"type": "array", "items": items, "x-kubernetes-list-type": "set"})
+}
+
+/// A list whose items are owned one by one, by their key fields (`x-kubernetes-list-type: map`).
+pub fn list_map(items: Value, keys: &[&str]) -> Value {
+    json!({"type": "array", "items": items, "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": keys})
+}
+
+/// A list replaced and owned as a whole (what a list without `x-kubernetes-list-type` is too).
+pub fn list_atomic(items: Value) -> Value {
+    json!({"type": "array", "items": items, "x-kubernetes-list-type": "atomic"})
+}
+
 /// `metav1.ObjectMeta`, the fields clients send.
 pub fn object_meta() -> Value {
     let owner_reference = object(
@@ -132,9 +147,9 @@ pub fn object_meta() -> Value {
             "deletionGracePeriodSeconds": integer(),
             "labels": string_map(),
             "annotations": string_map(),
-            "ownerReferences": array_of(owner_reference),
-            "finalizers": array_of(string()),
-            "managedFields": array_of(json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})),
+            "ownerReferences": list_map(owner_reference, &["uid"]),
+            "finalizers": list_set(string()),
+            "managedFields": list_atomic(json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})),
         }),
     )
 }
@@ -148,6 +163,11 @@ pub fn condition() -> Value {
             "lastTransitionTime": string(), "observedGeneration": integer(),
         }),
     )
+}
+
+/// `status.conditions`: [`condition`]s keyed by `type`, as `metav1.Condition` lists are declared.
+pub fn conditions() -> Value {
+    list_map(condition(), &["type"])
 }
 
 /// The root of a kind: apiVersion, kind, metadata, spec, status.

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::{short_digest, str_at, u64_at, Column, ResourceDef, AGE_COLUMN, NAME_COLUMN};
 use crate::apiserver::meta;
-use crate::apiserver::schema::{array_of, boolean, condition, doc_string, integer, kind_root, object, string};
+use crate::apiserver::schema::{array_of, boolean, conditions, doc_string, integer, kind_root, object, string};
 use crate::apiserver::status::Cause;
 use crate::storage::{ObjectWrite, StorageError, Store};
 
@@ -83,7 +83,7 @@ fn schema() -> Value {
         json!({
             "observedGeneration": integer(),
             "phase": string(),
-            "conditions": array_of(condition()),
+            "conditions": conditions(),
             "resolvedSources": array_of(json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})),
             "contentName": string(),
             "digest": string(),
