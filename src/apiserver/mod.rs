@@ -7,7 +7,6 @@
 
 mod content;
 mod discovery;
-#[allow(dead_code)] // not wired into the handlers yet
 mod fieldmanager;
 pub mod garbage_collector;
 mod handlers;

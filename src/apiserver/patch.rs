@@ -1,6 +1,8 @@
-//! PATCH on objects and their `status`: JSON merge patch (RFC 7386), JSON patch (RFC 6902) and
+//! PATCH on objects and their `status`: JSON merge patch (RFC 7386), JSON patch (RFC 6902),
 //! strategic merge patch — which, for these types as for custom resources, has merge-patch
-//! semantics (no list merge keys are declared), honouring only its map directives. The patched object then goes through exactly the
+//! semantics (no list merge keys are declared), honouring only its map directives — and
+//! server-side apply (`application/apply-patch+yaml`, see [`super::fieldmanager`]), which also
+//! creates objects that do not exist. The patched object then goes through exactly the
 //! checks and rules of an update; a conflict with a concurrent writer is retried, as the
 //! kube-apiserver does, unless the patch itself pinned a resourceVersion.
 
@@ -10,9 +12,12 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::Value;
 
-use super::handlers::{check_object, json_response, replace, updatable_resource_def, Params, UpdateScope};
-use super::status::{ApiError, ApiResult};
-use super::{blocking, AppState};
+use super::handlers::{
+    check_object, create_object, field_manager, json_response, replace, updatable_resource_def, Params, UpdateScope,
+    WriteRequest,
+};
+use super::status::{ApiError, ApiResult, Cause};
+use super::{blocking, fieldmanager, meta, AppState};
 use crate::storage::ObjectKey;
 
 const RETRIES: usize = 5;
@@ -41,6 +46,8 @@ enum PatchKind {
     Merge(Value),
     Json(json_patch::Patch),
     Strategic(Value),
+    /// Server-side apply: the applied configuration.
+    Apply(Value),
 }
 
 fn is_directive(key: &str) -> bool {
@@ -93,9 +100,13 @@ fn parse(headers: &HeaderMap, body: &Bytes) -> ApiResult<PatchKind> {
             Ok(PatchKind::Strategic(serde_json::from_slice(body).map_err(invalid)?))
         }
         "application/json-patch+json" => Ok(PatchKind::Json(serde_json::from_slice(body).map_err(invalid)?)),
+        "application/apply-patch+yaml" => Ok(PatchKind::Apply(
+            serde_yaml_ng::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid apply patch: {e}")))?,
+        )),
         _ => Err(ApiError::unsupported_media_type(format!(
             "the body of the request was in an unknown format ({media}) - accepted media types include: \
-             application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"
+             application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, \
+             application/apply-patch+yaml"
         ))),
     }
 }
@@ -113,20 +124,65 @@ async fn patch_scoped(
 ) -> ApiResult<Response> {
     let def = updatable_resource_def(&resource, scope)?;
     let patch = parse(&headers, &body)?;
+    let is_apply = matches!(patch, PatchKind::Apply(_));
+    let force = match params.get("force").map(String::as_str) {
+        None => false,
+        Some(_) if !is_apply => {
+            return Err(ApiError::new_unprocessable("force: Forbidden: may not be specified for non-apply patch"))
+        }
+        Some(value) => value == "true",
+    };
+    if is_apply && !params.contains_key("fieldManager") {
+        return Err(ApiError::new_unprocessable("fieldManager: Required value: is required for apply patch"));
+    }
+    let manager = field_manager(&params, &headers)?;
     let mut attempt = 0;
     loop {
         attempt += 1;
         let key = ObjectKey::new(def.plural, &namespace, &name);
-        let stored = blocking(&app, move |store| store.get_object(&key))
-            .await?
-            .ok_or_else(|| ApiError::not_found(def.plural, &name))?;
-        let mut patched = stored.value.clone();
-        match &patch {
-            PatchKind::Merge(p) => json_patch::merge(&mut patched, p),
-            PatchKind::Strategic(p) => strategic_merge(&mut patched, p),
-            PatchKind::Json(p) => json_patch::patch(&mut patched, p)
-                .map_err(|e| ApiError::new_unprocessable(format!("the JSON patch could not be applied: {e}")))?,
+        let stored = blocking(&app, move |store| store.get_object(&key)).await?;
+        let (patched, warnings) = match (&patch, &stored) {
+            (PatchKind::Apply(applied), live) => {
+                let (applied, warnings) = check_object(def, applied.clone(), &params)?;
+                let subresource = (scope == UpdateScope::Status).then_some("status");
+                let live = live.as_ref().map(|s| &s.value);
+                if live.is_none() && scope == UpdateScope::Status {
+                    return Err(ApiError::not_found(def.plural, &name));
+                }
+                let schema = (def.schema)();
+                let now = meta::now_timestamp();
+                let result = fieldmanager::apply(&schema, live, &applied, &manager, force, subresource, &now)
+                    .map_err(apply_error)?;
+                (result, warnings)
+            }
+            (_, None) => return Err(ApiError::not_found(def.plural, &name)),
+            (other, Some(stored)) => {
+                let mut patched = stored.value.clone();
+                match other {
+                    PatchKind::Merge(p) => json_patch::merge(&mut patched, p),
+                    PatchKind::Strategic(p) => strategic_merge(&mut patched, p),
+                    PatchKind::Json(p) => json_patch::patch(&mut patched, p).map_err(|e| {
+                        ApiError::new_unprocessable(format!("the JSON patch could not be applied: {e}"))
+                    })?,
+                    PatchKind::Apply(_) => {}
+                }
+                check_object(def, patched, &params)?
+            }
+        };
+        if patched.pointer("/metadata/name").and_then(Value::as_str) != Some(name.as_str()) {
+            return Err(ApiError::bad_request("metadata.name cannot be changed by a patch"));
         }
+        // Apply computed managedFields itself; other patches record the manager's ownership.
+        let tracked_by = (!is_apply).then_some(manager.as_str());
+        let request = WriteRequest { def, namespace: &namespace, params: &params, scope, manager: tracked_by };
+        let Some(stored) = stored else {
+            // Server-side apply creates what does not exist.
+            return match create_object(&app, &request, patched).await {
+                Err(e) if e.reason == "AlreadyExists" && attempt < RETRIES => continue,
+                Err(e) => Err(e),
+                Ok(created) => Ok(json_response(StatusCode::CREATED, &created, &warnings)),
+            };
+        };
         let pinned = patched.pointer("/metadata/resourceVersion").and_then(Value::as_str).map(str::to_string);
         let rv = match pinned.as_deref() {
             Some(text) if text != stored.resource_version.to_string() => {
@@ -134,15 +190,27 @@ async fn patch_scoped(
             }
             _ => stored.resource_version,
         };
-        if patched.pointer("/metadata/name").and_then(Value::as_str) != Some(name.as_str()) {
-            return Err(ApiError::bad_request("metadata.name cannot be changed by a patch"));
-        }
-        let (obj, warnings) = check_object(def, patched, &params)?;
-        match replace(&app, def, &namespace, &name, obj, &stored.value, rv, &params, scope).await {
+        match replace(&app, &request, &name, patched, &stored.value, rv).await {
             Err(e) if e.reason == "Conflict" && rv == stored.resource_version && attempt < RETRIES => continue,
             Err(e) => return Err(e),
             Ok(updated) => return Ok(json_response(StatusCode::OK, &updated, &warnings)),
         }
+    }
+}
+
+/// A refused apply as a Status: conflicts are 409 with one `FieldManagerConflict` cause each.
+fn apply_error(err: fieldmanager::ApplyError) -> ApiError {
+    match err {
+        fieldmanager::ApplyError::Conflicts(conflicts) => {
+            let message = fieldmanager::ApplyError::Conflicts(conflicts.clone()).to_string();
+            let causes = conflicts
+                .into_iter()
+                .map(|c| Cause { reason: "FieldManagerConflict".into(), message: c.message, field: c.field })
+                .collect();
+            ApiError::apply_conflict(message, causes)
+        }
+        fieldmanager::ApplyError::BadRequest(message) => ApiError::bad_request(message),
+        fieldmanager::ApplyError::Invalid(message) => ApiError::new_unprocessable(message),
     }
 }
 

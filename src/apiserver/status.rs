@@ -12,10 +12,9 @@ use crate::storage::StorageError;
 
 use super::GROUP;
 
-/// One reason an object is invalid, as in `metav1.StatusCause`.
+/// One reason an object is invalid, as in `metav1.StatusCause` (whose `Type` is sent as `reason`).
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Cause {
-    #[serde(rename = "type")]
     pub reason: String,
     pub message: String,
     pub field: String,
@@ -168,6 +167,18 @@ impl ApiError {
             "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
             "retryAfterSeconds": 1,
         }))
+    }
+
+    /// Adds `details.causes` (keeping other details).
+    pub fn with_causes(self, causes: Vec<Cause>) -> ApiError {
+        let mut details = self.details.as_deref().cloned().unwrap_or_else(|| json!({}));
+        details["causes"] = json!(causes);
+        self.with_details(details)
+    }
+
+    /// 409 for a server-side apply that would change fields other managers own.
+    pub fn apply_conflict(message: impl Into<String>, causes: Vec<Cause>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, "Conflict", message).with_causes(causes)
     }
 
     /// 410: a watch from a resourceVersion the change log no longer holds.

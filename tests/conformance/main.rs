@@ -11,6 +11,7 @@ mod harness;
 mod tarutil;
 
 mod api;
+mod apply;
 mod bad_input;
 mod big;
 mod content;

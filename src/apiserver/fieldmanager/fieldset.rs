@@ -34,14 +34,6 @@ impl FieldSet {
         }
     }
 
-    pub fn has(&self, path: &Path) -> bool {
-        match path {
-            [] => false,
-            [last] => self.members.contains(last),
-            [first, rest @ ..] => self.children.get(first).is_some_and(|child| child.has(rest)),
-        }
-    }
-
     pub fn is_member(&self, element: &PathElement) -> bool {
         self.members.contains(element)
     }
@@ -77,21 +69,6 @@ impl FieldSet {
             .iter()
             .map(|(element, child)| match other.children.get(element) {
                 Some(theirs) => (element.clone(), child.difference(theirs)),
-                None => (element.clone(), child.clone()),
-            })
-            .collect();
-        FieldSet { members, children }.normalized()
-    }
-
-    /// Paths of `self` that are neither paths of `other` nor below one of them.
-    pub fn recursive_difference(&self, other: &FieldSet) -> FieldSet {
-        let members = self.members.difference(&other.members).cloned().collect();
-        let children = self
-            .children
-            .iter()
-            .filter(|(element, _)| !other.members.contains(element))
-            .map(|(element, child)| match other.children.get(element) {
-                Some(theirs) => (element.clone(), child.recursive_difference(theirs)),
                 None => (element.clone(), child.clone()),
             })
             .collect();

@@ -9,8 +9,8 @@ mod write;
 
 pub use delete::{delete, delete_collection};
 pub use read::{get, get_object, list_all, list_namespaced};
-pub(super) use write::replace;
 pub use write::{create, update, update_status};
+pub(super) use write::{create_object, replace, WriteRequest};
 
 use std::collections::HashMap;
 
@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use super::resources::{self, ResourceDef};
 use super::status::{ApiError, ApiResult, Cause};
 use super::table;
-use super::{lifecycle, meta, schema, API_VERSION};
+use super::{fieldmanager, lifecycle, meta, schema, API_VERSION};
 
 pub type Params = Query<HashMap<String, String>>;
 
@@ -49,6 +49,27 @@ pub(super) fn updatable_resource_def(plural: &str, scope: UpdateScope) -> ApiRes
         UpdateScope::Main => resource_def(plural),
         UpdateScope::Status => writable_resource_def(plural),
     }
+}
+
+/// Who makes a write, for `managedFields`: the `fieldManager` parameter, else the program name in
+/// the User-Agent (kube-apiserver's rule).
+pub(super) fn field_manager(params: &HashMap<String, String>, headers: &HeaderMap) -> ApiResult<String> {
+    let Some(manager) = params.get("fieldManager") else {
+        let agent = headers.get(axum::http::header::USER_AGENT).and_then(|v| v.to_str().ok());
+        return Ok(fieldmanager::manager_from_user_agent(agent));
+    };
+    let cause = if manager.len() > fieldmanager::MAX_MANAGER_LENGTH {
+        Cause::invalid(
+            "fieldManager",
+            &json!(manager),
+            format!("must have at most {} bytes", fieldmanager::MAX_MANAGER_LENGTH),
+        )
+    } else if manager.chars().any(char::is_control) {
+        Cause::invalid("fieldManager", &json!(manager), "must consist of printable characters")
+    } else {
+        return Ok(manager.clone());
+    };
+    Err(ApiError::new_unprocessable(format!("fieldManager: {}", cause.message)).with_causes(vec![cause]))
 }
 
 /// JSON response with optional `Warning` headers.

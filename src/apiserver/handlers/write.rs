@@ -5,18 +5,18 @@ use std::collections::HashMap;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::{
-    decode_body, dry_run, get_object, json_response, put_metadata, relabel, take_metadata, updatable_resource_def,
-    validate, writable_resource_def, Params, UpdateScope,
+    decode_body, dry_run, field_manager, get_object, json_response, put_metadata, relabel, take_metadata,
+    updatable_resource_def, validate, writable_resource_def, Params, UpdateScope,
 };
 use crate::apiserver::meta;
 use crate::apiserver::resources::ResourceDef;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
-use crate::apiserver::{blocking, lifecycle, AppState};
+use crate::apiserver::{blocking, fieldmanager, lifecycle, AppState};
 use crate::storage::{ObjectKey, ObjectWrite, Precondition, StoredObject};
 
 /// `generateName` suffix: five characters from Kubernetes' alphabet (no vowels, no look-alikes).
@@ -26,14 +26,63 @@ fn random_suffix() -> String {
     bytes.iter().take(5).map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect()
 }
 
+/// How a write is made: its query parameters, which part of the object it may change, and who
+/// makes it.
+pub(in crate::apiserver) struct WriteRequest<'a> {
+    pub def: &'static ResourceDef,
+    pub namespace: &'a str,
+    pub params: &'a HashMap<String, String>,
+    pub scope: UpdateScope,
+    /// The field manager of a non-apply write, whose ownership the write records in
+    /// `managedFields`; `None` when they were computed already (server-side apply).
+    pub manager: Option<&'a str>,
+}
+
+impl WriteRequest<'_> {
+    /// `managedFields` for a non-apply write of `new` over `old`. Like kube-apiserver, a write
+    /// whose ownership cannot be computed still goes ahead, without managedFields.
+    fn track(&self, old: Option<&Value>, new: Value) -> Value {
+        let Some(manager) = self.manager else { return new };
+        let subresource = (self.scope == UpdateScope::Status).then_some("status");
+        let schema = (self.def.schema)();
+        match fieldmanager::update(&schema, old, new.clone(), manager, subresource, &meta::now_timestamp()) {
+            Ok(tracked) => tracked,
+            Err(e) => {
+                tracing::warn!(error = %e, "managedFields not updated; resetting them");
+                let mut new = new;
+                if let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+                    meta.remove("managedFields");
+                }
+                new
+            }
+        }
+    }
+}
+
 pub async fn create(
     State(app): State<AppState>,
     Path((namespace, resource)): Path<(String, String)>,
     Query(params): Params,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
     let def = writable_resource_def(&resource)?;
-    let (mut obj, warnings) = decode_body(def, &body, &params)?;
+    let manager = field_manager(&params, &headers)?;
+    let (obj, warnings) = decode_body(def, &body, &params)?;
+    let request =
+        WriteRequest { def, namespace: &namespace, params: &params, scope: UpdateScope::Main, manager: Some(&manager) };
+    let created = create_object(&app, &request, obj).await?;
+    Ok(json_response(StatusCode::CREATED, &created, &warnings))
+}
+
+/// Creates an object from a checked body: name (or generateName), server-owned metadata, initial
+/// status, validation, then a write that fails if the name is taken.
+pub(in crate::apiserver) async fn create_object(
+    app: &AppState,
+    request: &WriteRequest<'_>,
+    mut obj: Value,
+) -> ApiResult<Value> {
+    let (def, namespace) = (request.def, request.namespace);
     let mut meta = take_metadata(&mut obj);
     match meta.get("namespace").and_then(Value::as_str) {
         Some(ns) if !ns.is_empty() && ns != namespace => {
@@ -58,7 +107,7 @@ pub async fn create(
     } else {
         name
     };
-    if let Some(error) = meta::dns1123_label_errors(&namespace).into_iter().next() {
+    if let Some(error) = meta::dns1123_label_errors(namespace).into_iter().next() {
         return Err(ApiError::invalid(
             def.kind,
             &name,
@@ -74,51 +123,54 @@ pub async fn create(
         meta.remove(field);
     }
     put_metadata(&mut obj, meta);
+    if let Some(map) = obj.as_object_mut() {
+        map.remove("status");
+    }
+    let mut obj = request.track(None, obj);
     validate(def, &obj, Vec::new())?;
-    let obj_map = obj.as_object_mut().ok_or_else(|| ApiError::internal("object is not a map"))?;
-    obj_map.remove("status");
     if let Some(status) = (def.initial_status)(&obj) {
         obj["status"] = status;
     }
-    if dry_run(&params)? {
-        return Ok(json_response(StatusCode::CREATED, &obj, &warnings));
+    if dry_run(request.params)? {
+        return Ok(obj);
     }
-    let key = ObjectKey::new(def.plural, &namespace, &name);
+    let key = ObjectKey::new(def.plural, namespace, &name);
     let write = ObjectWrite::Put { key, object: obj, precondition: Precondition::MustNotExist, revision: None };
     let outcome =
-        blocking(&app, move |store| store.write_objects(vec![write])).await.map_err(|e| relabel(e, def, &name))?;
-    let created = outcome.objects.into_iter().next().unwrap_or(Value::Null);
-    Ok(json_response(StatusCode::CREATED, &created, &warnings))
+        blocking(app, move |store| store.write_objects(vec![write])).await.map_err(|e| relabel(e, def, &name))?;
+    Ok(outcome.objects.into_iter().next().unwrap_or(Value::Null))
 }
 
 pub async fn update(
     state: State<AppState>,
     Path((namespace, resource, name)): Path<(String, String, String)>,
     params: Params,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    update_scoped(state, namespace, resource, name, params, body, UpdateScope::Main).await
+    update_scoped(state, (namespace, resource, name), params, headers, body, UpdateScope::Main).await
 }
 
 pub async fn update_status(
     state: State<AppState>,
     Path((namespace, resource, name)): Path<(String, String, String)>,
     params: Params,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    update_scoped(state, namespace, resource, name, params, body, UpdateScope::Status).await
+    update_scoped(state, (namespace, resource, name), params, headers, body, UpdateScope::Status).await
 }
 
 async fn update_scoped(
     State(app): State<AppState>,
-    namespace: String,
-    resource: String,
-    name: String,
+    (namespace, resource, name): (String, String, String),
     Query(params): Params,
+    headers: HeaderMap,
     body: Bytes,
     scope: UpdateScope,
 ) -> ApiResult<Response> {
     let def = updatable_resource_def(&resource, scope)?;
+    let manager = field_manager(&params, &headers)?;
     let (obj, warnings) = decode_body(def, &body, &params)?;
     let body_name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
     if body_name != name {
@@ -136,24 +188,22 @@ async fn update_scoped(
     }
     let rv: u64 = rv_text.parse().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv_text:?}")))?;
     let old = get_object(&app, def, &namespace, &name).await?;
-    let updated = replace(&app, def, &namespace, &name, obj, &old, rv, &params, scope).await?;
+    let request = WriteRequest { def, namespace: &namespace, params: &params, scope, manager: Some(&manager) };
+    let updated = replace(&app, &request, &name, obj, &old, rv).await?;
     Ok(json_response(StatusCode::OK, &updated, &warnings))
 }
 
 /// Writes `obj` over `old` (stored at resourceVersion `rv`), keeping what the scope protects:
 /// server-owned metadata always, status on the main resource, everything but status on `status`.
-#[allow(clippy::too_many_arguments)]
 pub(in crate::apiserver) async fn replace(
     app: &AppState,
-    def: &'static ResourceDef,
-    namespace: &str,
+    request: &WriteRequest<'_>,
     name: &str,
     mut obj: Value,
     old: &Value,
     rv: u64,
-    params: &HashMap<String, String>,
-    scope: UpdateScope,
 ) -> ApiResult<Value> {
+    let (def, namespace, scope) = (request.def, request.namespace, request.scope);
     // Server-owned metadata never changes through an update.
     let mut meta = take_metadata(&mut obj);
     for field in ["uid", "creationTimestamp", "namespace", "generation"] {
@@ -182,12 +232,13 @@ pub(in crate::apiserver) async fn replace(
             map.remove("status");
         }
     }
+    let mut obj = request.track(Some(old), obj);
     let mut causes = lifecycle::carry_deletion_state(old, &mut obj);
     if !def.user_writable && obj.get("spec") != old.get("spec") {
         causes.push(Cause::invalid("spec", obj.get("spec").unwrap_or(&Value::Null), "field is immutable"));
     }
     validate(def, &obj, causes)?;
-    let dry = dry_run(params)?;
+    let dry = dry_run(request.params)?;
     let key = ObjectKey::new(def.plural, namespace, name);
     if lifecycle::is_finalized(&obj) {
         // The last finalizer is gone: the object goes now (the update is its deletion).
