@@ -11,13 +11,13 @@ use crate::tarutil::*;
 
 const KUBECTL_TIMEOUT: Duration = Duration::from_secs(90);
 
-struct Kubectl {
+pub(crate) struct Kubectl {
     kubeconfig: PathBuf,
     cache_dir: tempfile::TempDir,
 }
 
 impl Kubectl {
-    fn new(server: &Server) -> Kubectl {
+    pub(crate) fn new(server: &Server) -> Kubectl {
         let found = Command::new("kubectl").args(["version", "--client"]).output();
         assert!(
             matches!(&found, Ok(o) if o.status.success()),
@@ -70,12 +70,12 @@ impl Kubectl {
         out
     }
 
-    fn run(&self, args: &[&str]) -> Output {
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
         self.run_with(args, None, None)
     }
 
     /// Runs kubectl, asserts success, returns stdout.
-    fn ok(&self, args: &[&str]) -> String {
+    pub(crate) fn ok(&self, args: &[&str]) -> String {
         let out = self.run(args);
         assert!(
             out.status.success(),
