@@ -37,16 +37,14 @@ impl MediaRange {
 }
 
 /// The media ranges of every `Accept` header, most preferred first (ties keep the client's order),
-/// ranges with q=0 dropped. No `Accept` header means `*/*`.
+/// ranges with q=0 dropped. No (or an empty) `Accept` header means `*/*`.
 pub fn accepted(headers: &HeaderMap) -> Vec<MediaRange> {
     let mut ranges = Vec::new();
-    let mut any_header = false;
     for value in headers.get_all(header::ACCEPT) {
-        any_header = true;
         let Ok(text) = value.to_str() else { continue };
         ranges.extend(text.split(',').filter_map(parse_range));
     }
-    if !any_header {
+    if ranges.is_empty() {
         ranges.push(MediaRange { essence: "*/*".into(), params: Vec::new(), quality: 1.0 });
     }
     ranges.retain(|r| r.quality > 0.0);
@@ -173,6 +171,8 @@ mod tests {
     #[test]
     fn wildcards_and_missing_header() {
         assert!(accepted(&HeaderMap::new())[0].accepts("application/json"));
+        assert!(accepted(&headers(" "))[0].accepts("application/json"));
+        assert!(accepted(&headers("text/plain;q=0")).is_empty());
         assert!(accepted(&headers("application/*"))[0].accepts("application/json"));
         assert!(!accepted(&headers("text/*"))[0].accepts("application/json"));
     }

@@ -64,8 +64,6 @@ pub struct Operation {
     /// The kind of `x-kubernetes-group-version-kind`: the resource's kind, even for lists.
     pub kind: &'static str,
     pub description: String,
-    /// `namespace`, then `name` for item paths.
-    pub path_params: &'static [&'static str],
     pub query: Vec<QueryParam>,
     pub request: Option<(&'static [&'static str], Payload)>,
     pub response: (&'static [&'static str], Payload),
@@ -102,11 +100,6 @@ fn resource_operations(resource: &ApiResource) -> Vec<Operation> {
         action,
         kind,
         description,
-        path_params: if path == item || path.starts_with(&format!("{item}/")) {
-            &["namespace", "name"]
-        } else {
-            &["namespace"]
-        },
         query: Vec::new(),
         request: None,
         response: (JSON, object()),
@@ -133,7 +126,6 @@ fn resource_operations(resource: &ApiResource) -> Vec<Operation> {
                     format!("list{gv}{kind}ForAllNamespaces"),
                     format!("list or watch objects of kind {kind} in all namespaces"),
                 );
-                all.path_params = &[];
                 all.query = LIST_PARAMS.to_vec();
                 all.response = (JSON, list());
                 ops.extend([namespaced, all]);

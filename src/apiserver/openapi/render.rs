@@ -14,7 +14,9 @@ pub fn paths(dialect: Dialect, operations: &[Operation]) -> Map<String, Value> {
     let mut paths = Map::new();
     for op in operations {
         let item = paths.entry(op.path.clone()).or_insert_with(|| {
-            let params: Vec<Value> = op.path_params.iter().map(|name| path_param(dialect, name)).collect();
+            let in_path = |name: &str| op.path.contains(&format!("{{{name}}}"));
+            let params: Vec<Value> =
+                ["name", "namespace"].into_iter().filter(|n| in_path(n)).map(|n| path_param(dialect, n)).collect();
             json!({"parameters": params})
         });
         item[op.method] = operation(dialect, op);
