@@ -1,5 +1,5 @@
 //! The Kubernetes API surface of `content.stowage.dev/v1alpha1` over axum: discovery, the generic
-//! verbs, the `content` and `status` subresources, health and metrics.
+//! verbs, the `content` and `status` subresources, health, version and metrics.
 //!
 //! Handlers are thin: they parse the request, call the store (blocking work runs in
 //! `spawn_blocking`) and convert every failure into a Kubernetes `Status` ([`status::ApiError`]).
@@ -13,6 +13,8 @@ mod handlers;
 mod lifecycle;
 pub mod listener;
 mod meta;
+mod metrics;
+mod negotiation;
 mod openapi;
 mod patch;
 mod range;
@@ -26,7 +28,7 @@ mod watch;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -34,6 +36,7 @@ use axum::Router;
 
 use crate::auth::PeerIdentity;
 use crate::storage::{StorageError, Store};
+use metrics::Metrics;
 use status::{ApiError, ApiResult};
 
 pub const GROUP: &str = "content.stowage.dev";
@@ -97,6 +100,7 @@ where
 /// The whole HTTP API.
 pub fn router(state: AppState) -> Router {
     let object_limit = state.limits.max_object_bytes;
+    let request_metrics = Arc::new(Metrics::new(state.store.clone()));
     let base = "/apis/content.stowage.dev/v1alpha1";
     let api = Router::new()
         .route("/api", get(discovery::core_versions))
@@ -124,9 +128,10 @@ pub fn router(state: AppState) -> Router {
                 .put(content::put_bundle_content)
                 .layer(DefaultBodyLimit::disable()),
         )
-        .route("/openapi/v3", get(openapi::v3_root))
+        .route("/openapi/v2", get(openapi::v2))
+        .route("/openapi/v3", get(openapi::v3_index))
         .route("/openapi/v3/apis/content.stowage.dev/v1alpha1", get(openapi::v3_group_version))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics::serve).with_state(request_metrics.clone()))
         .fallback(not_found)
         .layer(middleware::from_fn(require_identity))
         .layer(middleware::from_fn(plain_errors_as_status));
@@ -134,7 +139,9 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(ok))
         .route("/livez", get(ok))
         .route("/readyz", get(ok))
+        .route("/version", get(discovery::version))
         .merge(api)
+        .layer(middleware::from_fn_with_state(request_metrics, metrics::record_request))
         .with_state(state)
 }
 
@@ -182,27 +189,4 @@ async fn plain_errors_as_status(request: Request, next: Next) -> Response {
         _ => code.canonical_reason().unwrap_or("error").to_string(),
     };
     ApiError::from_code(code, message).into_response()
-}
-
-async fn metrics(State(app): State<AppState>) -> ApiResult<Response> {
-    let stats = blocking(&app, |store| store.stats()).await?;
-    let rv = blocking(&app, |store| store.current_resource_version()).await?;
-    let text = format!(
-        "# HELP stowage_chunks Distinct content chunks stored.\n# TYPE stowage_chunks gauge\nstowage_chunks {}\n\
-         # HELP stowage_chunk_stored_bytes Compressed bytes of all stored chunks.\n# TYPE stowage_chunk_stored_bytes gauge\nstowage_chunk_stored_bytes {}\n\
-         # HELP stowage_chunk_raw_bytes Uncompressed bytes of all stored chunks.\n# TYPE stowage_chunk_raw_bytes gauge\nstowage_chunk_raw_bytes {}\n\
-         # HELP stowage_revisions Content revisions by state.\n# TYPE stowage_revisions gauge\n\
-         stowage_revisions{{state=\"committed\"}} {}\nstowage_revisions{{state=\"staging\"}} {}\nstowage_revisions{{state=\"deleting\"}} {}\n\
-         # HELP stowage_disk_bytes Bytes the database takes on disk.\n# TYPE stowage_disk_bytes gauge\nstowage_disk_bytes {}\n\
-         # HELP stowage_resource_version Current resourceVersion.\n# TYPE stowage_resource_version gauge\nstowage_resource_version {}\n",
-        stats.chunks,
-        stats.chunk_stored_bytes,
-        stats.chunk_raw_bytes,
-        stats.revisions_committed,
-        stats.revisions_staging,
-        stats.revisions_deleting,
-        stats.disk_bytes,
-        rv,
-    );
-    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

@@ -16,6 +16,7 @@ mod bad_input;
 mod big;
 mod content;
 mod crash;
+mod discovery;
 mod kubectl;
 mod kubectl_conventions;
 mod lifecycle;
