@@ -51,10 +51,10 @@ fn describe(def: &'static ResourceDef) -> ApiResource {
             ],
         }
     } else {
-        // Written only by the server: readable and deletable.
+        // Created only by the server; users (and garbage collectors) may change metadata and delete.
         ApiResource {
             def,
-            verbs: &["delete", "deletecollection", "get", "list", "watch"],
+            verbs: &["delete", "deletecollection", "get", "list", "patch", "update", "watch"],
             subresources: vec![ApiSubresource { name: "content", verbs: &["get"] }],
         }
     }

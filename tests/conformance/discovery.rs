@@ -16,7 +16,7 @@ const AGGREGATED_V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIG
 /// What kubectl 1.32 sends for `/api` and `/apis`.
 const KUBECTL_DISCOVERY_ACCEPT: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
 const BUNDLE_VERBS: [&str; 8] = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
-const BUNDLECONTENT_VERBS: [&str; 5] = ["delete", "deletecollection", "get", "list", "watch"];
+const BUNDLECONTENT_VERBS: [&str; 7] = ["delete", "deletecollection", "get", "list", "patch", "update", "watch"];
 
 async fn get_with(server: &Server, path: &str, headers: &[(&str, &str)]) -> reqwest::Response {
     let mut request = server.client().get(server.url(path));
