@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 pub mod attributes;
 pub mod pki;
 pub mod tls;
+pub mod token_file;
 
 /// An authenticated user, as Kubernetes `user.Info` describes one (and as a SubjectAccessReview spec
 /// carries it: `user`, `uid`, `groups`, `extra`).
