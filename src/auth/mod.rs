@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 pub mod attributes;
 pub mod pki;
+pub mod rbac;
 pub mod tls;
 pub mod token_file;
 
