@@ -1,5 +1,5 @@
 //! Static bearer tokens (`--token-auth-file`), in kube-apiserver's format: one
-//! `token,user,uid,"group1,group2"` record per line (see [`csv`] for the exact dialect).
+//! `token,user,uid,"group1,group2"` record per line (`token_file/csv.rs` has the exact dialect).
 //!
 //! As in kube-apiserver: the groups column is optional and split on `,`; columns after the fourth are
 //! ignored; a record with an empty token is skipped with a warning; a duplicate token is logged and the

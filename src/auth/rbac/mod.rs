@@ -2,11 +2,11 @@
 //! evaluated with RBAC's exact semantics.
 //!
 //! The file is multi-document YAML of `rbac.authorization.k8s.io/v1` Roles, ClusterRoles,
-//! RoleBindings and ClusterRoleBindings, or `v1` `List`s of them ([`document`] has the decoding and
+//! RoleBindings and ClusterRoleBindings, or `v1` `List`s of them (`document.rs` has the decoding and
 //! validation rules). RoleBindings grant in their own namespace, with a Role of that namespace or a
 //! ClusterRole; ClusterRoleBindings grant a ClusterRole everywhere, and only they can grant
 //! non-resource URLs. A binding whose role does not exist grants nothing (as in kube, the not-found
-//! message becomes the reason of the `NoOpinion`). [`rules`] lists the matching semantics.
+//! message becomes the reason of the `NoOpinion`). `rules.rs` lists the matching semantics.
 //!
 //! [`Policy::authorize`] allows members of `system:masters` outright (kube-apiserver's privileged-group
 //! authorizer, which runs before RBAC); otherwise it answers `Allow` or `NoOpinion`, never `Deny`, as
