@@ -3,14 +3,22 @@
 //! Standalone mode trusts client certificates signed by the server's own CA: the certificate's CN is
 //! the user name and its O entries are the groups, as in kube-apiserver.
 
-pub mod pki;
-pub mod tls;
+use std::collections::BTreeMap;
 
-/// An authenticated user, as Kubernetes `user.Info` describes one.
-#[derive(Clone, Debug, PartialEq, Eq)]
+pub mod attributes;
+pub mod pki;
+pub mod rbac;
+pub mod tls;
+pub mod token_file;
+
+/// An authenticated user, as Kubernetes `user.Info` describes one (and as a SubjectAccessReview spec
+/// carries it: `user`, `uid`, `groups`, `extra`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UserInfo {
     pub name: String,
+    pub uid: String,
     pub groups: Vec<String>,
+    pub extra: BTreeMap<String, Vec<String>>,
 }
 
 /// The identity proven by the TLS connection a request arrived on; `None` when the client sent no

@@ -89,7 +89,7 @@ pub fn identity_from_certificate(cert: &CertificateDer<'_>) -> Option<UserInfo> 
         .filter(|o| !o.is_empty())
         .map(str::to_owned)
         .collect();
-    Some(UserInfo { name: name.to_owned(), groups })
+    Some(UserInfo { name: name.to_owned(), groups, ..UserInfo::default() })
 }
 
 fn read_certs(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
