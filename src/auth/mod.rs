@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 
 pub mod attributes;
 pub mod pki;
+pub mod serving;
 pub mod rbac;
 pub mod tls;
+pub mod trust;
 pub mod token_file;
 
 /// An authenticated user, as Kubernetes `user.Info` describes one (and as a SubjectAccessReview spec
