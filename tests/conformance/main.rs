@@ -15,6 +15,7 @@ mod bad_input;
 mod big;
 mod content;
 mod crash;
+mod kube_client;
 mod kubectl;
 mod range;
 mod watch;
