@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # Benchmarks of the content store (see docs/benchmarks.md): the kube-prometheus-stack five-version
 # footprint, space amplification under upload/delete churn, and 1 GiB upload/download throughput
-# with the server's peak memory. Builds the release binary, starts a fresh `stowage serve` in a
+# with the server's peak memory; and, with `scripts/bench.sh api`, the Bundle API (GET/LIST
+# throughput and latency with 10,000 Bundles stored, watch fan-out to 200 watchers, peak memory),
+# driven by examples/loadgen.rs. Builds the release binary, starts a fresh `stowage serve` in a
 # temporary directory for every scenario and run, and prints Markdown (progress goes to stderr).
+#
+# Usage: scripts/bench.sh [SCENARIO...]   (arguments replace BENCH_SCENARIOS)
 #
 # Environment:
 #   BENCH_RUNS      runs of every scenario (default 3); tables show min / median / max
-#   BENCH_SCENARIOS which scenarios to run, a subset of "footprint churn throughput" (default: all)
+#   BENCH_SCENARIOS which scenarios to run, a subset of "footprint churn throughput api"
+#                   (default: "footprint churn throughput")
+#   BENCH_API_OBJECTS   api: Bundles stored (default 10000)
+#   BENCH_API_WATCHERS  api: concurrent watches (default 200)
+#   BENCH_API_EVENTS    api: writes each watcher must see (default 1000)
+#   BENCH_API_SECONDS   api: duration of every GET/LIST measurement (default 10)
 #   BENCH_ROUNDS    churn rounds (default 20)
 #   BENCH_TMPDIR    where the temporary files go (default: $TMPDIR or /tmp); needs ~4 GiB free
 #   BENCH_KEEP=1    keep the temporary directory
@@ -18,6 +27,11 @@ repo=$PWD
 
 RUNS="${BENCH_RUNS:-3}"
 SCENARIOS="${BENCH_SCENARIOS:-footprint churn throughput}"
+if [ "$#" -gt 0 ]; then SCENARIOS="$*"; fi
+API_OBJECTS="${BENCH_API_OBJECTS:-10000}"
+API_WATCHERS="${BENCH_API_WATCHERS:-200}"
+API_EVENTS="${BENCH_API_EVENTS:-1000}"
+API_SECONDS="${BENCH_API_SECONDS:-10}"
 ROUNDS="${BENCH_ROUNDS:-20}"
 corpus="${STOWAGE_CORPUS:-$repo/../shared/corpus}"
 KPS_VERSIONS=(88.4.0 88.5.0 88.5.1 88.5.2 88.5.3)
@@ -60,16 +74,18 @@ if [ "${#missing[@]}" -gt 0 ]; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-[ -d "$corpus/kube-prometheus-stack" ] && [ -d "$corpus/operator-registry" ] \
-    && [ -d "$corpus/rukpak-testdata" ] || die "corpus not found at $corpus (set STOWAGE_CORPUS)"
-corpus="$(cd "$corpus" && pwd)"
+if [[ " $SCENARIOS " == *" footprint "* || " $SCENARIOS " == *" churn "* ]]; then
+    [ -d "$corpus/kube-prometheus-stack" ] && [ -d "$corpus/operator-registry" ] \
+        && [ -d "$corpus/rukpak-testdata" ] || die "corpus not found at $corpus (set STOWAGE_CORPUS)"
+    corpus="$(cd "$corpus" && pwd)"
+fi
 
 # ------------------------------------------------------------------------------------------------
 # Build (others may be mid-edit: retry a few times)
 
 for attempt in 1 2 3 4 5; do
     log "cargo build --release (attempt $attempt)"
-    if cargo build --release >&2; then break; fi
+    if cargo build --release >&2 && cargo build --release --example loadgen >&2; then break; fi
     [ "$attempt" -eq 5 ] && die "cargo build --release failed"
     sleep 60
 done
@@ -86,6 +102,8 @@ RESULTS="$WORK/results.tsv"
 # processes by name, while this runs.
 cp "$BIN" "$WORK/bench-server"
 BIN="$WORK/bench-server"
+LOADGEN="$WORK/bench-loadgen"
+cp "$repo/target/release/examples/loadgen" "$LOADGEN"
 : >"$RESULTS"
 SERVER_PID=""
 SERVER_DIR=""
@@ -148,6 +166,7 @@ stop_server() {
 }
 
 peak_rss_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$SERVER_PID/status"; }
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$SERVER_PID/status"; }
 
 # api [curl args...] PATH: a request with the admin client certificate; fails on HTTP errors.
 api() {
@@ -427,6 +446,76 @@ scenario_throughput() {
 }
 
 # ------------------------------------------------------------------------------------------------
+# 4. The Bundle API under load (examples/loadgen.rs; one JSON line per measurement)
+
+# loadgen ARGS...: runs the load generator against the current server; fails on a non-zero exit.
+loadgen() {
+    "$LOADGEN" --kubeconfig "$SERVER_DIR/admin.kubeconfig" --namespace "$NS" "$@" \
+        || die "loadgen $* failed (server $(kill -0 "$SERVER_PID" 2>/dev/null && echo running || echo gone))"
+}
+
+# jfield JSON KEY: a top-level field of a loadgen result.
+jfield() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
+
+# record_requests SECTION LABEL JSON: throughput, latency and errors of a loadgen result.
+record_requests() {
+    record "$1" "$2: throughput" "req/s" "$(jfield "$3" rps)"
+    record "$1" "$2: p50 latency" ms "$(jfield "$3" p50_ms)"
+    record "$1" "$2: p99 latency" ms "$(jfield "$3" p99_ms)"
+    record "$1" "$2: errors" count "$(jfield "$3" errors)" "<=0"
+}
+
+scenario_api() {
+    local section="Bundle API: $API_OBJECTS Bundles stored, $API_WATCHERS watchers"
+    local secs="$API_SECONDS" run out
+    for run in $(seq 1 "$RUNS"); do
+        local data="$WORK/api-$run"
+        start_server "$data"
+        log "api: run $run/$RUNS: seed $API_OBJECTS Bundles"
+        out="$(loadgen seed "$API_OBJECTS" --concurrency 32)"
+        log "$out"
+        record_requests "$section" "seed: create (POST), 32 concurrent" "$out"
+        record "$section" "server RSS after seeding" MiB "$(calc "$(rss_kib) / 1024")"
+
+        log "api: GET"
+        out="$(loadgen get --concurrency 1 --duration "$secs")"
+        log "$out"
+        record_requests "$section" "GET bundle, 1 client" "$out"
+        out="$(loadgen get --concurrency 32 --duration "$secs")"
+        log "$out"
+        record_requests "$section" "**GET bundle, 32 concurrent**" "$out"
+
+        log "api: watch fan-out ($API_WATCHERS watchers, $API_EVENTS writes)"
+        out="$(loadgen watch --watchers "$API_WATCHERS" --events "$API_EVENTS" --concurrency 16 --pid "$SERVER_PID")"
+        log "$out"
+        record "$section" "**watch: events delivered per second** (all watchers)" "events/s" "$(jfield "$out" events_per_s)"
+        record "$section" "watch: events missing" count "$(jfield "$out" missing)" "<=0"
+        record "$section" "watch: lag write→event p50" ms "$(jfield "$out" lag_p50_ms)"
+        record "$section" "watch: lag write→event p99" ms "$(jfield "$out" lag_p99_ms)"
+        record "$section" "watch: lag write→event max" ms "$(jfield "$out" lag_max_ms)"
+        record "$section" "watch: writes (merge PATCH, 16 concurrent) meanwhile" "req/s" "$(jfield "$out" write_rps)"
+        record "$section" "watch: server RSS with $API_WATCHERS watches open" MiB "$(jfield "$out" server_rss_mib_watches_open)"
+        record "$section" "server peak RSS (VmHWM) after seed, GETs and watch" MiB "$(calc "$(peak_rss_kib) / 1024")"
+
+        log "api: LIST"
+        out="$(loadgen list --limit 0 --concurrency 1 --duration "$secs")"
+        log "$out"
+        record_requests "$section" "LIST all $API_OBJECTS, 1 client" "$out"
+        record "$section" "LIST all: response size" bytes "$(jfield "$out" bytes_per_response)"
+        out="$(loadgen list --limit 0 --concurrency 4 --duration "$secs")"
+        log "$out"
+        record_requests "$section" "**LIST all $API_OBJECTS, 4 concurrent**" "$out"
+        out="$(loadgen list --limit 500 --concurrency 4 --duration "$secs")"
+        log "$out"
+        record_requests "$section" "LIST ?limit=500, 4 concurrent" "$out"
+        record "$section" "LIST ?limit=500: items in the first page" count "$(jfield "$out" items_per_response)"
+        record "$section" "**server peak RSS (VmHWM), end of run**" MiB "$(calc "$(peak_rss_kib) / 1024")"
+        stop_server
+        rm -rf "$data"
+    done
+}
+
+# ------------------------------------------------------------------------------------------------
 
 machine() {
     echo "### Machine"
@@ -449,7 +538,8 @@ for s in $SCENARIOS; do
         footprint) scenario_footprint ;;
         churn) scenario_churn ;;
         throughput) scenario_throughput ;;
-        *) die "unknown scenario $s (footprint, churn, throughput)" ;;
+        api) scenario_api ;;
+        *) die "unknown scenario $s (footprint, churn, throughput, api)" ;;
     esac
 done
 log "done in $((SECONDS - started)) s"

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 
 pub mod attributes;
 pub mod pki;
-pub mod serving;
 pub mod rbac;
+pub mod serving;
 pub mod tls;
-pub mod trust;
 pub mod token_file;
+pub mod trust;
 
 /// An authenticated user, as Kubernetes `user.Info` describes one (and as a SubjectAccessReview spec
 /// carries it: `user`, `uid`, `groups`, `extra`).

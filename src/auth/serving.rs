@@ -96,7 +96,9 @@ impl ServingCertificate {
                 match tokio::task::spawn_blocking(move || this.reload_if_changed()).await {
                     Ok(Ok(true)) => tracing::info!(cert = %self.cert_path.display(), "serving certificate reloaded"),
                     Ok(Ok(false)) => {}
-                    Ok(Err(e)) => tracing::error!(error = %e, "serving certificate not reloaded; keeping the current one"),
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, "serving certificate not reloaded; keeping the current one")
+                    }
                     Err(e) => tracing::error!(error = %e, "serving certificate check failed"),
                 }
             }

@@ -104,7 +104,10 @@ impl std::fmt::Debug for ClientTrust {
 }
 
 impl ClientTrust {
-    pub fn new(provider: Arc<rustls::crypto::CryptoProvider>, anchors: &TrustAnchors) -> Result<ClientTrust, TrustError> {
+    pub fn new(
+        provider: Arc<rustls::crypto::CryptoProvider>,
+        anchors: &TrustAnchors,
+    ) -> Result<ClientTrust, TrustError> {
         let verifiers = build(&provider, anchors)?;
         Ok(ClientTrust { provider, current: RwLock::new(Arc::new(verifiers)) })
     }
@@ -172,11 +175,8 @@ fn verifier(
 
 fn build(provider: &Arc<rustls::crypto::CryptoProvider>, anchors: &TrustAnchors) -> Result<Verifiers, TrustError> {
     let client = anchors.client_ca_pem.as_deref().map(|pem| verifier(provider, pem, "client CA")).transpose()?;
-    let request_header = anchors
-        .request_header_ca_pem
-        .as_deref()
-        .map(|pem| verifier(provider, pem, "request-header CA"))
-        .transpose()?;
+    let request_header =
+        anchors.request_header_ca_pem.as_deref().map(|pem| verifier(provider, pem, "request-header CA")).transpose()?;
     Ok(Verifiers { client, request_header, config: anchors.request_header.clone() })
 }
 

@@ -17,6 +17,7 @@ mod big;
 mod content;
 mod crash;
 mod discovery;
+mod kube_client;
 mod kubectl;
 mod kubectl_conventions;
 mod lifecycle;

@@ -134,14 +134,14 @@ async fn selector_transitions_are_added_and_deleted() {
     server.create_bundle("sel", "app").await;
     let url = server.url(&format!("{}?watch=true&labelSelector=tier%3Dfront", bundles("sel")));
     let watch = server.client().get(url).send().await.unwrap();
-    async fn relabel(server: &Server, tier: &str) {
+    async fn relabel(server: &Server, tier: &str, note: &str) {
         let mut obj = server.get_json(&bundle("sel", "app")).await;
-        obj["metadata"]["labels"] = serde_json::json!({"tier": tier});
+        obj["metadata"]["labels"] = serde_json::json!({"tier": tier, "note": note});
         assert_eq!(server.put_json(&bundle("sel", "app"), &obj).await.status(), 200);
     }
-    relabel(&server, "front").await; // into the selection
-    relabel(&server, "front").await; // stays (a no-op update still is an event)
-    relabel(&server, "back").await; // out of it
+    relabel(&server, "front", "1").await; // into the selection
+    relabel(&server, "front", "2").await; // stays
+    relabel(&server, "back", "2").await; // out of it
     let events = read_events(watch, 3).await;
     assert_eq!(
         kinds_and_names(&events),

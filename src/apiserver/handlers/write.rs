@@ -252,8 +252,29 @@ pub(in crate::apiserver) async fn replace(
     if dry {
         return Ok(obj);
     }
+    let at_stored_version = old.pointer("/metadata/resourceVersion").and_then(Value::as_str) == Some(&*rv.to_string());
+    if at_stored_version && unchanged(old, &obj) {
+        // Like kube-apiserver: a write that changes nothing is not a write (no new
+        // resourceVersion, no watch event), so no-op applies and updates from controllers are free.
+        return Ok(old.clone());
+    }
     let write = ObjectWrite::Put { key, object: obj, precondition: Precondition::ResourceVersion(rv), revision: None };
     let outcome =
         blocking(app, move |store| store.write_objects(vec![write])).await.map_err(|e| relabel(e, def, name))?;
     Ok(outcome.objects.into_iter().next().unwrap_or(Value::Null))
+}
+
+/// Whether `new` is `old` but for the resourceVersion it was sent with.
+fn unchanged(old: &Value, new: &Value) -> bool {
+    let mut new = new.clone();
+    match (old.pointer("/metadata/resourceVersion"), new.get_mut("metadata").and_then(Value::as_object_mut)) {
+        (Some(rv), Some(meta)) => {
+            meta.insert("resourceVersion".into(), rv.clone());
+        }
+        (None, Some(meta)) => {
+            meta.remove("resourceVersion");
+        }
+        _ => {}
+    }
+    *old == new
 }
