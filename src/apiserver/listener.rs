@@ -1,5 +1,6 @@
-//! The TLS accept loop: terminates TLS, attaches the client-certificate identity to every request,
-//! and serves the axum router over HTTP/1.1 or HTTP/2 until shutdown.
+//! The TLS accept loop: terminates TLS, attaches what the client certificate proves
+//! ([`PeerCertificate`]) to every request, and serves the axum router over HTTP/1.1 or HTTP/2 until
+//! shutdown.
 //!
 //! axum's own `serve` cannot do this, since it neither terminates TLS nor exposes the peer
 //! certificate. Nothing on the per-connection path may panic or end the loop: a misbehaving client
@@ -18,8 +19,8 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
-use crate::auth::tls::identity_from_certificate;
-use crate::auth::PeerIdentity;
+use crate::auth::tls::TlsSetup;
+use crate::auth::trust::ClientTrust;
 
 /// Bounds how long a client may hold a socket without completing TLS (slowloris on the handshake).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,11 +36,12 @@ const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 /// connections finish (bounded by a grace period, e.g. 10 s).
 pub async fn serve_tls(
     listener: TcpListener,
-    tls: Arc<rustls::ServerConfig>,
+    tls: TlsSetup,
     app: axum::Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let acceptor = TlsAcceptor::from(tls);
+    let acceptor = TlsAcceptor::from(tls.config);
+    let trust = tls.trust;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
     builder.http2().timer(TokioTimer::new());
@@ -62,7 +64,8 @@ pub async fn serve_tls(
                 }
             },
         };
-        tokio::spawn(serve_connection(stream, acceptor.clone(), app.clone(), builder.clone(), shutdown_rx.clone()));
+        let connection = Connection { acceptor: acceptor.clone(), trust: trust.clone(), builder: builder.clone() };
+        tokio::spawn(serve_connection(stream, connection, app.clone(), shutdown_rx.clone()));
         tracing::trace!(%peer, "accepted connection");
     }
 
@@ -78,14 +81,21 @@ pub async fn serve_tls(
     Ok(())
 }
 
+/// What every connection shares.
+struct Connection {
+    acceptor: TlsAcceptor,
+    trust: Arc<ClientTrust>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+}
+
 /// Handshakes, identifies the peer and serves one connection; every outcome is logged, never raised.
 async fn serve_connection(
     stream: TcpStream,
-    acceptor: TlsAcceptor,
+    connection: Connection,
     app: axum::Router,
-    builder: Arc<auto::Builder<TokioExecutor>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let Connection { acceptor, trust, builder } = connection;
     let peer = stream.peer_addr().ok();
     // Small request/response exchanges (kubectl, watches) suffer badly from Nagle's delay.
     let _ = stream.set_nodelay(true);
@@ -107,14 +117,12 @@ async fn serve_connection(
         _ = shutdown.changed() => return,
     };
 
-    // rustls only exposes peer certificates that the client verifier accepted, so this is a
-    // verified identity, not a claim.
-    let identity = PeerIdentity(
-        tls.get_ref().1.peer_certificates().and_then(|chain| chain.first()).and_then(identity_from_certificate),
-    );
+    // rustls only exposes peer certificates that the client verifier accepted; `classify` says
+    // which anchor vouched for it, and so what it proves.
+    let peer_certificate = tls.get_ref().1.peer_certificates().map(|chain| trust.classify(chain)).unwrap_or_default();
 
     let service = app.map_request(move |mut request: http::Request<Incoming>| {
-        request.extensions_mut().insert(identity.clone());
+        request.extensions_mut().insert(peer_certificate.clone());
         request
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), TowerToHyperService::new(service));
@@ -137,14 +145,15 @@ async fn serve_connection(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::trust::PeerCertificate;
     use crate::auth::{pki, tls};
     use axum::routing::get;
     use axum::Extension;
 
-    async fn whoami(Extension(PeerIdentity(user)): Extension<PeerIdentity>) -> String {
-        match user {
-            Some(user) => format!("{} {:?}", user.name, user.groups),
-            None => "anonymous".to_owned(),
+    async fn whoami(Extension(peer): Extension<PeerCertificate>) -> String {
+        match peer {
+            PeerCertificate::User(user) => format!("{} {:?}", user.name, user.groups),
+            other => format!("{other:?}"),
         }
     }
 
@@ -164,7 +173,11 @@ mod tests {
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
         let pki = pki::ensure_standalone(dir.path()).unwrap();
-        let config = tls::server_config(&pki.serving_cert, &pki.serving_key, &pki.ca_cert).unwrap();
+        let anchors = crate::auth::trust::TrustAnchors {
+            client_ca_pem: Some(std::fs::read(&pki.ca_cert).unwrap()),
+            ..Default::default()
+        };
+        let config = tls::setup(&pki.serving_cert, &pki.serving_key, &anchors).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app = axum::Router::new().route("/whoami", get(whoami));
@@ -182,7 +195,7 @@ mod tests {
         assert_eq!(body, r#"stowage-admin ["system:masters"]"#);
         let anonymous = client(&pki, false).get(&url).send().await.unwrap();
         assert_eq!(anonymous.version(), http::Version::HTTP_2);
-        assert_eq!(anonymous.text().await.unwrap(), "anonymous");
+        assert_eq!(anonymous.text().await.unwrap(), "None");
 
         // `admin` keeps its idle HTTP/2 connection open across shutdown: graceful shutdown must
         // close it (GOAWAY) rather than wait out the grace period.

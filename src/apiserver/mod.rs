@@ -5,6 +5,7 @@
 //! `spawn_blocking`) and convert every failure into a Kubernetes `Status` ([`status::ApiError`]).
 //! This module knows nothing of sled; the store knows nothing of HTTP.
 
+mod access;
 mod content;
 mod discovery;
 mod fieldmanager;
@@ -34,7 +35,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::auth::PeerIdentity;
 use crate::storage::{StorageError, Store};
 use metrics::Metrics;
 use status::{ApiError, ApiResult};
@@ -64,6 +64,8 @@ impl Default for Limits {
 #[derive(Clone)]
 pub struct AppState {
     pub store: Store,
+    /// Authentication and authorization.
+    pub access: Arc<crate::auth::Access>,
     pub limits: Arc<Limits>,
     /// Cancelled when the server starts shutting down: long-running responses (watches) end so
     /// clients re-list elsewhere instead of holding the shutdown up.
@@ -133,12 +135,13 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi/v3/apis/content.stowage.dev/v1alpha1", get(openapi::v3_group_version))
         .route("/metrics", get(metrics::serve).with_state(request_metrics.clone()))
         .fallback(not_found)
-        .layer(middleware::from_fn(require_identity))
+        .layer(middleware::from_fn_with_state(state.clone(), access::gate))
         .layer(middleware::from_fn(plain_errors_as_status));
     Router::new()
         .route("/healthz", get(ok))
         .route("/livez", get(ok))
         .route("/readyz", get(ok))
+        // Public, as kube's bootstrap policy (system:public-info-viewer) makes it.
         .route("/version", get(discovery::version))
         .merge(api)
         .layer(middleware::from_fn_with_state(request_metrics, metrics::record_request))
@@ -160,15 +163,6 @@ async fn ok() -> &'static str {
 
 async fn not_found(request: Request) -> ApiError {
     ApiError::not_found_message(format!("the server could not find the requested resource ({})", request.uri().path()))
-}
-
-/// Until delegated authentication lands, only holders of a client certificate from our CA pass.
-async fn require_identity(request: Request, next: Next) -> Response {
-    let identified = request.extensions().get::<PeerIdentity>().is_some_and(|p| p.0.is_some());
-    if !identified {
-        return ApiError::unauthorized().into_response();
-    }
-    next.run(request).await
 }
 
 /// Errors produced outside our handlers (axum's extractor rejections, 405 from routing, body limits)

@@ -12,6 +12,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::Value;
 
+use super::access::Identity;
 use super::handlers::{
     check_object, create_object, field_manager, json_response, replace, updatable_resource_def, Params, UpdateScope,
     WriteRequest,
@@ -24,22 +25,24 @@ const RETRIES: usize = 5;
 
 pub async fn patch(
     state: State<AppState>,
-    Path((namespace, resource, name)): Path<(String, String, String)>,
+    Path(path): Path<(String, String, String)>,
     params: Params,
+    identity: Identity,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    patch_scoped(state, namespace, resource, name, params, headers, body, UpdateScope::Main).await
+    patch_scoped(state, path, params, identity, headers, body, UpdateScope::Main).await
 }
 
 pub async fn patch_status(
     state: State<AppState>,
-    Path((namespace, resource, name)): Path<(String, String, String)>,
+    Path(path): Path<(String, String, String)>,
     params: Params,
+    identity: Identity,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    patch_scoped(state, namespace, resource, name, params, headers, body, UpdateScope::Status).await
+    patch_scoped(state, path, params, identity, headers, body, UpdateScope::Status).await
 }
 
 enum PatchKind {
@@ -111,13 +114,11 @@ fn parse(headers: &HeaderMap, body: &Bytes) -> ApiResult<PatchKind> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn patch_scoped(
     State(app): State<AppState>,
-    namespace: String,
-    resource: String,
-    name: String,
+    (namespace, resource, name): (String, String, String),
     Query(params): Params,
+    Identity(user): Identity,
     headers: HeaderMap,
     body: Bytes,
     scope: UpdateScope,
@@ -174,7 +175,8 @@ async fn patch_scoped(
         }
         // Apply computed managedFields itself; other patches record the manager's ownership.
         let tracked_by = (!is_apply).then_some(manager.as_str());
-        let request = WriteRequest { def, namespace: &namespace, params: &params, scope, manager: tracked_by };
+        let request =
+            WriteRequest { def, namespace: &namespace, params: &params, scope, user: &user, manager: tracked_by };
         let Some(stored) = stored else {
             // Server-side apply creates what does not exist.
             return match create_object(&app, &request, patched).await {

@@ -202,6 +202,15 @@ impl ApiError {
         ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", message)
     }
 
+    /// 403 with kube-apiserver's message; `details` names the object when there is one.
+    pub fn forbidden(message: impl Into<String>, details: Option<serde_json::Value>) -> ApiError {
+        let error = ApiError::new(StatusCode::FORBIDDEN, "Forbidden", message);
+        match details {
+            Some(details) => error.with_details(details),
+            None => error,
+        }
+    }
+
     pub fn unauthorized() -> ApiError {
         ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
     }

@@ -6,6 +6,8 @@
 use std::collections::BTreeMap;
 
 pub mod attributes;
+pub mod authn;
+pub mod authz;
 pub mod pki;
 pub mod rbac;
 pub mod serving;
@@ -23,7 +25,8 @@ pub struct UserInfo {
     pub extra: BTreeMap<String, Vec<String>>,
 }
 
-/// The identity proven by the TLS connection a request arrived on; `None` when the client sent no
-/// (valid) certificate. Inserted as a request extension by the listener.
-#[derive(Clone, Debug, Default)]
-pub struct PeerIdentity(pub Option<UserInfo>);
+/// Who may call, and what they may do: the authentication chain and the authorizer in force.
+pub struct Access {
+    pub authenticator: authn::Authenticator,
+    pub authorizer: authz::Authorizer,
+}

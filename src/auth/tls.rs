@@ -2,73 +2,65 @@
 //! certificate names.
 //!
 //! Client certificates are optional at the TLS layer (anonymous and token-bearing clients must still
-//! connect), but one that is presented must chain to the client CA, so a certificate that reaches
-//! [`identity_from_certificate`] has already been verified.
+//! connect), but one that is presented must chain to a trusted CA ([`super::trust`]), so a
+//! certificate that reaches [`identity_from_certificate`] has already been verified.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::WebPkiClientVerifier;
+use rustls::pki_types::CertificateDer;
 
+use super::serving::{ServingCertError, ServingCertificate};
+use super::trust::{ClientTrust, DynamicClientVerifier, TrustAnchors, TrustError};
 use super::UserInfo;
 
 /// Why a TLS server configuration could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("cannot read {what} from {}", path.display())]
-    Pem {
-        what: &'static str,
+    #[error(transparent)]
+    Serving(#[from] ServingCertError),
+    #[error(transparent)]
+    Trust(#[from] TrustError),
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
         path: PathBuf,
         #[source]
-        source: rustls::pki_types::pem::Error,
+        source: std::io::Error,
     },
-    #[error("no certificates found in {}", path.display())]
-    NoCertificates { path: PathBuf },
-    #[error("invalid client CA certificate in {}", path.display())]
-    ClientCa {
-        path: PathBuf,
-        #[source]
-        source: rustls::Error,
-    },
-    #[error("cannot build the client certificate verifier")]
-    Verifier(#[source] rustls::server::VerifierBuilderError),
     #[error("cannot build the TLS server configuration")]
     Config(#[source] rustls::Error),
 }
 
-/// TLS server config: ALPN h2 then http/1.1; client certificates are optional but, when presented,
-/// must chain to `client_ca` (WebPkiClientVerifier with allow_unauthenticated()).
-pub fn server_config(cert: &Path, key: &Path, client_ca: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+/// The TLS side of the listener: the rustls configuration and the trust anchors it verifies client
+/// certificates with (shared with request authentication, which classifies them).
+#[derive(Clone)]
+pub struct TlsSetup {
+    pub config: Arc<rustls::ServerConfig>,
+    pub trust: Arc<ClientTrust>,
+    pub serving: Arc<ServingCertificate>,
+}
+
+/// Builds the listener's TLS: ALPN h2 then http/1.1; the serving certificate from files (reloaded
+/// by [`ServingCertificate::watch`]); client certificates optional but, when presented, verified
+/// against the client CA or the request-header CA in `anchors`.
+pub fn setup(cert: &Path, key: &Path, anchors: &TrustAnchors) -> Result<TlsSetup, TlsError> {
     // An explicit provider, so behaviour never depends on which process-wide default (if any) some
     // other dependency installed.
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-
-    let chain = read_certs(cert, "certificate chain")?;
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|source| TlsError::Pem {
-        what: "private key",
-        path: key.to_owned(),
-        source,
-    })?;
-
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in read_certs(client_ca, "client CA")? {
-        roots.add(ca).map_err(|source| TlsError::ClientCa { path: client_ca.to_owned(), source })?;
-    }
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .allow_unauthenticated()
-        .build()
-        .map_err(TlsError::Verifier)?;
-
+    let serving = Arc::new(ServingCertificate::load(cert, key, provider.clone())?);
+    let trust = Arc::new(ClientTrust::new(provider.clone(), anchors)?);
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(TlsError::Config)?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)
-        .map_err(TlsError::Config)?;
+        .with_client_cert_verifier(Arc::new(DynamicClientVerifier(trust.clone())))
+        .with_cert_resolver(serving.clone());
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Ok(TlsSetup { config: Arc::new(config), trust, serving })
+}
+
+/// Reads a PEM bundle (a CA file) for [`TrustAnchors`].
+pub fn read_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read { path: path.to_owned(), source })
 }
 
 /// The user a verified client certificate names: CN = user, each O = a group (kube-apiserver's x509
@@ -92,20 +84,11 @@ pub fn identity_from_certificate(cert: &CertificateDer<'_>) -> Option<UserInfo> 
     Some(UserInfo { name: name.to_owned(), groups, ..UserInfo::default() })
 }
 
-fn read_certs(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem_err = |source| TlsError::Pem { what, path: path.to_owned(), source };
-    let certs =
-        CertificateDer::pem_file_iter(path).map_err(pem_err)?.collect::<Result<Vec<_>, _>>().map_err(pem_err)?;
-    if certs.is_empty() {
-        return Err(TlsError::NoCertificates { path: path.to_owned() });
-    }
-    Ok(certs)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::auth::pki;
+    use rustls::pki_types::pem::PemObject;
 
     #[test]
     fn admin_certificate_names_the_admin() {
@@ -131,22 +114,31 @@ mod tests {
         assert_eq!(identity_from_certificate(&CertificateDer::from(vec![1, 2, 3])), None);
     }
 
+    fn anchors(pki: &pki::StandalonePki) -> TrustAnchors {
+        TrustAnchors { client_ca_pem: Some(std::fs::read(&pki.ca_cert).unwrap()), ..TrustAnchors::default() }
+    }
+
     #[test]
     fn builds_server_config_from_standalone_pki() {
         let dir = tempfile::tempdir().unwrap();
         let pki = pki::ensure_standalone(dir.path()).unwrap();
-        let config = server_config(&pki.serving_cert, &pki.serving_key, &pki.ca_cert).unwrap();
-        assert_eq!(config.alpn_protocols, vec![b"h2".to_vec(), b"http/1.1".to_vec()]);
+        let tls = setup(&pki.serving_cert, &pki.serving_key, &anchors(&pki)).unwrap();
+        assert_eq!(tls.config.alpn_protocols, vec![b"h2".to_vec(), b"http/1.1".to_vec()]);
     }
 
     #[test]
-    fn missing_files_are_reported() {
+    fn missing_or_wrong_files_are_reported() {
         let dir = tempfile::tempdir().unwrap();
         let pki = pki::ensure_standalone(dir.path()).unwrap();
         let missing = dir.path().join("nope.crt");
-        let err = server_config(&missing, &pki.serving_key, &pki.ca_cert).unwrap_err();
-        assert!(matches!(err, TlsError::Pem { .. }), "{err:?}");
-        let err = server_config(&pki.serving_cert, &pki.serving_key, &pki.serving_key).unwrap_err();
-        assert!(matches!(err, TlsError::NoCertificates { .. }), "{err:?}");
+        let err = setup(&missing, &pki.serving_key, &anchors(&pki)).err().unwrap();
+        assert!(matches!(err, TlsError::Serving(ServingCertError::Pem { .. })), "{err:?}");
+        let err = setup(&pki.serving_key, &pki.serving_key, &anchors(&pki)).err().unwrap();
+        assert!(matches!(err, TlsError::Serving(ServingCertError::NoCertificates { .. })), "{err:?}");
+        let err = setup(&pki.admin_cert, &pki.serving_key, &anchors(&pki)).err().unwrap();
+        assert!(matches!(err, TlsError::Serving(ServingCertError::Mismatch { .. })), "{err:?}");
+        let bad = TrustAnchors { client_ca_pem: Some(b"not pem".to_vec()), ..TrustAnchors::default() };
+        let err = setup(&pki.serving_cert, &pki.serving_key, &bad).err().unwrap();
+        assert!(matches!(err, TlsError::Trust(_)), "{err:?}");
     }
 }

@@ -305,8 +305,10 @@ async fn missing_objects_are_404_status() {
     fx.assert_intact().await;
 }
 
+/// Without credentials a request runs as system:anonymous, which no policy allows here: 403 with
+/// kube-apiserver's message, and nothing is touched.
 #[tokio::test(flavor = "multi_thread")]
-async fn requests_without_client_certificate_are_401() {
+async fn requests_without_credentials_are_anonymous_and_forbidden() {
     let fx = fixture().await;
     let anonymous = fx.server.anonymous_client();
     let get = anonymous
@@ -314,17 +316,36 @@ async fn requests_without_client_certificate_are_401() {
         .send()
         .await
         .expect("TLS without a client certificate is accepted and answered");
-    expect_status(get, 401, "Unauthorized").await;
+    let status = expect_status(get, 403, "Forbidden").await;
+    assert_eq!(
+        str_at(&status, "/message"),
+        format!(
+            "bundles.content.stowage.dev \"{NAME}\" is forbidden: User \"system:anonymous\" cannot get resource \
+             \"bundles/content\" in API group \"content.stowage.dev\" in the namespace \"{NS}\""
+        )
+    );
     let put = anonymous
         .put(fx.server.url(&bundle_content(NS, NAME)))
         .body(build_tar(&Tree::from([("x".to_string(), file(b"x".to_vec()))])))
         .send()
         .await
         .unwrap();
-    expect_status(put, 401, "Unauthorized").await;
+    expect_status(put, 403, "Forbidden").await;
     let list = anonymous.get(fx.server.url(&bundles(NS))).send().await.unwrap();
-    expect_status(list, 401, "Unauthorized").await;
+    expect_status(list, 403, "Forbidden").await;
+    // A forged bearer token is 401, never anonymous.
+    let forged = anonymous.get(fx.server.url(&bundles(NS))).bearer_auth("made-up").send().await.unwrap();
+    expect_status(forged, 401, "Unauthorized").await;
     fx.assert_intact().await;
+}
+
+/// With anonymous requests switched off, no credentials is 401.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_anonymous_auth_requests_without_credentials_are_401() {
+    let server = Server::start_temp(&["--anonymous-auth=false"]);
+    let resp = server.anonymous_client().get(server.url(&bundles(NS))).send().await.unwrap();
+    expect_status(resp, 401, "Unauthorized").await;
+    assert_eq!(server.anonymous_client().get(server.url("/healthz")).send().await.unwrap().status(), 200);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -13,10 +13,12 @@ use super::{
     decode_body, dry_run, field_manager, get_object, json_response, put_metadata, relabel, take_metadata,
     updatable_resource_def, validate, writable_resource_def, Params, UpdateScope,
 };
+use crate::apiserver::access::{check_secret_access, Identity};
 use crate::apiserver::meta;
 use crate::apiserver::resources::ResourceDef;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
 use crate::apiserver::{blocking, fieldmanager, lifecycle, AppState};
+use crate::auth::UserInfo;
 use crate::storage::{ObjectKey, ObjectWrite, Precondition, StoredObject};
 
 /// `generateName` suffix: five characters from Kubernetes' alphabet (no vowels, no look-alikes).
@@ -33,6 +35,8 @@ pub(in crate::apiserver) struct WriteRequest<'a> {
     pub namespace: &'a str,
     pub params: &'a HashMap<String, String>,
     pub scope: UpdateScope,
+    /// Who asks (the write may not name Secrets they cannot read).
+    pub user: &'a UserInfo,
     /// The field manager of a non-apply write, whose ownership the write records in
     /// `managedFields`; `None` when they were computed already (server-side apply).
     pub manager: Option<&'a str>,
@@ -63,14 +67,16 @@ pub async fn create(
     State(app): State<AppState>,
     Path((namespace, resource)): Path<(String, String)>,
     Query(params): Params,
+    Identity(user): Identity,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
     let def = writable_resource_def(&resource)?;
     let manager = field_manager(&params, &headers)?;
     let (obj, warnings) = decode_body(def, &body, &params)?;
+    let scope = UpdateScope::Main;
     let request =
-        WriteRequest { def, namespace: &namespace, params: &params, scope: UpdateScope::Main, manager: Some(&manager) };
+        WriteRequest { def, namespace: &namespace, params: &params, scope, user: &user, manager: Some(&manager) };
     let created = create_object(&app, &request, obj).await?;
     Ok(json_response(StatusCode::CREATED, &created, &warnings))
 }
@@ -128,6 +134,7 @@ pub(in crate::apiserver) async fn create_object(
     }
     let mut obj = request.track(None, obj);
     validate(def, &obj, Vec::new())?;
+    check_secret_access(app, def, request.user, None, &obj).await?;
     if let Some(status) = (def.initial_status)(&obj) {
         obj["status"] = status;
     }
@@ -143,28 +150,31 @@ pub(in crate::apiserver) async fn create_object(
 
 pub async fn update(
     state: State<AppState>,
-    Path((namespace, resource, name)): Path<(String, String, String)>,
+    Path(path): Path<(String, String, String)>,
     params: Params,
+    identity: Identity,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    update_scoped(state, (namespace, resource, name), params, headers, body, UpdateScope::Main).await
+    update_scoped(state, path, params, identity, headers, body, UpdateScope::Main).await
 }
 
 pub async fn update_status(
     state: State<AppState>,
-    Path((namespace, resource, name)): Path<(String, String, String)>,
+    Path(path): Path<(String, String, String)>,
     params: Params,
+    identity: Identity,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    update_scoped(state, (namespace, resource, name), params, headers, body, UpdateScope::Status).await
+    update_scoped(state, path, params, identity, headers, body, UpdateScope::Status).await
 }
 
 async fn update_scoped(
     State(app): State<AppState>,
     (namespace, resource, name): (String, String, String),
     Query(params): Params,
+    Identity(user): Identity,
     headers: HeaderMap,
     body: Bytes,
     scope: UpdateScope,
@@ -188,7 +198,8 @@ async fn update_scoped(
     }
     let rv: u64 = rv_text.parse().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv_text:?}")))?;
     let old = get_object(&app, def, &namespace, &name).await?;
-    let request = WriteRequest { def, namespace: &namespace, params: &params, scope, manager: Some(&manager) };
+    let request =
+        WriteRequest { def, namespace: &namespace, params: &params, scope, user: &user, manager: Some(&manager) };
     let updated = replace(&app, &request, &name, obj, &old, rv).await?;
     Ok(json_response(StatusCode::OK, &updated, &warnings))
 }
@@ -238,6 +249,7 @@ pub(in crate::apiserver) async fn replace(
         causes.push(Cause::invalid("spec", obj.get("spec").unwrap_or(&Value::Null), "field is immutable"));
     }
     validate(def, &obj, causes)?;
+    check_secret_access(app, def, request.user, Some(old), &obj).await?;
     let dry = dry_run(request.params)?;
     let key = ObjectKey::new(def.plural, namespace, name);
     if lifecycle::is_finalized(&obj) {

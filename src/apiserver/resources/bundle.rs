@@ -40,6 +40,7 @@ pub static BUNDLE: ResourceDef = ResourceDef {
         Column { name: "Sources", kind: "string", format: "", description: "Kinds of sources.", priority: 1 },
     ],
     row,
+    secret_refs,
     on_delete,
 };
 
@@ -227,6 +228,21 @@ fn initial_status(obj: &Value) -> Option<Value> {
             "observedGeneration": generation,
         }],
     }))
+}
+
+/// `spec.sources[i].image.pullSecret`, `.git.authSecret`, `.http.authSecret`.
+fn secret_refs(obj: &Value) -> Vec<(String, String)> {
+    let sources = obj.pointer("/spec/sources").and_then(Value::as_array).cloned().unwrap_or_default();
+    let mut refs = Vec::new();
+    for (i, source) in sources.iter().enumerate() {
+        for (kind, field) in [("image", "pullSecret"), ("git", "authSecret"), ("http", "authSecret")] {
+            let name = str_at(source, &format!("/{kind}/{field}"));
+            if !name.is_empty() {
+                refs.push((format!("spec.sources[{i}].{kind}.{field}"), name.to_string()));
+            }
+        }
+    }
+    refs
 }
 
 /// Nothing to do in the same write: a Bundle's BundleContents name it as their owner, and the

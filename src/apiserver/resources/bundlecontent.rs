@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use super::{short_digest, str_at, u64_at, Column, ResourceDef, AGE_COLUMN, NAME_COLUMN};
+use super::{no_secret_refs, short_digest, str_at, u64_at, Column, ResourceDef, AGE_COLUMN, NAME_COLUMN};
 use crate::apiserver::meta;
 use crate::apiserver::schema::{doc_string, integer, kind_root, object, string};
 use crate::apiserver::status::Cause;
@@ -36,6 +36,7 @@ pub static BUNDLE_CONTENT: ResourceDef = ResourceDef {
         AGE_COLUMN,
     ],
     row,
+    secret_refs: no_secret_refs,
     on_delete,
 };
 

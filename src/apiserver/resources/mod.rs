@@ -37,6 +37,9 @@ pub struct ResourceDef {
     pub columns: &'static [Column],
     /// Cells for one row, in `columns` order.
     pub row: fn(&Value) -> Vec<Value>,
+    /// The Secrets an object names (field path, Secret name): a user may only name Secrets they
+    /// may read themselves, or the server would read them on their behalf (a confused deputy).
+    pub secret_refs: fn(&Value) -> Vec<(String, String)>,
     /// Writes that go with deleting this object, in the same atomic batch.
     pub on_delete: fn(&Store, &Value) -> Result<Vec<ObjectWrite>, StorageError>,
 }
@@ -69,4 +72,9 @@ pub fn u64_at(obj: &Value, pointer: &str) -> Option<u64> {
 /// `sha256:0123456789ab` — enough of a digest to tell revisions apart in a table.
 pub fn short_digest(digest: &str) -> String {
     digest.chars().take("sha256:".len() + 12).collect()
+}
+
+/// For kinds that name no Secrets.
+pub fn no_secret_refs(_: &Value) -> Vec<(String, String)> {
+    Vec::new()
 }
