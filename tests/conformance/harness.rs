@@ -223,6 +223,10 @@ impl Server {
         &self.client
     }
 
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
     /// Another admin client, on its own connections (an HTTP/2 connection's flow-control window is
     /// shared by its streams).
     pub fn second_client(&self) -> Client {

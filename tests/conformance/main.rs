@@ -12,6 +12,7 @@ mod tarutil;
 
 mod api;
 mod apply;
+mod auth;
 mod bad_input;
 mod big;
 mod content;
