@@ -12,7 +12,8 @@ use serde_json::{json, Value};
 use crate::harness::*;
 use crate::tarutil::*;
 
-const TOKENS: &str = "alice-token,alice,1001,\"readers\"\nbob-token,bob,1002,\"\"\n";
+const TOKENS: &str = "alice-token,alice,1001,\"readers\"\nbob-token,bob,1002,\"\"\n\
+                      carl-token,carl,1003,\"\"\ndora-token,dora,1004,\"\"\n";
 
 const POLICY: &str = r#"
 apiVersion: rbac.authorization.k8s.io/v1
@@ -48,6 +49,30 @@ metadata: {name: bob-authors, namespace: team-a}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: author}
 subjects:
 - {apiGroup: rbac.authorization.k8s.io, kind: User, name: bob}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: metadata-only, namespace: team-a}
+rules:
+- {apiGroups: [content.stowage.dev], resources: [bundles], verbs: [get, list]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: carl-metadata, namespace: team-a}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: metadata-only}
+subjects: [{kind: User, name: carl}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: one-content, namespace: team-a}
+rules:
+- {apiGroups: [content.stowage.dev], resources: [bundles/content], resourceNames: [app], verbs: [get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: dora-one-content, namespace: team-a}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: one-content}
+subjects: [{kind: User, name: dora}]
 "#;
 
 fn write(dir: &Path, name: &str, text: &str) -> String {
@@ -108,6 +133,22 @@ async fn tokens_and_the_rbac_policy_file_decide_who_reads_what() {
     let create =
         as_user(&server, "alice-token", Method::POST, &bundles("team-a"), Some(&upload_bundle("team-a", "x"))).await;
     expect_status(create, 403, "Forbidden").await;
+    // carl sees metadata but not content; dora reads the content of `app` only.
+    assert_eq!(as_user(&server, "carl-token", Method::GET, &bundle("team-a", "app"), None).await.status(), 200);
+    let status = expect_status(
+        as_user(&server, "carl-token", Method::GET, &bundle_content("team-a", "app"), None).await,
+        403,
+        "Forbidden",
+    )
+    .await;
+    assert!(str_at(&status, "/message").contains("cannot get resource \"bundles/content\""), "{status:#}");
+    assert_eq!(as_user(&server, "dora-token", Method::GET, &bundle_content("team-a", "app"), None).await.status(), 200);
+    server.create_bundle("team-a", "second").await;
+    let other = as_user(&server, "dora-token", Method::GET, &bundle_content("team-a", "second"), None).await;
+    expect_status(other, 403, "Forbidden").await;
+    expect_status(as_user(&server, "dora-token", Method::GET, &bundle("team-a", "app"), None).await, 403, "Forbidden")
+        .await;
+
     // Forged front-proxy headers on her own connection change nothing.
     let forged = server
         .anonymous_client()
@@ -135,6 +176,12 @@ async fn tokens_and_the_rbac_policy_file_decide_who_reads_what() {
         "bundles.content.stowage.dev \"steals\" is forbidden: spec.sources[0].image.pullSecret names Secret \
          \"prod-creds\", but User \"bob\" cannot get resource \"secrets\" in API group \"\" in the namespace \"team-a\""
     );
+    // A Secret is named, never namespaced: another namespace's Secret cannot even be written down.
+    let elsewhere =
+        as_user(&server, "bob-token", Method::POST, &bundles("team-a"), Some(&image_bundle("cross", "team-b/regcred")))
+            .await;
+    let status = expect_status(elsewhere, 422, "Invalid").await;
+    assert_eq!(str_at(&status, "/details/causes/0/field"), "spec.sources[0].image.pullSecret");
     // Nor may he switch an existing Bundle to it.
     let patch =
         json!({"spec": {"sources": [{"image": {"ref": "registry.example/app:1", "pullSecret": "prod-creds"}}]}});

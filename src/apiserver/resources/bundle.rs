@@ -163,6 +163,13 @@ fn validate_source(path: &str, source: &Value) -> Vec<Cause> {
             causes.push(Cause::invalid(format!("{path}.http.sha256"), &json!(sha), "must be 64 hexadecimal digits"));
         }
     }
+    for (kind, field) in [("image", "pullSecret"), ("git", "authSecret"), ("http", "authSecret")] {
+        let secret = str_at(source, &format!("/{kind}/{field}"));
+        for error in meta::dns1123_subdomain_errors(secret).into_iter().take(1).filter(|_| !secret.is_empty()) {
+            // Secrets are read from the Bundle's own namespace only: a name, never `ns/name`.
+            causes.push(Cause::invalid(format!("{path}.{kind}.{field}"), &json!(secret), error));
+        }
+    }
     let destination = str_at(source, "/destination");
     if !destination.is_empty()
         && (destination.starts_with('/') || destination.split('/').any(|c| c == ".." || c == "."))
