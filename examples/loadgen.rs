@@ -45,6 +45,10 @@ struct Cli {
     /// Connections (clients) the workers of get/list/seed are spread over.
     #[arg(long, default_value_t = 1)]
     connections: usize,
+    /// Authenticate with this bearer token instead of the kubeconfig's client certificate (to
+    /// measure the token + RBAC policy path).
+    #[arg(long)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -107,7 +111,8 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let target = Target::from_kubeconfig(&cli.kubeconfig, &cli.namespace, cli.http1)?;
+    let mut target = Target::from_kubeconfig(&cli.kubeconfig, &cli.namespace, cli.http1)?;
+    target.token = cli.token.clone();
     let result = runtime.block_on(async {
         match cli.command {
             Command::Seed { count, concurrency, prefix } => {
@@ -136,6 +141,7 @@ struct Target {
     ca_pem: Vec<u8>,
     identity_pem: Vec<u8>,
     http1: bool,
+    token: Option<String>,
 }
 
 impl Target {
@@ -171,19 +177,28 @@ impl Target {
             ca_pem: material(&cluster, "certificate-authority")?,
             identity_pem,
             http1,
+            token: None,
         })
     }
 
     /// A new client: its own connection (HTTP/2) or pool (HTTP/1.1).
     fn client(&self) -> Result<Client> {
         let roots = Certificate::from_pem_bundle(&self.ca_pem).context("parsing the CA")?;
-        let identity = Identity::from_pem(&self.identity_pem).context("parsing the client certificate and key")?;
-        let mut builder = Client::builder()
-            .tls_certs_only(roots)
-            .identity(identity)
-            .no_proxy()
-            .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(10));
+        let mut builder = Client::builder().tls_certs_only(roots);
+        match &self.token {
+            Some(token) => {
+                let mut headers = reqwest::header::HeaderMap::new();
+                let value = format!("Bearer {token}").parse().context("the token is not a valid header value")?;
+                headers.insert(reqwest::header::AUTHORIZATION, value);
+                builder = builder.default_headers(headers);
+            }
+            None => {
+                let identity =
+                    Identity::from_pem(&self.identity_pem).context("parsing the client certificate and key")?;
+                builder = builder.identity(identity);
+            }
+        }
+        let mut builder = builder.no_proxy().tcp_nodelay(true).connect_timeout(Duration::from_secs(10));
         if self.http1 {
             builder = builder.http1_only();
         }
