@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 pub mod attributes;
+pub mod delegated;
 pub mod pki;
 pub mod rbac;
 pub mod serving;
