@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 pub mod attributes;
 pub mod authn;
 pub mod authz;
+pub mod delegated;
 pub mod pki;
 pub mod rbac;
 pub mod serving;

@@ -1,0 +1,339 @@
+//! Service-account JWTs verified locally, against the keys the cluster's issuer publishes (`jwks.rs`),
+//! mapped to the user the kube-apiserver would produce:
+//! `system:serviceaccount:NS:NAME`, uid = the service account's uid, groups `system:serviceaccounts`
+//! and `system:serviceaccounts:NS`, and for bound tokens the extras `authentication.kubernetes.io/`
+//! `pod-name`, `pod-uid`, `node-name`, `node-uid` and `credential-id` (`JTI=<jti>`).
+//!
+//! Checked here: the signature (RS256, ES256, ES384; the header's `alg` must be the key's), `iss` (the
+//! issuer of the discovery document), `aud` (one of the configured audiences; by default the issuer
+//! — kube-apiserver's default API audience — or `https://kubernetes.default.svc`), `exp` and `nbf`
+//! and `iat` (with kube's one-minute leeway), `sub` consistent with the `kubernetes.io` claims.
+//!
+//! Not checkable locally: that the service account, pod, secret or node a token is bound to still
+//! exists. So a token is verified locally only within its original lifetime: past its `warnafter`
+//! (kube extends projected tokens to a year and marks the requested expiry there), or bound to a
+//! secret, or to a node without a pod, it is left to TokenReview, which checks the bound objects.
+//! A locally verified pod token stays valid until its expiry after the pod is deleted.
+//!
+//! Tokens of another issuer, not JWTs, or signed with a key unknown even after a refresh are
+//! [`Verdict::NotLocal`]: [`super::DelegatedTokenAuthenticator`] hands them to TokenReview. Keys are
+//! fetched on first use, re-fetched when a token names an unknown `kid` (at most once per
+//! `min_refresh_interval`) and in the background once older than `refresh_interval`; a failed fetch
+//! keeps the previous keys.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{dangerous, decode, decode_header, Validation};
+use kube::Client;
+use serde::Deserialize;
+
+use super::jwks::{self, Key, KeySet};
+use super::DelegatedError;
+use crate::auth::UserInfo;
+
+/// The API audience several distributions use (EKS); kubeadm and GKE use the issuer.
+pub const DEFAULT_API_AUDIENCE: &str = "https://kubernetes.default.svc";
+/// go-jose's `DefaultLeeway`, which kube-apiserver uses for `exp`, `nbf` and `iat`.
+pub const DEFAULT_LEEWAY: Duration = Duration::from_secs(60);
+pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(60);
+pub const DEFAULT_MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
+
+pub const POD_NAME_KEY: &str = "authentication.kubernetes.io/pod-name";
+pub const POD_UID_KEY: &str = "authentication.kubernetes.io/pod-uid";
+pub const NODE_NAME_KEY: &str = "authentication.kubernetes.io/node-name";
+pub const NODE_UID_KEY: &str = "authentication.kubernetes.io/node-uid";
+pub const CREDENTIAL_ID_KEY: &str = "authentication.kubernetes.io/credential-id";
+
+/// How service-account tokens are verified.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceAccountConfig {
+    /// A token must be for one of these; empty = the issuer or [`DEFAULT_API_AUDIENCE`].
+    pub audiences: Vec<String>,
+    pub leeway: Duration,
+    /// Keys older than this are re-fetched in the background.
+    pub refresh_interval: Duration,
+    /// Fetches (on an unknown `kid`, or while no keys are known) are at most this frequent.
+    pub min_refresh_interval: Duration,
+}
+
+impl Default for ServiceAccountConfig {
+    fn default() -> Self {
+        ServiceAccountConfig {
+            audiences: Vec::new(),
+            leeway: DEFAULT_LEEWAY,
+            refresh_interval: DEFAULT_REFRESH_INTERVAL,
+            min_refresh_interval: DEFAULT_MIN_REFRESH_INTERVAL,
+        }
+    }
+}
+
+/// What local verification made of a token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// A valid service-account token of the cluster's issuer: this user.
+    Verified(UserInfo),
+    /// The cluster's issuer's, and invalid (expired, not yet valid, other audience, bad signature):
+    /// the token is refused, no TokenReview needed.
+    Rejected(String),
+    /// Not for local verification: TokenReview decides.
+    NotLocal(String),
+}
+
+/// Verifies service-account JWTs locally. Cheap to clone (keys are shared).
+#[derive(Clone)]
+pub struct ServiceAccountVerifier {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    config: ServiceAccountConfig,
+    keys: RwLock<Option<Arc<KeySet>>>,
+    last_attempt: Mutex<Option<Instant>>,
+    fetching: tokio::sync::Mutex<()>,
+    background: AtomicBool,
+}
+
+impl std::fmt::Debug for ServiceAccountVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceAccountVerifier").field("config", &self.inner.config).finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+struct Unverified {
+    iss: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Claims {
+    sub: String,
+    jti: Option<String>,
+    iat: Option<f64>,
+    #[serde(rename = "kubernetes.io")]
+    kubernetes: Option<KubeClaims>,
+}
+
+#[derive(Deserialize)]
+struct KubeClaims {
+    #[serde(default)]
+    namespace: String,
+    serviceaccount: Option<Ref>,
+    pod: Option<Ref>,
+    secret: Option<Ref>,
+    node: Option<Ref>,
+    warnafter: Option<f64>,
+}
+
+#[derive(Deserialize)]
+struct Ref {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    uid: String,
+}
+
+impl ServiceAccountVerifier {
+    /// A verifier that fetches the keys on first use (or on [`Self::refresh_keys`]).
+    pub fn new(client: Client, config: ServiceAccountConfig) -> Self {
+        let inner = Inner {
+            client,
+            config,
+            keys: RwLock::new(None),
+            last_attempt: Mutex::new(None),
+            fetching: tokio::sync::Mutex::new(()),
+            background: AtomicBool::new(false),
+        };
+        ServiceAccountVerifier { inner: Arc::new(inner) }
+    }
+
+    /// Fetches the issuer and keys now, whatever the rate limit; on error the previous keys stay.
+    pub async fn refresh_keys(&self) -> Result<(), DelegatedError> {
+        let _fetching = self.inner.fetching.lock().await;
+        self.inner.fetch().await
+    }
+
+    /// The cluster's issuer, once known.
+    pub fn issuer(&self) -> Option<String> {
+        self.inner.current().map(|k| k.issuer.clone())
+    }
+
+    /// How many keys are known.
+    pub fn key_count(&self) -> usize {
+        self.inner.current().map_or(0, |k| k.len())
+    }
+
+    /// Verifies `token` locally.
+    pub async fn verify(&self, token: &str) -> Verdict {
+        let Ok(header) = decode_header(token) else { return Verdict::NotLocal("not a JWT".into()) };
+        let issuer = match dangerous::insecure_decode::<Unverified>(token) {
+            Ok(data) => data.claims.iss.unwrap_or_default(),
+            Err(_) => return Verdict::NotLocal("unreadable JWT claims".into()),
+        };
+        let Some(mut keys) = self.keys_for_use().await else {
+            return Verdict::NotLocal("the issuer's keys are not available".into());
+        };
+        if issuer != keys.issuer {
+            return Verdict::NotLocal(format!("issuer {issuer:?} is not the cluster's"));
+        }
+        let kid = header.kid.as_deref();
+        if kid.is_some() && candidates(&keys, kid, header.alg).is_empty() {
+            self.inner.fetch_rate_limited().await;
+            keys = self.inner.current().unwrap_or(keys);
+        }
+        let candidates = candidates(&keys, kid, header.alg);
+        if candidates.is_empty() {
+            return Verdict::NotLocal(format!("no published key {kid:?} for {:?}", header.alg));
+        }
+        self.check(token, &keys, &candidates)
+    }
+
+    fn check(&self, token: &str, keys: &KeySet, candidates: &[&Key]) -> Verdict {
+        let config = &self.inner.config;
+        let audiences = if config.audiences.is_empty() {
+            vec![keys.issuer.clone(), DEFAULT_API_AUDIENCE.to_owned()]
+        } else {
+            config.audiences.clone()
+        };
+        let mut last = ErrorKind::InvalidSignature;
+        for key in candidates {
+            let mut validation = Validation::new(key.algorithm);
+            validation.leeway = config.leeway.as_secs();
+            validation.validate_nbf = true;
+            validation.set_issuer(&[&keys.issuer]);
+            validation.set_audience(&audiences);
+            validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+            match decode::<Claims>(token, &key.decoding, &validation) {
+                Ok(data) => return user_of(data.claims, config.leeway),
+                Err(e) => last = e.into_kind(),
+            }
+            if !matches!(last, ErrorKind::InvalidSignature) {
+                break;
+            }
+        }
+        Verdict::Rejected(match last {
+            ErrorKind::ExpiredSignature => "service account token has expired".into(),
+            ErrorKind::ImmatureSignature => "service account token is not valid yet".into(),
+            ErrorKind::InvalidAudience => "token audiences are not accepted".into(),
+            other => format!("invalid service account token: {other:?}"),
+        })
+    }
+
+    /// The keys to verify with: fetched inline if none are known yet, refreshed in the background if
+    /// old.
+    async fn keys_for_use(&self) -> Option<Arc<KeySet>> {
+        match self.inner.current() {
+            None => {
+                self.inner.fetch_rate_limited().await;
+                self.inner.current()
+            }
+            Some(keys) => {
+                if keys.fetched_at.elapsed() >= self.inner.config.refresh_interval {
+                    self.refresh_in_background();
+                }
+                Some(keys)
+            }
+        }
+    }
+
+    fn refresh_in_background(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        if self.inner.background.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let inner = Arc::clone(&self.inner);
+        runtime.spawn(async move {
+            inner.fetch_rate_limited().await;
+            inner.background.store(false, Ordering::Release);
+        });
+    }
+}
+
+impl Inner {
+    fn current(&self) -> Option<Arc<KeySet>> {
+        self.keys.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Fetches unless a fetch was attempted less than `min_refresh_interval` ago.
+    async fn fetch_rate_limited(&self) {
+        let _fetching = self.fetching.lock().await;
+        {
+            let mut last = self.last_attempt.lock().unwrap_or_else(PoisonError::into_inner);
+            if last.is_some_and(|t| t.elapsed() < self.config.min_refresh_interval) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        if let Err(e) = self.fetch().await {
+            tracing::warn!(error = %e, "service-account issuer keys not fetched; tokens go to TokenReview");
+        }
+    }
+
+    /// Fetches now; the caller holds `fetching`.
+    async fn fetch(&self) -> Result<(), DelegatedError> {
+        *self.last_attempt.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        let set = jwks::fetch(&self.client).await?;
+        let mut kids: Vec<&String> = set.by_kid.keys().collect();
+        kids.sort();
+        tracing::debug!(issuer = %set.issuer, ?kids, unnamed = set.unnamed.len(), "service-account issuer keys fetched");
+        *self.keys.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(set));
+        Ok(())
+    }
+}
+
+/// The keys a token with this `kid` and `alg` may be signed with: the named key, or every key of the
+/// algorithm when the token names none.
+fn candidates<'k>(keys: &'k KeySet, kid: Option<&str>, alg: jsonwebtoken::Algorithm) -> Vec<&'k Key> {
+    match kid {
+        Some(kid) => keys.by_kid.get(kid).into_iter().collect(),
+        None => keys.unnamed.iter().chain(keys.by_kid.values()).filter(|k| k.algorithm == alg).collect(),
+    }
+}
+
+/// The user of verified claims, or why they are not for local verification.
+fn user_of(claims: Claims, leeway: Duration) -> Verdict {
+    let now = jsonwebtoken::get_current_timestamp() as f64;
+    if claims.iat.is_some_and(|iat| iat > now + leeway.as_secs_f64()) {
+        return Verdict::Rejected("service account token is issued in the future".into());
+    }
+    let Some(k) = claims.kubernetes else {
+        return Verdict::Rejected("not a service account token: no kubernetes.io claims".into());
+    };
+    let sa = k.serviceaccount.unwrap_or(Ref { name: String::new(), uid: String::new() });
+    if k.namespace.is_empty() || sa.name.is_empty() {
+        return Verdict::Rejected("service account token without namespace or service account".into());
+    }
+    let name = format!("system:serviceaccount:{}:{}", k.namespace, sa.name);
+    if claims.sub != name {
+        return Verdict::Rejected(format!("subject {:?} does not match the kubernetes.io claims", claims.sub));
+    }
+    if k.warnafter.is_some_and(|w| w > 0.0 && now > w) {
+        return Verdict::NotLocal("past warnafter: the bound objects must be checked".into());
+    }
+    if k.secret.is_some() || (k.node.is_some() && k.pod.is_none()) {
+        return Verdict::NotLocal("bound to a secret or node: the bound object must be checked".into());
+    }
+    let mut user = UserInfo {
+        name,
+        uid: sa.uid,
+        groups: vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{}", k.namespace)],
+        ..UserInfo::default()
+    };
+    if let Some(pod) = k.pod.filter(|p| !p.name.is_empty() && !p.uid.is_empty()) {
+        user.extra.insert(POD_NAME_KEY.into(), vec![pod.name]);
+        user.extra.insert(POD_UID_KEY.into(), vec![pod.uid]);
+    }
+    if let Some(jti) = claims.jti.filter(|j| !j.is_empty()) {
+        user.extra.insert(CREDENTIAL_ID_KEY.into(), vec![format!("JTI={jti}")]);
+    }
+    if let Some(node) = k.node.filter(|n| !n.name.is_empty()) {
+        user.extra.insert(NODE_NAME_KEY.into(), vec![node.name]);
+        if !node.uid.is_empty() {
+            user.extra.insert(NODE_UID_KEY.into(), vec![node.uid]);
+        }
+    }
+    Verdict::Verified(user)
+}
