@@ -14,6 +14,7 @@ use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
 use super::{AppState, GROUP};
 use crate::auth::attributes::{Attributes, ResourceAttributes};
+use crate::auth::authn::AuthnError;
 use crate::auth::trust::PeerCertificate;
 use crate::auth::UserInfo;
 
@@ -59,11 +60,21 @@ pub fn forbidden(attributes: &Attributes, reason: &str) -> ApiError {
     ApiError::forbidden(attributes.forbidden_status_message(reason), details)
 }
 
+/// An authorizer that cannot answer: 503, never an allow.
+fn authorization_unavailable(err: crate::auth::delegated::DelegatedError) -> ApiError {
+    tracing::warn!(error = %err, "authorization unavailable");
+    ApiError::unavailable(format!("authorization is unavailable: {err}"))
+}
+
 pub async fn gate(State(app): State<AppState>, mut request: Request, next: Next) -> Response {
     let access = app.access.clone();
     let peer = request.extensions().get::<PeerCertificate>().cloned().unwrap_or_default();
     let user = match access.authenticator.authenticate(&peer, request.headers()).await {
         Ok(user) => user,
+        Err(AuthnError::Unavailable(e)) => {
+            tracing::warn!(error = %e, "authentication unavailable");
+            return ApiError::unavailable(format!("authentication is unavailable: {e}")).into_response();
+        }
         Err(e) => {
             tracing::debug!(error = %e, "authentication failed");
             return ApiError::unauthorized().into_response();
@@ -72,7 +83,10 @@ pub async fn gate(State(app): State<AppState>, mut request: Request, next: Next)
     access.authenticator.strip_request_headers(request.headers_mut());
     let info = RequestInfo::new(request.method(), request.uri().path(), request.uri().query());
     let attributes = attributes(&user, &info);
-    let decision = access.authorizer.authorize(&attributes).await;
+    let decision = match access.authorizer.authorize(&attributes).await {
+        Ok(decision) => decision,
+        Err(e) => return authorization_unavailable(e).into_response(),
+    };
     if !decision.is_allowed() {
         tracing::debug!(user = %user.name, reason = decision.reason(), "forbidden: {}", attributes.forbidden_message());
         return forbidden(&attributes, decision.reason()).into_response();
@@ -110,7 +124,7 @@ pub async fn check_secret_access(
                 ..ResourceAttributes::default()
             },
         );
-        let decision = app.access.authorizer.authorize(&read).await;
+        let decision = app.access.authorizer.authorize(&read).await.map_err(authorization_unavailable)?;
         if !decision.is_allowed() {
             let name = new.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
             return Err(ApiError::forbidden(

@@ -211,6 +211,12 @@ impl ApiError {
         }
     }
 
+    /// 503: something the request needs (the cluster's authentication or authorization) did not
+    /// answer; clients retry.
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", message)
+    }
+
     pub fn unauthorized() -> ApiError {
         ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
     }

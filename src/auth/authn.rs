@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use axum::http::{header, HeaderMap, HeaderName};
 
+use super::delegated::DelegatedTokenAuthenticator;
 use super::token_file::TokenFile;
 use super::trust::{ClientTrust, PeerCertificate, RequestHeaderConfig};
 use super::UserInfo;
@@ -19,8 +20,9 @@ use super::UserInfo;
 pub enum AuthnError {
     #[error("invalid bearer token")]
     InvalidToken,
+    /// The cluster could not be asked (a 5xx: the token may be fine).
     #[error("token review failed: {0}")]
-    TokenReview(String),
+    Unavailable(String),
     #[error("no credentials and anonymous requests are not allowed")]
     Anonymous,
 }
@@ -29,6 +31,8 @@ pub enum AuthnError {
 pub enum TokenAuthenticator {
     /// `--token-auth-file`.
     File(TokenFile),
+    /// In a cluster: service-account JWTs verified locally, else a TokenReview.
+    Delegated(DelegatedTokenAuthenticator),
 }
 
 /// The authentication chain.
@@ -53,6 +57,9 @@ impl Authenticator {
             for authenticator in &self.tokens {
                 let found = match authenticator {
                     TokenAuthenticator::File(file) => file.authenticate(token),
+                    TokenAuthenticator::Delegated(delegated) => {
+                        delegated.authenticate(token).await.map_err(|e| AuthnError::Unavailable(e.to_string()))?
+                    }
                 };
                 if let Some(user) = found {
                     return Ok(user.with_authenticated_group());

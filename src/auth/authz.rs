@@ -1,8 +1,9 @@
-//! Authorization: may this user do this? Standalone, an RBAC policy file answers; without one,
-//! only `system:masters` may do anything. (In a cluster a SubjectAccessReview answers.) Anything
-//! not allowed is forbidden: RBAC has no explicit deny.
+//! Authorization: may this user do this? In a cluster a SubjectAccessReview answers; standalone, an
+//! RBAC policy file answers, and without one only `system:masters` may do anything. Anything not
+//! allowed is forbidden; an authorizer that cannot answer is an error, never an allow.
 
 use super::attributes::{Attributes, Decision, SYSTEM_MASTERS};
+use super::delegated::{DelegatedError, SarAuthorizer};
 use super::rbac::PolicyWatcher;
 
 /// The authorizer in force.
@@ -11,16 +12,18 @@ pub enum Authorizer {
     Policy(PolicyWatcher),
     /// No policy: only `system:masters` (the admin kubeconfig) is allowed.
     MastersOnly,
+    /// In a cluster: SubjectAccessReviews (cached), `system:masters` first.
+    Delegated(SarAuthorizer),
 }
 
 impl Authorizer {
-    pub async fn authorize(&self, attributes: &Attributes) -> Decision {
-        match self {
+    pub async fn authorize(&self, attributes: &Attributes) -> Result<Decision, DelegatedError> {
+        let master = attributes.user.groups.iter().any(|g| g == SYSTEM_MASTERS);
+        Ok(match self {
             Authorizer::Policy(policy) => policy.authorize(attributes),
-            Authorizer::MastersOnly if attributes.user.groups.iter().any(|g| g == SYSTEM_MASTERS) => {
-                Decision::Allow(String::new())
-            }
+            Authorizer::MastersOnly | Authorizer::Delegated(_) if master => Decision::Allow(String::new()),
             Authorizer::MastersOnly => Decision::NoOpinion(String::new()),
-        }
+            Authorizer::Delegated(sar) => sar.authorize(attributes).await?,
+        })
     }
 }

@@ -44,11 +44,14 @@ pub struct TlsSetup {
 /// by [`ServingCertificate::watch`]); client certificates optional but, when presented, verified
 /// against the client CA or the request-header CA in `anchors`.
 pub fn setup(cert: &Path, key: &Path, anchors: &TrustAnchors) -> Result<TlsSetup, TlsError> {
-    // An explicit provider, so behaviour never depends on which process-wide default (if any) some
-    // other dependency installed.
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let trust = Arc::new(ClientTrust::new(provider(), anchors)?);
+    setup_with_trust(cert, key, trust)
+}
+
+/// [`setup`] with trust anchors kept elsewhere (in a cluster, the authentication ConfigMap's).
+pub fn setup_with_trust(cert: &Path, key: &Path, trust: Arc<ClientTrust>) -> Result<TlsSetup, TlsError> {
+    let provider = provider();
     let serving = Arc::new(ServingCertificate::load(cert, key, provider.clone())?);
-    let trust = Arc::new(ClientTrust::new(provider.clone(), anchors)?);
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(TlsError::Config)?
@@ -56,6 +59,12 @@ pub fn setup(cert: &Path, key: &Path, anchors: &TrustAnchors) -> Result<TlsSetup
         .with_cert_resolver(serving.clone());
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsSetup { config: Arc::new(config), trust, serving })
+}
+
+/// An explicit crypto provider, so behaviour never depends on which process-wide default (if
+/// any) some other dependency installed.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
 /// Reads a PEM bundle (a CA file) for [`TrustAnchors`].

@@ -1,0 +1,112 @@
+//! `stowage serve`: open the store, prepare TLS identities, serve the API until SIGTERM/SIGINT.
+
+mod auth;
+
+pub use auth::AuthOptions;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use crate::apiserver::{self, AppState, Limits};
+use crate::auth::pki;
+use crate::storage::{Store, StoreOptions};
+
+/// Options of `stowage serve`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServeOptions {
+    /// Where the store, certificates and admin kubeconfig live.
+    #[arg(long, default_value = "./stowage-data", env = "STOWAGE_DATA_DIR")]
+    pub data_dir: PathBuf,
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8443")]
+    pub listen: SocketAddr,
+    /// Largest content upload body in bytes.
+    #[arg(long, default_value_t = Limits::default().max_body_bytes)]
+    pub max_body_bytes: u64,
+    /// Largest unpacked size of one upload in bytes (compression-bomb limit).
+    #[arg(long, default_value_t = Limits::default().max_unpacked_bytes)]
+    pub max_unpacked_bytes: u64,
+    /// How many recent changes the store keeps for watches and paged lists: a watch or a list
+    /// continuation from further back gets 410 Gone and re-lists.
+    #[arg(long, default_value_t = StoreOptions::default().change_log_len)]
+    pub change_log_length: u64,
+    #[command(flatten)]
+    pub auth: AuthOptions,
+}
+
+pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    std::fs::create_dir_all(&options.data_dir)
+        .with_context(|| format!("creating data directory {}", options.data_dir.display()))?;
+    let pki = pki::ensure_standalone(&options.data_dir).context("preparing certificates")?;
+    let store = {
+        let dir = options.data_dir.join("store");
+        let store_options =
+            StoreOptions { change_log_len: options.change_log_length.max(1), ..StoreOptions::default() };
+        tokio::task::spawn_blocking(move || Store::open(&dir, store_options)).await.context("opening the store")??
+    };
+    let (tls_setup, access, delegated) = auth::configure(&options.auth, &pki).await?;
+    let access = Arc::new(access);
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .with_context(|| format!("listening on {}", options.listen))?;
+    let local = listener.local_addr()?;
+    let host = if local.ip().is_unspecified() { "127.0.0.1".to_string() } else { local.ip().to_string() };
+    let url = if local.is_ipv6() {
+        format!("https://[{host}]:{}", local.port())
+    } else {
+        format!("https://{host}:{}", local.port())
+    };
+    // In a cluster users come with their own credentials; standalone, the admin gets a kubeconfig.
+    let kubeconfig = match delegated {
+        Some(_) => None,
+        None => {
+            Some(pki::write_admin_kubeconfig(&options.data_dir, &pki, &url).context("writing the admin kubeconfig")?)
+        }
+    };
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let collector = apiserver::garbage_collector::spawn(store.clone(), shutdown.clone());
+    tls_setup.serving.clone().watch(shutdown.clone());
+    let state = AppState {
+        store,
+        access,
+        shutdown: shutdown.clone(),
+        limits: Arc::new(Limits {
+            max_body_bytes: options.max_body_bytes,
+            max_unpacked_bytes: options.max_unpacked_bytes,
+            ..Limits::default()
+        }),
+    };
+    match &kubeconfig {
+        Some(path) => tracing::info!("stowage ready on {url} (kubectl --kubeconfig {})", path.display()),
+        None => tracing::info!("stowage ready on {url} (authentication and authorization delegated to the cluster)"),
+    }
+    let stopping = async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        shutdown.cancel();
+    };
+    apiserver::listener::serve_tls(listener, tls_setup, apiserver::router(state), stopping).await?;
+    collector.abort();
+    drop(delegated);
+    tracing::info!("stowage stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
