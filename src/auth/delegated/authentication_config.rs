@@ -100,7 +100,8 @@ impl AuthenticationConfigWatcher {
     /// A watcher of an existing `trust` that does not poll (see [`Self::reload`]); its first reload
     /// applies whatever the ConfigMap holds.
     pub fn new(client: Client, trust: Arc<ClientTrust>) -> Self {
-        let shared = Shared { api: Api::namespaced(client, NAMESPACE), trust, state: tokio::sync::Mutex::new((None, false)) };
+        let shared =
+            Shared { api: Api::namespaced(client, NAMESPACE), trust, state: tokio::sync::Mutex::new((None, false)) };
         AuthenticationConfigWatcher { shared: Arc::new(shared), task: None }
     }
 
@@ -206,7 +207,8 @@ mod tests {
         assert!(anchors.request_header_ca_pem.is_none());
         assert!(anchors.request_header.username_headers.is_empty());
 
-        let bad: BTreeMap<String, String> = [("requestheader-group-headers".to_owned(), "X-Remote-Group".to_owned())].into();
+        let bad: BTreeMap<String, String> =
+            [("requestheader-group-headers".to_owned(), "X-Remote-Group".to_owned())].into();
         let message = trust_anchors_from(&bad).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(message.contains("requestheader-group-headers"), "{message}");
     }

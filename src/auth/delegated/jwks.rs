@@ -69,12 +69,8 @@ pub(crate) async fn fetch(client: &Client) -> Result<KeySet, DelegatedError> {
     }
     let jwks: RawJwks = serde_json::from_str(&get(client, JWKS_PATH).await?)
         .map_err(|e| DelegatedError::Response { what: JWKS_PATH, detail: e.to_string() })?;
-    let mut set = KeySet {
-        issuer: discovery.issuer,
-        by_kid: HashMap::new(),
-        unnamed: Vec::new(),
-        fetched_at: Instant::now(),
-    };
+    let mut set =
+        KeySet { issuer: discovery.issuer, by_kid: HashMap::new(), unnamed: Vec::new(), fetched_at: Instant::now() };
     for (index, raw) in jwks.keys.into_iter().enumerate() {
         let jwk: Jwk = match serde_json::from_value(raw) {
             Ok(jwk) => jwk,

@@ -225,6 +225,9 @@ mod tests {
         let r = ResourceAttributes { verb: "get".into(), resource: "secrets".into(), ..Default::default() };
         let spec = review_spec(&Attributes::resource(UserInfo { name: "bob".into(), ..Default::default() }, r));
         let json = serde_json::to_value(&spec).unwrap_or_default();
-        assert_eq!(json, serde_json::json!({"user": "bob", "resourceAttributes": {"verb": "get", "resource": "secrets"}}));
+        assert_eq!(
+            json,
+            serde_json::json!({"user": "bob", "resourceAttributes": {"verb": "get", "resource": "secrets"}})
+        );
     }
 }

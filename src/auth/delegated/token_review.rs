@@ -133,7 +133,10 @@ fn user_of(status: TokenReviewStatus, audiences: &[String]) -> Result<Option<Use
     })?;
     let name = user.username.unwrap_or_default();
     if name.is_empty() {
-        return Err(DelegatedError::Response { what: "TokenReview", detail: "authenticated an empty user name".into() });
+        return Err(DelegatedError::Response {
+            what: "TokenReview",
+            detail: "authenticated an empty user name".into(),
+        });
     }
     Ok(Some(UserInfo {
         name,
