@@ -31,8 +31,11 @@ use kube::Client;
 use serde::Deserialize;
 
 use super::jwks::{self, Key, KeySet};
+use super::sa_claims::{user_of, Claims};
 use super::DelegatedError;
 use crate::auth::UserInfo;
+
+pub use super::sa_claims::{CREDENTIAL_ID_KEY, NODE_NAME_KEY, NODE_UID_KEY, POD_NAME_KEY, POD_UID_KEY};
 
 /// The API audience several distributions use (EKS); kubeadm and GKE use the issuer.
 pub const DEFAULT_API_AUDIENCE: &str = "https://kubernetes.default.svc";
@@ -40,12 +43,6 @@ pub const DEFAULT_API_AUDIENCE: &str = "https://kubernetes.default.svc";
 pub const DEFAULT_LEEWAY: Duration = Duration::from_secs(60);
 pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(60);
 pub const DEFAULT_MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
-
-pub const POD_NAME_KEY: &str = "authentication.kubernetes.io/pod-name";
-pub const POD_UID_KEY: &str = "authentication.kubernetes.io/pod-uid";
-pub const NODE_NAME_KEY: &str = "authentication.kubernetes.io/node-name";
-pub const NODE_UID_KEY: &str = "authentication.kubernetes.io/node-uid";
-pub const CREDENTIAL_ID_KEY: &str = "authentication.kubernetes.io/credential-id";
 
 /// How service-account tokens are verified.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,34 +103,6 @@ impl std::fmt::Debug for ServiceAccountVerifier {
 #[derive(Deserialize)]
 struct Unverified {
     iss: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Claims {
-    sub: String,
-    jti: Option<String>,
-    iat: Option<f64>,
-    #[serde(rename = "kubernetes.io")]
-    kubernetes: Option<KubeClaims>,
-}
-
-#[derive(Deserialize)]
-struct KubeClaims {
-    #[serde(default)]
-    namespace: String,
-    serviceaccount: Option<Ref>,
-    pod: Option<Ref>,
-    secret: Option<Ref>,
-    node: Option<Ref>,
-    warnafter: Option<f64>,
-}
-
-#[derive(Deserialize)]
-struct Ref {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    uid: String,
 }
 
 impl ServiceAccountVerifier {
@@ -291,49 +260,4 @@ fn candidates<'k>(keys: &'k KeySet, kid: Option<&str>, alg: jsonwebtoken::Algori
         Some(kid) => keys.by_kid.get(kid).into_iter().collect(),
         None => keys.unnamed.iter().chain(keys.by_kid.values()).filter(|k| k.algorithm == alg).collect(),
     }
-}
-
-/// The user of verified claims, or why they are not for local verification.
-fn user_of(claims: Claims, leeway: Duration) -> Verdict {
-    let now = jsonwebtoken::get_current_timestamp() as f64;
-    if claims.iat.is_some_and(|iat| iat > now + leeway.as_secs_f64()) {
-        return Verdict::Rejected("service account token is issued in the future".into());
-    }
-    let Some(k) = claims.kubernetes else {
-        return Verdict::Rejected("not a service account token: no kubernetes.io claims".into());
-    };
-    let sa = k.serviceaccount.unwrap_or(Ref { name: String::new(), uid: String::new() });
-    if k.namespace.is_empty() || sa.name.is_empty() {
-        return Verdict::Rejected("service account token without namespace or service account".into());
-    }
-    let name = format!("system:serviceaccount:{}:{}", k.namespace, sa.name);
-    if claims.sub != name {
-        return Verdict::Rejected(format!("subject {:?} does not match the kubernetes.io claims", claims.sub));
-    }
-    if k.warnafter.is_some_and(|w| w > 0.0 && now > w) {
-        return Verdict::NotLocal("past warnafter: the bound objects must be checked".into());
-    }
-    if k.secret.is_some() || (k.node.is_some() && k.pod.is_none()) {
-        return Verdict::NotLocal("bound to a secret or node: the bound object must be checked".into());
-    }
-    let mut user = UserInfo {
-        name,
-        uid: sa.uid,
-        groups: vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{}", k.namespace)],
-        ..UserInfo::default()
-    };
-    if let Some(pod) = k.pod.filter(|p| !p.name.is_empty() && !p.uid.is_empty()) {
-        user.extra.insert(POD_NAME_KEY.into(), vec![pod.name]);
-        user.extra.insert(POD_UID_KEY.into(), vec![pod.uid]);
-    }
-    if let Some(jti) = claims.jti.filter(|j| !j.is_empty()) {
-        user.extra.insert(CREDENTIAL_ID_KEY.into(), vec![format!("JTI={jti}")]);
-    }
-    if let Some(node) = k.node.filter(|n| !n.name.is_empty()) {
-        user.extra.insert(NODE_NAME_KEY.into(), vec![node.name]);
-        if !node.uid.is_empty() {
-            user.extra.insert(NODE_UID_KEY.into(), vec![node.uid]);
-        }
-    }
-    Verdict::Verified(user)
 }
