@@ -198,6 +198,19 @@ async fn delegated_invalid_service_account_tokens_are_refused_locally() {
 }
 
 #[tokio::test]
+async fn delegated_verified_tokens_are_not_remembered_past_expiry() {
+    let stub = StubApiServer::start();
+    let config = ServiceAccountConfig { leeway: Duration::ZERO, ..Default::default() };
+    let local = ServiceAccountVerifier::new(client(&stub).await, config);
+    let issuer = stub.issuer();
+    let token = stub.service_account_token("team-a", "brief", &[issuer.as_str()], now() + 2);
+    assert!(matches!(local.verify(&token).await, Verdict::Verified(_)));
+    assert!(matches!(local.verify(&token).await, Verdict::Verified(_)));
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    assert!(matches!(local.verify(&token).await, Verdict::Rejected(_)), "expired, and no longer remembered");
+}
+
+#[tokio::test]
 async fn delegated_tokens_local_verification_cannot_decide_go_to_token_review() {
     let stub = StubApiServer::start();
     let auth = authenticator(client(&stub).await, &[]);
@@ -402,4 +415,57 @@ async fn delegated_authentication_config_map_reaches_client_trust() {
     assert_eq!(manual.reload().await, ReloadOutcome::Failed);
     assert_eq!(trust.request_header_config().allowed_names, vec!["aggregator".to_owned()]);
     assert!(matches!(trust.classify(&[leaf(&alice.cert_pem)]), PeerCertificate::User(_)));
+}
+
+/// What a cached or local answer costs (reported, not asserted: the request counts prove that no
+/// answer needed the network).
+#[tokio::test]
+async fn delegated_cached_answers_cost_microseconds() {
+    const N: u32 = 2000;
+    let stub = StubApiServer::start();
+    stub.add_token("alice-token", user("alice", &[]));
+    stub.allow("alice", "get", "bundles/content", "team-a");
+    let client = client(&stub).await;
+    let long = Duration::from_secs(600);
+    let auth = DelegatedTokenAuthenticator::new(
+        Some(ServiceAccountVerifier::new(client.clone(), ServiceAccountConfig::default())),
+        TokenReviewer::new(client.clone(), TokenReviewConfig { success_ttl: long, ..Default::default() }),
+    );
+    let sar = SarAuthorizer::new(client.clone(), SarConfig { allow_ttl: long, ..Default::default() });
+    let issuer = stub.issuer();
+    let jwt = stub.service_account_token("team-a", "builder", &[issuer.as_str()], now() + 600);
+    let get = get_bundles("alice", "team-a");
+    assert!(auth.authenticate("alice-token").await.expect("review").is_some());
+    assert!(auth.authenticate(&jwt).await.expect("local").is_some());
+    assert!(sar.authorize(&get).await.expect("review").is_allowed());
+
+    let start = std::time::Instant::now();
+    for _ in 0..N {
+        assert!(auth.authenticate("alice-token").await.expect("cached").is_some());
+    }
+    let review = start.elapsed() / N;
+    let start = std::time::Instant::now();
+    for _ in 0..N {
+        assert!(auth.authenticate(&jwt).await.expect("local").is_some());
+    }
+    let local = start.elapsed() / N;
+    let uncached = ServiceAccountConfig { verified_cache_size: 0, ..Default::default() };
+    let uncached = ServiceAccountVerifier::new(client.clone(), uncached);
+    assert!(matches!(uncached.verify(&jwt).await, Verdict::Verified(_)));
+    let start = std::time::Instant::now();
+    for _ in 0..N {
+        assert!(matches!(uncached.verify(&jwt).await, Verdict::Verified(_)));
+    }
+    let verify = start.elapsed() / N;
+    let start = std::time::Instant::now();
+    for _ in 0..N {
+        assert!(sar.authorize(&get).await.expect("cached").is_allowed());
+    }
+    let authorize = start.elapsed() / N;
+    crate::harness::report(&format!(
+        "delegated auth per request: cached TokenReview {review:?}, remembered service-account JWT {local:?} \
+         ({verify:?} to verify its signature and claims), cached SubjectAccessReview {authorize:?}"
+    ));
+    assert_eq!(stub.requests(Endpoint::TokenReview), 1);
+    assert_eq!(stub.requests(Endpoint::SubjectAccessReview), 1);
 }

@@ -19,10 +19,26 @@ pub const CREDENTIAL_ID_KEY: &str = "authentication.kubernetes.io/credential-id"
 #[derive(Deserialize)]
 pub(crate) struct Claims {
     sub: String,
+    exp: Option<f64>,
     jti: Option<String>,
     iat: Option<f64>,
     #[serde(rename = "kubernetes.io")]
     kubernetes: Option<KubeClaims>,
+}
+
+impl Claims {
+    /// How long the token may still be verified locally: until `exp` or a `warnafter` (if any),
+    /// whichever is first; `None` if that is past or unknown.
+    pub(crate) fn remaining_lifetime(&self) -> Option<Duration> {
+        let warnafter = self.kubernetes.as_ref().and_then(|k| k.warnafter).filter(|w| *w > 0.0);
+        let until = match (self.exp, warnafter) {
+            (Some(exp), Some(warnafter)) => exp.min(warnafter),
+            (Some(exp), None) => exp,
+            (None, _) => return None,
+        };
+        let left = until - jsonwebtoken::get_current_timestamp() as f64;
+        (left > 0.0).then(|| Duration::from_secs_f64(left.min(u32::MAX as f64)))
+    }
 }
 
 #[derive(Deserialize)]
@@ -135,6 +151,18 @@ mod tests {
             LEEWAY,
         ));
         assert!(plain.extra.is_empty());
+    }
+
+    #[test]
+    fn remaining_lifetime_ends_at_exp_or_warnafter() {
+        let now = jsonwebtoken::get_current_timestamp() as f64;
+        let k = |warnafter: f64| serde_json::json!({"namespace": "ns", "warnafter": warnafter});
+        let left = |v: serde_json::Value| claims(v).remaining_lifetime().map(|d| d.as_secs());
+        assert!(left(serde_json::json!({"sub": "s", "exp": now + 100.0})).is_some_and(|s| (98..=100).contains(&s)));
+        let early = serde_json::json!({"sub": "s", "exp": now + 100.0, "kubernetes.io": k(now + 30.0)});
+        assert!(left(early).is_some_and(|s| (28..=30).contains(&s)));
+        assert_eq!(left(serde_json::json!({"sub": "s", "exp": now - 1.0})), None);
+        assert_eq!(left(serde_json::json!({"sub": "s"})), None);
     }
 
     #[test]

@@ -19,7 +19,8 @@
 //! [`Verdict::NotLocal`]: [`super::DelegatedTokenAuthenticator`] hands them to TokenReview. Keys are
 //! fetched on first use, re-fetched when a token names an unknown `kid` (at most once per
 //! `min_refresh_interval`) and in the background once older than `refresh_interval`; a failed fetch
-//! keeps the previous keys.
+//! keeps the previous keys. Verified tokens are remembered by SHA-256 for `verified_ttl` (10 s), never
+//! past their `exp` or `warnafter`; refusals are not cached (checking costs no request).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -30,9 +31,10 @@ use jsonwebtoken::{dangerous, decode, decode_header, Validation};
 use kube::Client;
 use serde::Deserialize;
 
+use super::cache::TtlCache;
 use super::jwks::{self, Key, KeySet};
 use super::sa_claims::{user_of, Claims};
-use super::DelegatedError;
+use super::{digest, DelegatedError};
 use crate::auth::UserInfo;
 
 pub use super::sa_claims::{CREDENTIAL_ID_KEY, NODE_NAME_KEY, NODE_UID_KEY, POD_NAME_KEY, POD_UID_KEY};
@@ -43,6 +45,9 @@ pub const DEFAULT_API_AUDIENCE: &str = "https://kubernetes.default.svc";
 pub const DEFAULT_LEEWAY: Duration = Duration::from_secs(60);
 pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(60);
 pub const DEFAULT_MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a verified token is remembered (never past its `exp` or `warnafter`).
+pub const DEFAULT_VERIFIED_TTL: Duration = Duration::from_secs(10);
+pub const DEFAULT_VERIFIED_CACHE_SIZE: usize = 4096;
 
 /// How service-account tokens are verified.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +59,11 @@ pub struct ServiceAccountConfig {
     pub refresh_interval: Duration,
     /// Fetches (on an unknown `kid`, or while no keys are known) are at most this frequent.
     pub min_refresh_interval: Duration,
+    /// Verified tokens are remembered (by SHA-256) this long, at most until their `exp`/`warnafter`:
+    /// a key withdrawn from the JWKS stops working within this time after the next key fetch.
+    pub verified_ttl: Duration,
+    /// At most this many verified tokens are remembered; 0 disables the cache.
+    pub verified_cache_size: usize,
 }
 
 impl Default for ServiceAccountConfig {
@@ -63,6 +73,8 @@ impl Default for ServiceAccountConfig {
             leeway: DEFAULT_LEEWAY,
             refresh_interval: DEFAULT_REFRESH_INTERVAL,
             min_refresh_interval: DEFAULT_MIN_REFRESH_INTERVAL,
+            verified_ttl: DEFAULT_VERIFIED_TTL,
+            verified_cache_size: DEFAULT_VERIFIED_CACHE_SIZE,
         }
     }
 }
@@ -92,6 +104,7 @@ struct Inner {
     last_attempt: Mutex<Option<Instant>>,
     fetching: tokio::sync::Mutex<()>,
     background: AtomicBool,
+    verified: TtlCache<[u8; 32], UserInfo>,
 }
 
 impl std::fmt::Debug for ServiceAccountVerifier {
@@ -110,6 +123,7 @@ impl ServiceAccountVerifier {
     pub fn new(client: Client, config: ServiceAccountConfig) -> Self {
         let inner = Inner {
             client,
+            verified: TtlCache::new(config.verified_cache_size),
             config,
             keys: RwLock::new(None),
             last_attempt: Mutex::new(None),
@@ -137,6 +151,13 @@ impl ServiceAccountVerifier {
 
     /// Verifies `token` locally.
     pub async fn verify(&self, token: &str) -> Verdict {
+        if let Some(user) = self.inner.verified.get(&digest(token.as_bytes())) {
+            return Verdict::Verified(user);
+        }
+        self.verify_uncached(token).await
+    }
+
+    async fn verify_uncached(&self, token: &str) -> Verdict {
         let Ok(header) = decode_header(token) else { return Verdict::NotLocal("not a JWT".into()) };
         let issuer = match dangerous::insecure_decode::<Unverified>(token) {
             Ok(data) => data.claims.iss.unwrap_or_default(),
@@ -176,7 +197,15 @@ impl ServiceAccountVerifier {
             validation.set_audience(&audiences);
             validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
             match decode::<Claims>(token, &key.decoding, &validation) {
-                Ok(data) => return user_of(data.claims, config.leeway),
+                Ok(data) => {
+                    let remaining = data.claims.remaining_lifetime();
+                    let verdict = user_of(data.claims, config.leeway);
+                    if let (Verdict::Verified(user), Some(remaining)) = (&verdict, remaining) {
+                        let ttl = config.verified_ttl.min(remaining);
+                        self.inner.verified.insert(digest(token.as_bytes()), user.clone(), ttl);
+                    }
+                    return verdict;
+                }
                 Err(e) => last = e.into_kind(),
             }
             if !matches!(last, ErrorKind::InvalidSignature) {
