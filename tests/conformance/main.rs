@@ -8,6 +8,7 @@
 //! tool or corpus fails the tests, it never skips them.
 
 mod harness;
+mod stub_apiserver;
 mod tarutil;
 
 mod api;
@@ -17,6 +18,7 @@ mod bad_input;
 mod big;
 mod content;
 mod crash;
+mod delegated_auth;
 mod discovery;
 mod kube_client;
 mod kubectl;

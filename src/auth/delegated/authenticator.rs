@@ -3,7 +3,7 @@
 //!
 //! [`DelegatedTokenAuthenticator::authenticate`]: a [`Verdict::Verified`] token is that user, a
 //! [`Verdict::Rejected`] one is refused without asking the cluster, a [`Verdict::NotLocal`] one goes to
-//! the [`TokenReviewer`] (and its cache). Use the same audiences for both (as [`Self::from_client`]
+//! the [`TokenReviewer`] (and its cache). Use the same audiences for both (as [`DelegatedTokenAuthenticator::from_client`]
 //! does), or the two halves accept different tokens.
 
 use kube::Client;

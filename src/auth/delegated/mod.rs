@@ -29,6 +29,7 @@ pub mod authenticator;
 mod cache;
 pub mod client;
 mod jwks;
+mod sa_claims;
 pub mod sar;
 pub mod service_account;
 pub mod token_review;

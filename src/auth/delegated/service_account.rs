@@ -19,7 +19,8 @@
 //! [`Verdict::NotLocal`]: [`super::DelegatedTokenAuthenticator`] hands them to TokenReview. Keys are
 //! fetched on first use, re-fetched when a token names an unknown `kid` (at most once per
 //! `min_refresh_interval`) and in the background once older than `refresh_interval`; a failed fetch
-//! keeps the previous keys.
+//! keeps the previous keys. Verified tokens are remembered by SHA-256 for `verified_ttl` (10 s), never
+//! past their `exp` or `warnafter`; refusals are not cached (checking costs no request).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -30,9 +31,13 @@ use jsonwebtoken::{dangerous, decode, decode_header, Validation};
 use kube::Client;
 use serde::Deserialize;
 
+use super::cache::TtlCache;
 use super::jwks::{self, Key, KeySet};
-use super::DelegatedError;
+use super::sa_claims::{user_of, Claims};
+use super::{digest, DelegatedError};
 use crate::auth::UserInfo;
+
+pub use super::sa_claims::{CREDENTIAL_ID_KEY, NODE_NAME_KEY, NODE_UID_KEY, POD_NAME_KEY, POD_UID_KEY};
 
 /// The API audience several distributions use (EKS); kubeadm and GKE use the issuer.
 pub const DEFAULT_API_AUDIENCE: &str = "https://kubernetes.default.svc";
@@ -40,12 +45,9 @@ pub const DEFAULT_API_AUDIENCE: &str = "https://kubernetes.default.svc";
 pub const DEFAULT_LEEWAY: Duration = Duration::from_secs(60);
 pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(60);
 pub const DEFAULT_MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
-
-pub const POD_NAME_KEY: &str = "authentication.kubernetes.io/pod-name";
-pub const POD_UID_KEY: &str = "authentication.kubernetes.io/pod-uid";
-pub const NODE_NAME_KEY: &str = "authentication.kubernetes.io/node-name";
-pub const NODE_UID_KEY: &str = "authentication.kubernetes.io/node-uid";
-pub const CREDENTIAL_ID_KEY: &str = "authentication.kubernetes.io/credential-id";
+/// How long a verified token is remembered (never past its `exp` or `warnafter`).
+pub const DEFAULT_VERIFIED_TTL: Duration = Duration::from_secs(10);
+pub const DEFAULT_VERIFIED_CACHE_SIZE: usize = 4096;
 
 /// How service-account tokens are verified.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +59,11 @@ pub struct ServiceAccountConfig {
     pub refresh_interval: Duration,
     /// Fetches (on an unknown `kid`, or while no keys are known) are at most this frequent.
     pub min_refresh_interval: Duration,
+    /// Verified tokens are remembered (by SHA-256) this long, at most until their `exp`/`warnafter`:
+    /// a key withdrawn from the JWKS stops working within this time after the next key fetch.
+    pub verified_ttl: Duration,
+    /// At most this many verified tokens are remembered; 0 disables the cache.
+    pub verified_cache_size: usize,
 }
 
 impl Default for ServiceAccountConfig {
@@ -66,6 +73,8 @@ impl Default for ServiceAccountConfig {
             leeway: DEFAULT_LEEWAY,
             refresh_interval: DEFAULT_REFRESH_INTERVAL,
             min_refresh_interval: DEFAULT_MIN_REFRESH_INTERVAL,
+            verified_ttl: DEFAULT_VERIFIED_TTL,
+            verified_cache_size: DEFAULT_VERIFIED_CACHE_SIZE,
         }
     }
 }
@@ -95,6 +104,7 @@ struct Inner {
     last_attempt: Mutex<Option<Instant>>,
     fetching: tokio::sync::Mutex<()>,
     background: AtomicBool,
+    verified: TtlCache<[u8; 32], UserInfo>,
 }
 
 impl std::fmt::Debug for ServiceAccountVerifier {
@@ -108,39 +118,12 @@ struct Unverified {
     iss: Option<String>,
 }
 
-#[derive(Deserialize)]
-struct Claims {
-    sub: String,
-    jti: Option<String>,
-    iat: Option<f64>,
-    #[serde(rename = "kubernetes.io")]
-    kubernetes: Option<KubeClaims>,
-}
-
-#[derive(Deserialize)]
-struct KubeClaims {
-    #[serde(default)]
-    namespace: String,
-    serviceaccount: Option<Ref>,
-    pod: Option<Ref>,
-    secret: Option<Ref>,
-    node: Option<Ref>,
-    warnafter: Option<f64>,
-}
-
-#[derive(Deserialize)]
-struct Ref {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    uid: String,
-}
-
 impl ServiceAccountVerifier {
     /// A verifier that fetches the keys on first use (or on [`Self::refresh_keys`]).
     pub fn new(client: Client, config: ServiceAccountConfig) -> Self {
         let inner = Inner {
             client,
+            verified: TtlCache::new(config.verified_cache_size),
             config,
             keys: RwLock::new(None),
             last_attempt: Mutex::new(None),
@@ -168,6 +151,13 @@ impl ServiceAccountVerifier {
 
     /// Verifies `token` locally.
     pub async fn verify(&self, token: &str) -> Verdict {
+        if let Some(user) = self.inner.verified.get(&digest(token.as_bytes())) {
+            return Verdict::Verified(user);
+        }
+        self.verify_uncached(token).await
+    }
+
+    async fn verify_uncached(&self, token: &str) -> Verdict {
         let Ok(header) = decode_header(token) else { return Verdict::NotLocal("not a JWT".into()) };
         let issuer = match dangerous::insecure_decode::<Unverified>(token) {
             Ok(data) => data.claims.iss.unwrap_or_default(),
@@ -207,7 +197,15 @@ impl ServiceAccountVerifier {
             validation.set_audience(&audiences);
             validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
             match decode::<Claims>(token, &key.decoding, &validation) {
-                Ok(data) => return user_of(data.claims, config.leeway),
+                Ok(data) => {
+                    let remaining = data.claims.remaining_lifetime();
+                    let verdict = user_of(data.claims, config.leeway);
+                    if let (Verdict::Verified(user), Some(remaining)) = (&verdict, remaining) {
+                        let ttl = config.verified_ttl.min(remaining);
+                        self.inner.verified.insert(digest(token.as_bytes()), user.clone(), ttl);
+                    }
+                    return verdict;
+                }
                 Err(e) => last = e.into_kind(),
             }
             if !matches!(last, ErrorKind::InvalidSignature) {
@@ -291,49 +289,4 @@ fn candidates<'k>(keys: &'k KeySet, kid: Option<&str>, alg: jsonwebtoken::Algori
         Some(kid) => keys.by_kid.get(kid).into_iter().collect(),
         None => keys.unnamed.iter().chain(keys.by_kid.values()).filter(|k| k.algorithm == alg).collect(),
     }
-}
-
-/// The user of verified claims, or why they are not for local verification.
-fn user_of(claims: Claims, leeway: Duration) -> Verdict {
-    let now = jsonwebtoken::get_current_timestamp() as f64;
-    if claims.iat.is_some_and(|iat| iat > now + leeway.as_secs_f64()) {
-        return Verdict::Rejected("service account token is issued in the future".into());
-    }
-    let Some(k) = claims.kubernetes else {
-        return Verdict::Rejected("not a service account token: no kubernetes.io claims".into());
-    };
-    let sa = k.serviceaccount.unwrap_or(Ref { name: String::new(), uid: String::new() });
-    if k.namespace.is_empty() || sa.name.is_empty() {
-        return Verdict::Rejected("service account token without namespace or service account".into());
-    }
-    let name = format!("system:serviceaccount:{}:{}", k.namespace, sa.name);
-    if claims.sub != name {
-        return Verdict::Rejected(format!("subject {:?} does not match the kubernetes.io claims", claims.sub));
-    }
-    if k.warnafter.is_some_and(|w| w > 0.0 && now > w) {
-        return Verdict::NotLocal("past warnafter: the bound objects must be checked".into());
-    }
-    if k.secret.is_some() || (k.node.is_some() && k.pod.is_none()) {
-        return Verdict::NotLocal("bound to a secret or node: the bound object must be checked".into());
-    }
-    let mut user = UserInfo {
-        name,
-        uid: sa.uid,
-        groups: vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{}", k.namespace)],
-        ..UserInfo::default()
-    };
-    if let Some(pod) = k.pod.filter(|p| !p.name.is_empty() && !p.uid.is_empty()) {
-        user.extra.insert(POD_NAME_KEY.into(), vec![pod.name]);
-        user.extra.insert(POD_UID_KEY.into(), vec![pod.uid]);
-    }
-    if let Some(jti) = claims.jti.filter(|j| !j.is_empty()) {
-        user.extra.insert(CREDENTIAL_ID_KEY.into(), vec![format!("JTI={jti}")]);
-    }
-    if let Some(node) = k.node.filter(|n| !n.name.is_empty()) {
-        user.extra.insert(NODE_NAME_KEY.into(), vec![node.name]);
-        if !node.uid.is_empty() {
-            user.extra.insert(NODE_UID_KEY.into(), vec![node.uid]);
-        }
-    }
-    Verdict::Verified(user)
 }
