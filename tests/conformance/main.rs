@@ -19,6 +19,7 @@ mod big;
 mod content;
 mod crash;
 mod delegated_auth;
+mod delegated_server;
 mod discovery;
 mod kube_client;
 mod kubectl;
