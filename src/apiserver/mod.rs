@@ -26,6 +26,7 @@ mod selectors;
 pub mod status;
 mod table;
 mod watch;
+mod watch_cache;
 
 use std::sync::Arc;
 

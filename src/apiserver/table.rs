@@ -56,37 +56,39 @@ pub fn negotiate(headers: &HeaderMap, include_object: Option<&str>) -> Represent
 
 /// A `Table` of `objects`, with the list's resourceVersion / continue in its metadata.
 pub fn table(def: &ResourceDef, objects: &[Value], include: IncludeObject, list_meta: Value) -> Value {
-    let columns: Vec<Value> = def
-        .columns
-        .iter()
-        .map(|c| {
-            json!({"name": c.name, "type": c.kind, "format": c.format, "description": c.description, "priority": c.priority})
-        })
-        .collect();
-    let rows: Vec<Value> = objects
-        .iter()
-        .map(|obj| {
-            let mut row = Map::new();
-            row.insert("cells".into(), Value::Array((def.row)(obj)));
-            match include {
-                IncludeObject::None => {}
-                IncludeObject::Metadata => {
-                    row.insert("object".into(), partial_object_metadata(obj));
-                }
-                IncludeObject::Object => {
-                    row.insert("object".into(), obj.clone());
-                }
-            }
-            Value::Object(row)
-        })
-        .collect();
     json!({
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": list_meta,
-        "columnDefinitions": columns,
-        "rows": rows,
+        "columnDefinitions": columns(def),
+        "rows": objects.iter().map(|obj| row(def, obj, include)).collect::<Vec<_>>(),
     })
+}
+
+/// The `columnDefinitions` of a resource's tables.
+pub fn columns(def: &ResourceDef) -> Value {
+    def.columns
+        .iter()
+        .map(|c| {
+            json!({"name": c.name, "type": c.kind, "format": c.format, "description": c.description, "priority": c.priority})
+        })
+        .collect()
+}
+
+/// One row of a table: the object's cells, and the object as `include` asks.
+pub fn row(def: &ResourceDef, obj: &Value, include: IncludeObject) -> Value {
+    let mut row = Map::new();
+    row.insert("cells".into(), Value::Array((def.row)(obj)));
+    match include {
+        IncludeObject::None => {}
+        IncludeObject::Metadata => {
+            row.insert("object".into(), partial_object_metadata(obj));
+        }
+        IncludeObject::Object => {
+            row.insert("object".into(), obj.clone());
+        }
+    }
+    Value::Object(row)
 }
 
 /// `obj` as the client asked for it (single objects and watch events).

@@ -1,35 +1,41 @@
 //! `?watch=true` on lists: the change log replayed from a resourceVersion, then followed live.
 //!
-//! Each watcher is its own task that reads the change log (never holding a lock writers need) and
-//! sends newline-delimited watch events through a small bounded channel; a slow reader only slows
-//! its own task. Store notifications only say "something changed"; the log is the source of truth,
-//! so a watcher that lagged behind the notifications reads the log and misses nothing.
+//! Changes come from the store's shared [`watch_cache`](super::watch_cache): decoded once, with the
+//! full-object event line rendered once, for every watcher. Each watcher is its own task that takes
+//! the events after its position, filters them and sends newline-delimited watch events through a
+//! small bounded channel; a slow reader only slows its own task. One whose position the cache no
+//! longer holds reads the change log itself, as before the cache, and once the log no longer covers
+//! it either, ends with a 410 Expired `ERROR` event (the client lists again).
 //!
 //! With selectors, an update that moves an object into the selection is sent as ADDED and one that
 //! moves it out as DELETED (with its last selected state), as kube-apiserver's watch cache does.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 
 use super::resources::ResourceDef;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult};
 use super::table::{self, Representation};
+use super::watch_cache::{self, event_line, CachedEvent, WatchCache, Window};
 use super::{blocking, AppState, ChannelStream, API_VERSION};
-use crate::storage::ChangeEvent;
+use crate::storage::{ChangeEvent, ListQuery, ListSink};
 
-/// Log entries read per step.
+/// Events taken (from the cache or the log) per step.
 const BATCH: usize = 256;
 /// How often an idle watch gets a BOOKMARK (when the client allows them).
 const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
 /// Longest watch when the client sets no `timeoutSeconds` (kube-apiserver picks 30–60 min).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+type Sender = mpsc::Sender<Result<Bytes, std::io::Error>>;
 
 /// What one watch sends.
 struct Filter {
@@ -40,41 +46,67 @@ struct Filter {
     representation: Representation,
 }
 
+/// How a change shows in one watch.
+enum Seen {
+    /// As it is: its own type and object.
+    AsIs,
+    /// It moved into the selection: ADDED.
+    Entered,
+    /// It moved out of the selection: DELETED, with its last selected state.
+    Left,
+}
+
 impl Filter {
     fn selects(&self, object: &Value) -> bool {
         self.labels.matches(object) && self.fields.matches(object)
     }
 
-    /// The event this watcher sees for a change, if any.
-    fn event(&self, rv: u64, change: &ChangeEvent) -> Option<Bytes> {
+    fn seen(&self, change: &ChangeEvent) -> Option<Seen> {
         if change.resource != self.def.plural || self.namespace.as_deref().is_some_and(|ns| ns != change.namespace) {
             return None;
         }
         let now = self.selects(&change.object);
         if change.kind != "MODIFIED" {
-            return now.then(|| self.render(&change.kind, &change.object));
+            return now.then_some(Seen::AsIs);
         }
         let before = change.previous.as_ref().is_some_and(|p| self.selects(p));
         match (before, now) {
-            (true, true) => Some(self.render("MODIFIED", &change.object)),
-            (false, true) => Some(self.render("ADDED", &change.object)),
-            (true, false) => {
+            (true, true) => Some(Seen::AsIs),
+            (false, true) => Some(Seen::Entered),
+            (true, false) => Some(Seen::Left),
+            (false, false) => None,
+        }
+    }
+
+    /// The event this watcher sees for a change, if any.
+    fn event(&self, rv: u64, change: &ChangeEvent) -> Option<Bytes> {
+        Some(match self.seen(change)? {
+            Seen::AsIs => self.render(&change.kind, &change.object),
+            Seen::Entered => self.render("ADDED", &change.object),
+            Seen::Left => {
                 // Left the selection: its last selected state, at the change's resourceVersion.
                 let mut last = change.previous.clone().unwrap_or(Value::Null);
                 if let Some(meta) = last.get_mut("metadata").and_then(Value::as_object_mut) {
                     meta.insert("resourceVersion".into(), json!(rv.to_string()));
                 }
-                Some(self.render("DELETED", &last))
+                self.render("DELETED", &last)
             }
-            (false, false) => None,
+        })
+    }
+
+    /// [`Filter::event`] for a cached change: full objects as they are share the cache's line.
+    fn cached_event(&self, event: &CachedEvent) -> Option<Bytes> {
+        match self.seen(&event.change)? {
+            Seen::AsIs if self.representation == Representation::Object => Some(event.line.clone()),
+            _ => self.event(event.rv, &event.change),
         }
     }
 
     fn render(&self, kind: &str, object: &Value) -> Bytes {
-        let object = table::render_one(self.def, object, self.representation);
-        let mut line = json!({"type": kind, "object": object}).to_string();
-        line.push('\n');
-        Bytes::from(line)
+        match self.representation {
+            Representation::Object => event_line(kind, object),
+            representation => event_line(kind, &table::render_one(self.def, object, representation)),
+        }
     }
 
     fn bookmark(&self, rv: u64) -> Bytes {
@@ -92,9 +124,7 @@ impl Filter {
             Representation::Metadata => table::partial_object_metadata(&object),
             _ => object,
         };
-        let mut line = json!({"type": "BOOKMARK", "object": object}).to_string();
-        line.push('\n');
-        Bytes::from(line)
+        event_line("BOOKMARK", &object)
     }
 }
 
@@ -109,15 +139,15 @@ pub async fn serve(
     fields: FieldSelector,
 ) -> ApiResult<Response> {
     let representation = table::negotiate(headers, params.get("includeObject").map(String::as_str));
-    let filter = Filter { def, namespace, labels, fields, representation };
+    let filter = Arc::new(Filter { def, namespace, labels, fields, representation });
     let timeout = params
         .get("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
         .map(Duration::from_secs)
         .unwrap_or(DEFAULT_TIMEOUT);
     let bookmarks = params.get("allowWatchBookmarks").is_some_and(|v| v == "true");
-    // Subscribe before reading anything, so no change falls between the read and the follow.
-    let notifications = app.store.subscribe();
+    let cache = watch_cache::shared(&app.store)
+        .map_err(|e| ApiError::internal(format!("cannot start the watch cache: {e}")))?;
     let requested = params.get("resourceVersion").map(String::as_str).unwrap_or("");
     // WatchList (streaming lists): the current state as ADDED events, ended by a bookmark.
     let send_initial = params.get("sendInitialEvents").is_some_and(|v| v == "true");
@@ -126,6 +156,8 @@ pub async fn serve(
             "sendInitialEvents=true requires resourceVersionMatch=NotOlderThan (and allowWatchBookmarks=true)",
         ));
     }
+    // The initial state is a snapshot at `from`, and the follow starts right after it: nothing is
+    // missed or sent twice.
     let (initial, from) = match requested {
         _ if send_initial => {
             let (mut lines, rv) = current_state(app, &filter).await?;
@@ -151,7 +183,8 @@ pub async fn serve(
                 return;
             }
         }
-        follow(app, filter, from, notifications, tx, timeout, bookmarks).await;
+        let deadline = tokio::time::Instant::now() + timeout;
+        follow(app, cache, &filter, from, tx, deadline, bookmarks).await;
     });
     let mut response = Body::from_stream(ChannelStream(rx)).into_response();
     *response.status_mut() = StatusCode::OK;
@@ -159,50 +192,62 @@ pub async fn serve(
     Ok(response)
 }
 
-/// The objects the watch selects now, as ADDED events, and the resourceVersion they are at.
-async fn current_state(app: &AppState, filter: &Filter) -> ApiResult<(Vec<Bytes>, u64)> {
-    let plural = filter.def.plural;
-    let ns = filter.namespace.clone();
-    let (objects, rv) = blocking(app, move |store| store.list_objects(plural, ns.as_deref())).await?;
-    let added =
-        objects.iter().map(|o| &o.value).filter(|o| filter.selects(o)).map(|o| filter.render("ADDED", o)).collect();
-    Ok((added, rv))
+/// ADDED events rendered as a list reads the objects.
+struct Added(Arc<Filter>, Vec<Bytes>);
+
+impl ListSink for Added {
+    fn push(&mut self, object: Value) {
+        self.1.push(self.0.render("ADDED", &object));
+    }
+    fn restart(&mut self) {
+        self.1.clear();
+    }
 }
 
-/// Sends every matching change after `from` until the timeout or the client goes away.
+/// The objects the watch selects now, as ADDED events, and the resourceVersion they are at.
+async fn current_state(app: &AppState, filter: &Arc<Filter>) -> ApiResult<(Vec<Bytes>, u64)> {
+    let filter = filter.clone();
+    let page = blocking(app, move |store| {
+        let query = ListQuery {
+            resource: filter.def.plural,
+            namespace: filter.namespace.as_deref(),
+            at: None,
+            after: None,
+            limit: None,
+        };
+        store.list_into(&query, &|o| filter.selects(o), Added(filter.clone(), Vec::new()))
+    })
+    .await?;
+    Ok((page.items.1, page.resource_version))
+}
+
+/// Sends every matching change after `from` until the deadline or the client goes away.
 async fn follow(
     app: AppState,
-    filter: Filter,
+    cache: Arc<WatchCache>,
+    filter: &Filter,
     mut from: u64,
-    mut notifications: broadcast::Receiver<u64>,
-    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
-    timeout: Duration,
+    tx: Sender,
+    deadline: tokio::time::Instant,
     bookmarks: bool,
 ) {
-    let deadline = tokio::time::Instant::now() + timeout;
+    let mut ticks = cache.subscribe();
     let mut bookmark_timer = tokio::time::interval_at(tokio::time::Instant::now() + BOOKMARK_EVERY, BOOKMARK_EVERY);
     loop {
-        // Drain the log from `from`.
+        // Everything the cache gets from now on wakes the wait below.
+        ticks.borrow_and_update();
         loop {
-            let after = from;
-            let changes = match blocking(&app, move |store| store.changes_after(after, BATCH)).await {
-                Ok(changes) => changes,
-                Err(e) => {
-                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
-                    return;
-                }
+            let sent = match cache.events_after(from, BATCH) {
+                Window::Events(events) if events.is_empty() => break,
+                Window::Events(events) => send_cached(&events, filter, &mut from, &tx).await,
+                Window::Behind => match send_from_log(&app, filter, &mut from, &tx).await {
+                    Some(true) => continue,
+                    Some(false) => break, // up to the end of the log
+                    None => return,
+                },
             };
-            let done = changes.len() < BATCH;
-            for (rv, change) in changes {
-                from = rv;
-                if let Some(line) = filter.event(rv, &change) {
-                    if tx.send(Ok(line)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-            if done {
-                break;
+            if !sent {
+                return;
             }
         }
         tokio::select! {
@@ -214,10 +259,56 @@ async fn follow(
                     return;
                 }
             }
-            received = notifications.recv() => match received {
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                Err(broadcast::error::RecvError::Closed) => return,
+            changed = ticks.changed() => if changed.is_err() {
+                return;
             },
         }
     }
+}
+
+/// Sends the events of `events` this watcher selects; false once the client went away.
+async fn send_cached(events: &[Arc<CachedEvent>], filter: &Filter, from: &mut u64, tx: &Sender) -> bool {
+    for event in events {
+        *from = event.rv;
+        if let Some(line) = filter.cached_event(event) {
+            if tx.send(Ok(line)).await.is_err() {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// One batch of changes after `from`, read from the store's log: `Some(more)` (whether more may
+/// follow), `None` when the watch is over (the client went away, the log failed or moved past it).
+async fn send_from_log(app: &AppState, filter: &Filter, from: &mut u64, tx: &Sender) -> Option<bool> {
+    let after = *from;
+    let read = blocking(app, move |store| {
+        let changes = store.changes_after(after, BATCH)?;
+        // Checked after the read: a trim that raced it shows here.
+        Ok((changes, store.log_covers(after)?))
+    })
+    .await;
+    let changes = match read {
+        Ok((changes, true)) => changes,
+        Ok((_, false)) => {
+            let expired = ApiError::gone(format!("too old resource version: {after}"));
+            let _ = tx.send(Ok(event_line("ERROR", &expired.status_body()))).await;
+            return None;
+        }
+        Err(e) => {
+            let _ = tx.send(Err(std::io::Error::other(e.message))).await;
+            return None;
+        }
+    };
+    let more = changes.len() >= BATCH;
+    for (rv, change) in changes {
+        *from = rv;
+        if let Some(line) = filter.event(rv, &change) {
+            if tx.send(Ok(line)).await.is_err() {
+                return None;
+            }
+        }
+    }
+    Some(more)
 }

@@ -49,7 +49,7 @@ pub struct StoredObject {
 
 #[derive(Serialize, Deserialize)]
 pub(super) struct Envelope {
-    rv: u64,
+    pub(super) rv: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     revision: Option<RevisionId>,
     pub(super) object: Value,
@@ -111,6 +111,17 @@ fn set_resource_version(object: &mut Value, rv: u64) {
 }
 
 impl Store {
+    /// A handle that does not keep the store open: called, it gives the store back while it is.
+    pub fn downgrade(&self) -> impl Fn() -> Option<Store> + Send + Sync + 'static {
+        let weak = std::sync::Arc::downgrade(&self.inner);
+        move || weak.upgrade().map(|inner| Store { inner })
+    }
+
+    /// Whether both handles are the same store.
+    pub fn same_store(&self, other: &Store) -> bool {
+        std::sync::Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     pub fn get_object(&self, key: &ObjectKey) -> Result<Option<StoredObject>> {
         self.tree().get(key.encode())?.map(|v| decode_object(&v)).transpose()
     }

@@ -388,3 +388,191 @@ fn collection_never_takes_a_chunk_a_concurrent_writer_reuses() {
     let stats = store.stats().unwrap();
     assert_eq!((stats.revisions_committed, stats.revisions_deleting, stats.revisions_staging), (12, 0, 0));
 }
+
+fn put_v(name: &str, v: u64) -> ObjectWrite {
+    ObjectWrite::Put {
+        key: ObjectKey::new("bundles", "ns", name),
+        object: json!({"metadata": {"name": name}, "v": v}),
+        precondition: Precondition::None,
+        revision: None,
+    }
+}
+
+fn delete_obj(name: &str) -> ObjectWrite {
+    ObjectWrite::Delete { key: ObjectKey::new("bundles", "ns", name), precondition: Precondition::None }
+}
+
+/// `(name, v)` of every object of a page.
+fn name_and_v(items: &[serde_json::Value]) -> Vec<(String, u64)> {
+    items.iter().map(|o| (o["metadata"]["name"].as_str().unwrap().to_string(), o["v"].as_u64().unwrap())).collect()
+}
+
+/// A sink that runs `on_first` when it gets its first object, and counts restarts.
+struct Intercept<F: FnMut()> {
+    items: Vec<serde_json::Value>,
+    on_first: Option<F>,
+    restarts: usize,
+}
+
+impl<F: FnMut()> ListSink for Intercept<F> {
+    fn push(&mut self, object: serde_json::Value) {
+        if let Some(mut on_first) = self.on_first.take() {
+            on_first();
+        }
+        self.items.push(object);
+    }
+    fn restart(&mut self) {
+        self.restarts += 1;
+        self.items.clear();
+    }
+}
+
+/// A list takes no lock writers need: writes made (from another thread) while a list is being read
+/// complete at once, and the list still shows the state it started at.
+#[test]
+fn a_list_in_progress_neither_blocks_writers_nor_sees_their_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
+    for name in names {
+        store.write_objects(vec![put_v(name, 1)]).unwrap();
+    }
+    let at = store.current_resource_version().unwrap();
+    let writer = store.clone();
+    let write_meanwhile = move || {
+        let (done, finished) = std::sync::mpsc::channel();
+        let writer = writer.clone();
+        std::thread::spawn(move || {
+            // Later in key order than the page's first object: the scan has not passed them yet.
+            writer.write_objects(vec![put_v("h", 2)]).unwrap();
+            writer.write_objects(vec![delete_obj("i")]).unwrap();
+            writer.write_objects(vec![put_v("c2", 1), put_v("z", 1)]).unwrap();
+            done.send(()).unwrap();
+        });
+        let waited = finished.recv_timeout(std::time::Duration::from_secs(10));
+        assert!(waited.is_ok(), "a writer was blocked by a list in progress");
+    };
+    let sink = Intercept { items: Vec::new(), on_first: Some(write_meanwhile), restarts: 0 };
+    let query = ListQuery { resource: "bundles", namespace: Some("ns"), at: None, after: None, limit: None };
+    let page = store.list_into(&query, &|_| true, sink).unwrap();
+    assert_eq!(page.resource_version, at);
+    let expected: Vec<(String, u64)> = names.iter().map(|n| (n.to_string(), 1)).collect();
+    assert_eq!(name_and_v(&page.items.items), expected, "the list is the state it started at");
+    assert_eq!(page.items.restarts, 0);
+    // The next list sees the writes.
+    let after = store.list_page(&query, &|_| true).unwrap();
+    let names_now: Vec<String> = name_and_v(&after.items).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names_now, ["a", "b", "c", "c2", "d", "e", "f", "g", "h", "j", "z"]);
+    assert!(after.resource_version > at);
+}
+
+/// A fresh list whose version the change log drops while the list is being read starts over once,
+/// at a newer version; a continuation at a named version is Expired instead.
+#[test]
+fn a_fresh_list_the_log_outran_starts_over_at_a_newer_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions { change_log_len: 4, ..StoreOptions::default() }).unwrap();
+    for name in ["a", "b", "c", "d", "e"] {
+        store.write_objects(vec![put_v(name, 1)]).unwrap();
+    }
+    let started_at = store.current_resource_version().unwrap();
+    let writer = store.clone();
+    // Ten writes while the first object is handed over: the log (4 entries) no longer covers the
+    // version the list started at. No lock is held, so this thread may write itself.
+    let outrun = move || {
+        for v in 2..12 {
+            writer.write_objects(vec![put_v("d", v)]).unwrap();
+        }
+    };
+    let sink = Intercept { items: Vec::new(), on_first: Some(outrun), restarts: 0 };
+    let query = ListQuery { resource: "bundles", namespace: Some("ns"), at: None, after: None, limit: None };
+    let page = store.list_into(&query, &|_| true, sink).unwrap();
+    assert_eq!(page.items.restarts, 1);
+    assert_eq!(page.resource_version, started_at + 10);
+    let expected: Vec<(String, u64)> =
+        [("a", 1), ("b", 1), ("c", 1), ("d", 11), ("e", 1)].iter().map(|(n, v)| (n.to_string(), *v)).collect();
+    assert_eq!(name_and_v(&page.items.items), expected);
+
+    // The same at an explicit version: no second chance.
+    let at = store.current_resource_version().unwrap();
+    let writer = store.clone();
+    let outrun = move || {
+        for v in 20..30 {
+            writer.write_objects(vec![put_v("d", v)]).unwrap();
+        }
+    };
+    let sink = Intercept { items: Vec::new(), on_first: Some(outrun), restarts: 0 };
+    let query = ListQuery { at: Some(at), ..query };
+    assert!(matches!(store.list_into(&query, &|_| true, sink), Err(StorageError::Expired(_))));
+}
+
+/// Lists and paged lists read while a writer creates, updates and deletes objects are each exactly
+/// the state at their resourceVersion.
+#[test]
+fn lists_during_concurrent_writes_are_exact_snapshots() {
+    use std::collections::BTreeMap;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut model: BTreeMap<String, u64> = BTreeMap::new();
+    for i in 0..40 {
+        let name = format!("o{i:02}");
+        store.write_objects(vec![put_v(&name, 0)]).unwrap();
+        model.insert(name, 0);
+    }
+    let mut history = vec![(store.current_resource_version().unwrap(), model.clone())];
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lister = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut seen: Vec<(u64, Vec<(String, u64)>)> = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let query =
+                    |at, after, limit| ListQuery { resource: "bundles", namespace: Some("ns"), at, after, limit };
+                let whole = store.list_page(&query(None, None, None), &|_| true).unwrap();
+                seen.push((whole.resource_version, name_and_v(&whole.items)));
+                // Pages of 7, every page at the first one's version.
+                let first = store.list_page(&query(None, None, Some(7)), &|_| true).unwrap();
+                let mut items = name_and_v(&first.items);
+                let mut last = first.last.clone();
+                while let Some(after) = last {
+                    let next = ListQuery {
+                        at: Some(first.resource_version),
+                        after: Some(&after),
+                        ..query(None, None, Some(7))
+                    };
+                    let page = store.list_page(&next, &|_| true).unwrap();
+                    assert_eq!(page.resource_version, first.resource_version);
+                    items.extend(name_and_v(&page.items));
+                    last = page.last;
+                }
+                seen.push((first.resource_version, items));
+            }
+            seen
+        })
+    };
+    let mut x: u64 = 7;
+    for step in 1..=400u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let name = format!("o{:02}", x % 50);
+        let write = if model.contains_key(&name) && x % 3 == 0 {
+            model.remove(&name);
+            delete_obj(&name)
+        } else {
+            model.insert(name.clone(), step);
+            put_v(&name, step)
+        };
+        let rv = store.write_objects(vec![write]).unwrap().resource_version;
+        history.push((rv, model.clone()));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = lister.join().unwrap();
+    let (first, last) = (history[0].0, history[history.len() - 1].0);
+    assert!(seen.iter().any(|(rv, _)| *rv > first && *rv < last), "no list ran while the writer wrote");
+    for (rv, items) in seen {
+        let state = &history.iter().rev().find(|(at, _)| *at <= rv).unwrap().1;
+        let expected: Vec<(String, u64)> = state.iter().map(|(n, v)| (n.clone(), *v)).collect();
+        assert_eq!(items, expected, "list at {rv}");
+    }
+}

@@ -179,3 +179,105 @@ async fn a_stalled_watcher_blocks_neither_writers_nor_other_watchers() {
     report(&format!("{WRITES} creates with a stalled watcher took {writing:?}"));
     drop(stalled);
 }
+
+/// Watches of one namespace with different selectors and representations, open at once, share the
+/// server's decoded changes: each still sees exactly its own view (full objects, a selector's
+/// transitions, metadata only).
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_watches_with_different_views_each_see_their_own() {
+    let server = Server::start_temp(&[]);
+    server.create_bundle("views", "first").await;
+    let list = server.get_json(&bundles("views")).await;
+    let rv = str_at(&list, "/metadata/resourceVersion").to_owned();
+    let open = |query: String, accept: &'static str| {
+        let request =
+            server.client().get(server.url(&format!("{}?watch=true&resourceVersion={rv}{query}", bundles("views"))));
+        async move { request.header("accept", accept).send().await.unwrap() }
+    };
+    let metadata = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+    let full = open(String::new(), "application/json").await;
+    let selected = open("&labelSelector=app%3Dweb".into(), "application/json").await;
+    let meta = open(String::new(), metadata).await;
+
+    async fn set_labels(server: &Server, name: &str, labels: Value) {
+        let mut obj = server.get_json(&bundle("views", name)).await;
+        obj["metadata"]["labels"] = labels;
+        assert_eq!(server.put_json(&bundle("views", name), &obj).await.status(), 200);
+    }
+    let mut web = upload_bundle("views", "web");
+    web["metadata"]["labels"] = serde_json::json!({"app": "web"});
+    assert_eq!(server.post_json(&bundles("views"), &web).await.status(), 201);
+    set_labels(&server, "first", serde_json::json!({"app": "web"})).await; // into the selection
+    set_labels(&server, "web", serde_json::json!({"app": "db"})).await; // out of it
+    assert!(server.delete(&bundle("views", "first")).await.status().is_success());
+
+    let all = [("ADDED", "web"), ("MODIFIED", "first"), ("MODIFIED", "web"), ("DELETED", "first")];
+    let all: Vec<(String, String)> = all.iter().map(|(k, n)| (k.to_string(), n.to_string())).collect();
+    let events = read_events(full, 4).await;
+    assert_eq!(kinds_and_names(&events), all);
+    assert!(events.iter().all(|e| str_at(e, "/object/kind") == "Bundle" && e["object"].get("spec").is_some()));
+
+    let events = read_events(meta, 4).await;
+    assert_eq!(kinds_and_names(&events), all);
+    assert!(events.iter().all(|e| str_at(e, "/object/kind") == "PartialObjectMetadata"), "{events:#?}");
+    assert!(events.iter().all(|e| e["object"].get("spec").is_none()));
+
+    let events = read_events(selected, 4).await;
+    let expected = [("ADDED", "web"), ("ADDED", "first"), ("DELETED", "web"), ("DELETED", "first")];
+    let expected: Vec<(String, String)> = expected.iter().map(|(k, n)| (k.to_string(), n.to_string())).collect();
+    assert_eq!(kinds_and_names(&events), expected);
+    // Left the selection: its last selected state.
+    assert_eq!(str_at(&events[2], "/object/metadata/labels/app"), "web");
+}
+
+/// A watch from a version older than any other watch has seen (but still in the change log) gets
+/// every change after it, then follows live like the others.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watch_from_before_the_others_replays_the_log_then_follows() {
+    let server = Server::start_temp(&[]);
+    server.create_bundle("replay", "a").await;
+    let old_rv = str_at(&server.get_json(&bundles("replay")).await, "/metadata/resourceVersion").to_owned();
+    server.create_bundle("replay", "b").await;
+    server.create_bundle("replay", "c").await;
+    // A first watch, from now.
+    let url = |rv: &str| server.url(&format!("{}?watch=true&resourceVersion={rv}", bundles("replay")));
+    let current = str_at(&server.get_json(&bundles("replay")).await, "/metadata/resourceVersion").to_owned();
+    let recent = server.client().get(url(&current)).send().await.unwrap();
+    server.create_bundle("replay", "d").await;
+    // Then one from before b and c.
+    let old = server.client().get(url(&old_rv)).send().await.unwrap();
+    server.create_bundle("replay", "e").await;
+    let names = |events: &[Value]| kinds_and_names(events).into_iter().map(|(_, n)| n).collect::<Vec<_>>();
+    assert_eq!(names(&read_events(recent, 2).await), ["d", "e"]);
+    assert_eq!(names(&read_events(old, 4).await), ["b", "c", "d", "e"]);
+}
+
+/// A watcher that stops reading while the change log moves past its position cannot be served
+/// consistently any more: once it reads again it gets what was buffered for it, in order and
+/// without gaps, then a 410 Expired ERROR event (and the client lists again), as kube-apiserver
+/// ends a watch that fell too far behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watcher_the_change_log_left_behind_ends_with_410() {
+    let server = Server::start_temp(&["--change-log-length", "4"]);
+    let url = server.url(&format!("{}?watch=true&resourceVersion=0", bundles("behind")));
+    let stalled = server.second_client().get(&url).send().await.unwrap();
+    assert_eq!(stalled.status(), 200);
+    const WRITES: usize = 300;
+    for i in 0..WRITES {
+        // 200 KiB objects: more than the server's watch cache and every buffer in between hold.
+        let mut obj = upload_bundle("behind", &format!("b{i:03}"));
+        obj["metadata"]["annotations"] = serde_json::json!({"filler": "x".repeat(200 << 10)});
+        assert_eq!(server.post_json(&bundles("behind"), &obj).await.status(), 201);
+    }
+    let events = read_events(stalled, WRITES + 1).await;
+    let last = events.last().expect("no events");
+    assert_eq!(str_at(last, "/type"), "ERROR", "the watch did not end with an error");
+    assert_eq!(last["object"]["code"], 410);
+    assert_eq!(str_at(last, "/object/reason"), "Expired");
+    let names: Vec<String> =
+        events[..events.len() - 1].iter().map(|e| str_at(e, "/object/metadata/name").to_owned()).collect();
+    let expected: Vec<String> = (0..names.len()).map(|i| format!("b{i:03}")).collect();
+    assert_eq!(names, expected, "events before the error are in order, without gaps");
+    assert!(names.len() < WRITES);
+    report(&format!("a stalled watcher got {} of {WRITES} events, then 410", names.len()));
+}

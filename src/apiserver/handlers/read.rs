@@ -1,8 +1,10 @@
-//! Reading objects: get, and list with selectors, paging and resourceVersion semantics.
+//! Reading objects: get, and list with selectors, paging and resourceVersion semantics. A list is
+//! serialised object by object as the store reads it ([`ListBody`]), never built as one document.
 
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::paging;
@@ -12,7 +14,7 @@ use crate::apiserver::selectors::{FieldSelector, LabelSelector};
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::table::{self, Representation};
 use crate::apiserver::{blocking, AppState, API_VERSION};
-use crate::storage::{ListQuery, ObjectKey};
+use crate::storage::{ListQuery, ListSink, ObjectKey};
 
 pub async fn list_all(
     state: State<AppState>,
@@ -49,36 +51,88 @@ async fn list(
     let options = paging::parse(&params)?;
     paging::wait_for(&app, options.not_older_than).await?;
     let (at, after, limit) = (options.at, options.after.clone(), options.limit);
+    let representation = table::negotiate(&headers, params.get("includeObject").map(String::as_str));
+    let body = ListBody { def, representation, items: Vec::new() };
     let store = app.store.clone();
     let page = tokio::task::spawn_blocking(move || {
         let query =
             ListQuery { resource: def.plural, namespace: namespace.as_deref(), at, after: after.as_deref(), limit };
-        store.list_page(&query, &|o| labels.matches(o) && fields.matches(o))
+        store.list_into(&query, &|o| labels.matches(o) && fields.matches(o), body)
     })
     .await
     .map_err(|e| ApiError::internal(format!("store task failed: {e}")))?
     .map_err(|e| paging::list_error(e, &options))?;
-    let items = page.items;
     let mut list_meta = json!({"resourceVersion": page.resource_version.to_string()});
     if let Some(last) = &page.last {
         list_meta["continue"] = json!(paging::continue_token(page.resource_version, last));
     }
-    let body = match table::negotiate(&headers, params.get("includeObject").map(String::as_str)) {
-        Representation::Table { include } => table::table(def, &items, include, list_meta),
-        Representation::Metadata => json!({
-            "kind": "PartialObjectMetadataList",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": list_meta,
-            "items": items.iter().map(table::partial_object_metadata).collect::<Vec<_>>(),
-        }),
-        Representation::Object => json!({
-            "kind": def.list_kind,
-            "apiVersion": API_VERSION,
-            "metadata": list_meta,
-            "items": items,
-        }),
-    };
-    Ok(json_response(StatusCode::OK, &body, &[]))
+    Ok(page.items.into_response(list_meta))
+}
+
+/// A list response written while the store reads the list: every object goes straight into JSON
+/// bytes, in the representation the client asked for, so a list holds one decoded object at a time.
+struct ListBody {
+    def: &'static ResourceDef,
+    representation: Representation,
+    /// The items so far, comma-separated.
+    items: Vec<u8>,
+}
+
+impl ListSink for ListBody {
+    fn push(&mut self, object: Value) {
+        if !self.items.is_empty() {
+            self.items.push(b',');
+        }
+        // Writing a JSON value into memory cannot fail.
+        let _ = match self.representation {
+            Representation::Object => serde_json::to_writer(&mut self.items, &object),
+            Representation::Metadata => {
+                serde_json::to_writer(&mut self.items, &table::partial_object_metadata(&object))
+            }
+            Representation::Table { include } => {
+                serde_json::to_writer(&mut self.items, &table::row(self.def, &object, include))
+            }
+        };
+    }
+
+    fn restart(&mut self) {
+        self.items.clear();
+    }
+}
+
+impl ListBody {
+    /// The whole list: its head (kind, apiVersion, `list_meta`, a table's columns), the items, and
+    /// the closing brackets, sent as three chunks of one known length.
+    fn into_response(self, list_meta: Value) -> Response {
+        let (head, items_field) = match self.representation {
+            Representation::Object => {
+                (json!({"kind": self.def.list_kind, "apiVersion": API_VERSION, "metadata": list_meta}), "items")
+            }
+            Representation::Metadata => (
+                json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta}),
+                "items",
+            ),
+            Representation::Table { .. } => (
+                json!({
+                    "kind": "Table",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": list_meta,
+                    "columnDefinitions": table::columns(self.def),
+                }),
+                "rows",
+            ),
+        };
+        let mut head = head.to_string();
+        head.pop(); // the object's closing brace: the items follow
+        head.push_str(&format!(",\"{items_field}\":["));
+        let tail: &'static [u8] = b"]}";
+        let length = head.len() + self.items.len() + tail.len();
+        let chunks = [Bytes::from(head), Bytes::from(self.items), Bytes::from_static(tail)];
+        let body = Body::from_stream(futures_util::stream::iter(chunks.map(Ok::<_, std::io::Error>)));
+        let headers =
+            [(header::CONTENT_TYPE, "application/json".to_string()), (header::CONTENT_LENGTH, length.to_string())];
+        (StatusCode::OK, headers, body).into_response()
+    }
 }
 
 pub async fn get(
