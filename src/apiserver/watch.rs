@@ -109,14 +109,11 @@ impl Filter {
         }
     }
 
-    fn bookmark(&self, rv: u64) -> Bytes {
-        self.bookmark_with(rv, json!({}))
-    }
-
-    fn bookmark_with(&self, rv: u64, annotations: Value) -> Bytes {
+    /// A BOOKMARK at `rv`; `initial_end` marks the end of a WatchList's initial events.
+    fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
         let mut metadata = json!({"resourceVersion": rv.to_string()});
-        if annotations.as_object().is_some_and(|a| !a.is_empty()) {
-            metadata["annotations"] = annotations;
+        if initial_end {
+            metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
         let object = json!({"kind": self.def.kind, "apiVersion": API_VERSION, "metadata": metadata});
         // Metadata watchers get every event object, bookmarks included, as PartialObjectMetadata.
@@ -161,7 +158,7 @@ pub async fn serve(
     let (initial, from) = match requested {
         _ if send_initial => {
             let (mut lines, rv) = current_state(app, &filter).await?;
-            lines.push(filter.bookmark_with(rv, json!({"k8s.io/initial-events-end": "true"})));
+            lines.push(filter.bookmark(rv, true));
             (lines, rv)
         }
         "" | "0" => current_state(app, &filter).await?,
@@ -255,7 +252,7 @@ async fn follow(
             _ = tx.closed() => return,
             _ = app.shutdown.cancelled() => return,
             _ = bookmark_timer.tick(), if bookmarks => {
-                if tx.send(Ok(filter.bookmark(from))).await.is_err() {
+                if tx.send(Ok(filter.bookmark(from, false))).await.is_err() {
                     return;
                 }
             }
