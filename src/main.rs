@@ -16,6 +16,7 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    limit_malloc_arenas();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
@@ -38,6 +39,21 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             eprintln!("stowage: {e:#}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// glibc gives every thread that allocates its own arena and keeps each arena's high-water mark:
+/// lists and uploads run on the blocking pool's many threads, so memory freed after a burst of
+/// large lists was never returned (234 MiB retained vs 45 MiB with two arenas, docs/benchmarks.md).
+/// Two arenas are plenty on the small machines this runs on; `MALLOC_ARENA_MAX` still overrides.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets an allocator tunable; called first thing in main, before any
+        // other thread exists.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
         }
     }
 }
