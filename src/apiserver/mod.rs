@@ -121,7 +121,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route(
             &format!("{base}/namespaces/{{namespace}}/{{resource}}/{{name}}/status"),
-            get(handlers::get).put(handlers::update_status).patch(patch::patch_status),
+            get(handlers::get).put(handlers::update).patch(patch::patch),
         )
         .layer(DefaultBodyLimit::max(object_limit))
         .route(

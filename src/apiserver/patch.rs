@@ -23,28 +23,6 @@ use crate::storage::ObjectKey;
 
 const RETRIES: usize = 5;
 
-pub async fn patch(
-    state: State<AppState>,
-    Path(path): Path<(String, String, String)>,
-    params: Params,
-    identity: Identity,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Response> {
-    patch_scoped(state, path, params, identity, headers, body, UpdateScope::Main).await
-}
-
-pub async fn patch_status(
-    state: State<AppState>,
-    Path(path): Path<(String, String, String)>,
-    params: Params,
-    identity: Identity,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Response> {
-    patch_scoped(state, path, params, identity, headers, body, UpdateScope::Status).await
-}
-
 enum PatchKind {
     Merge(Value),
     Json(json_patch::Patch),
@@ -114,14 +92,15 @@ fn parse(headers: &HeaderMap, body: &Bytes) -> ApiResult<PatchKind> {
     }
 }
 
-async fn patch_scoped(
+/// PATCH on an object or its `status`.
+pub async fn patch(
     State(app): State<AppState>,
-    (namespace, resource, name): (String, String, String),
+    Path((namespace, resource, name)): Path<(String, String, String)>,
     Query(params): Params,
+    scope: UpdateScope,
     Identity(user): Identity,
     headers: HeaderMap,
     body: Bytes,
-    scope: UpdateScope,
 ) -> ApiResult<Response> {
     let def = updatable_resource_def(&resource, scope)?;
     let patch = parse(&headers, &body)?;

@@ -9,7 +9,7 @@ mod write;
 
 pub use delete::{delete, delete_collection};
 pub use read::{get, get_object, list_all, list_namespaced};
-pub use write::{create, update, update_status};
+pub use write::{create, update};
 pub(super) use write::{create_object, replace, WriteRequest};
 
 use std::collections::HashMap;
@@ -207,9 +207,19 @@ pub(super) fn relabel(err: ApiError, def: &ResourceDef, name: &str) -> ApiError 
     }
 }
 
-/// Which part of the object an update may change.
+/// Which part of the object an update may change: the `status` route changes only status.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum UpdateScope {
     Main,
     Status,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for UpdateScope {
+    type Rejection = std::convert::Infallible;
+
+    /// From the route the request matched (not the URL: an object may be named `status`).
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let route = parts.extensions.get::<axum::extract::MatchedPath>().map(|m| m.as_str()).unwrap_or("");
+        Ok(if route.ends_with("/status") { UpdateScope::Status } else { UpdateScope::Main })
+    }
 }

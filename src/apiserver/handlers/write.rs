@@ -148,36 +148,15 @@ pub(in crate::apiserver) async fn create_object(
     Ok(outcome.objects.into_iter().next().unwrap_or(Value::Null))
 }
 
+/// PUT on an object or its `status`.
 pub async fn update(
-    state: State<AppState>,
-    Path(path): Path<(String, String, String)>,
-    params: Params,
-    identity: Identity,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Response> {
-    update_scoped(state, path, params, identity, headers, body, UpdateScope::Main).await
-}
-
-pub async fn update_status(
-    state: State<AppState>,
-    Path(path): Path<(String, String, String)>,
-    params: Params,
-    identity: Identity,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Response> {
-    update_scoped(state, path, params, identity, headers, body, UpdateScope::Status).await
-}
-
-async fn update_scoped(
     State(app): State<AppState>,
-    (namespace, resource, name): (String, String, String),
+    Path((namespace, resource, name)): Path<(String, String, String)>,
     Query(params): Params,
+    scope: UpdateScope,
     Identity(user): Identity,
     headers: HeaderMap,
     body: Bytes,
-    scope: UpdateScope,
 ) -> ApiResult<Response> {
     let def = updatable_resource_def(&resource, scope)?;
     let manager = field_manager(&params, &headers)?;
