@@ -1,12 +1,22 @@
-//! Untrusted archives in, validated file trees out.
+//! Untrusted content in, validated file trees out.
 //!
-//! [`tar_ingest`] reads an uploaded tar (optionally gzip or zstd), rejects anything unsafe or
-//! malformed, and hands each accepted entry to an [`EntrySink`] (in practice a storage revision
-//! writer). Later sources (OCI images, git, http) feed the same sink.
+//! [`tar_ingest`] reads a tar (optionally gzip or zstd), rejects anything unsafe or malformed, and
+//! hands each accepted entry to an [`EntrySink`] (in practice a storage revision writer). The
+//! sources — OCI images ([`oci`]), git ([`git`]) and http ([`http`]) — resolve a Bundle's floating
+//! references and stream their content into the same kind of sink; [`source`] holds what they
+//! share and [`error`] how they fail.
 
+pub mod error;
+pub mod git;
+pub mod http;
+pub mod oci;
+pub mod source;
 pub mod tar_ingest;
 
 use std::io::Read;
+
+pub use error::UnpackError;
+pub use source::{Credentials, NetworkPolicy, Resolved, SourceContext, SourceSpec, UnpackLimits};
 
 /// Receives the entries of a validated archive. Paths are relative, normalised (`a/b/c`, no `.`,
 /// `..`, leading `/` or trailing `/`), unique, and never both a file and a directory.

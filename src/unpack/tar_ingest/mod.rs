@@ -118,7 +118,7 @@ pub enum IngestError<E> {
 /// Reads a tar archive from `body` (decoded per `encoding`, or sniffed when `Identity`), validates
 /// it against `limits` and feeds its files and links to `sink`. Synchronous: run it in
 /// `spawn_blocking`. On error the sink may hold a partial tree, which the caller must discard.
-pub fn ingest<R: Read, S: EntrySink>(
+pub fn ingest<R: Read, S: EntrySink + ?Sized>(
     body: R,
     encoding: Encoding,
     limits: &IngestLimits,
@@ -231,7 +231,7 @@ fn aborted() -> io::Error {
 // ---------------------------------------------------------------------------------------------
 // The entry loop.
 
-fn run<R: Read, S: EntrySink>(
+fn run<R: Read, S: EntrySink + ?Sized>(
     body: R,
     encoding: Encoding,
     limits: &IngestLimits,
@@ -263,7 +263,7 @@ fn run<R: Read, S: EntrySink>(
     run_decoded(prefixed, sniffed, limits, sink, state)
 }
 
-fn run_decoded<R: Read, S: EntrySink>(
+fn run_decoded<R: Read, S: EntrySink + ?Sized>(
     raw: R,
     encoding: Encoding,
     limits: &IngestLimits,

@@ -32,7 +32,7 @@ impl<'l> Walker<'l> {
     }
 
     /// Validates one entry (the stream is positioned at its data) and hands it to `sink`.
-    pub(super) fn entry<R: Read, S: EntrySink>(
+    pub(super) fn entry<R: Read, S: EntrySink + ?Sized>(
         &mut self,
         entry: &mut tar::Entry<'_, R>,
         sink: &mut S,

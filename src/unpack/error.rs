@@ -1,0 +1,96 @@
+//! Why an unpack failed, and whether trying again can help.
+//!
+//! Every source and sink reports an [`UnpackError`]; the reconcile loop turns it into the Bundle's
+//! `Unpacked` condition (its [`UnpackError::reason`]) and decides between retrying with backoff
+//! ([`UnpackError::is_transient`]) and waiting for the spec to change.
+
+use crate::storage::StorageError;
+use crate::unpack::tar_ingest::IngestError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackError {
+    /// The source could not be reached or read: network, TLS, authentication, not found, server
+    /// errors. Retried with backoff (a missing tag or Secret may appear later).
+    #[error("{0}")]
+    Fetch(String),
+    /// The source is specified in a way this server will never fetch (plain http to a host not
+    /// listed as insecure, an unsupported media type, no matching platform). Not retried.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Downloaded bytes do not match the digest they were asked for. Not retried.
+    #[error("{what}: digest mismatch: expected {expected}, got {actual}")]
+    DigestMismatch { what: String, expected: String, actual: String },
+    /// An unsafe or malformed archive entry (path traversal, symlink escape, device file…).
+    #[error("invalid entry {path:?}: {reason}")]
+    InvalidEntry { path: String, reason: String },
+    /// A truncated or corrupt archive or compression stream.
+    #[error("corrupt archive: {0}")]
+    CorruptArchive(String),
+    /// A configured limit was exceeded (size, file count, expansion ratio, path length…).
+    #[error("{0}")]
+    TooLarge(String),
+    /// The tree is not a valid bundle of its format; `path` names the offending file.
+    #[error("{path}: {problem}")]
+    InvalidFormat { path: String, problem: String },
+    /// The store failed; retried.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The work was cancelled (spec changed, Bundle deleted, server stopping).
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl UnpackError {
+    /// The `reason` of the Bundle's `Unpacked=False` condition.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            UnpackError::Fetch(_) | UnpackError::Unsupported(_) => "PullFailed",
+            UnpackError::DigestMismatch { .. } => "DigestMismatch",
+            UnpackError::InvalidEntry { .. } | UnpackError::CorruptArchive(_) => "InvalidContent",
+            UnpackError::TooLarge(_) => "LimitExceeded",
+            UnpackError::InvalidFormat { .. } => "InvalidFormat",
+            UnpackError::Storage(_) => "StorageFailed",
+            UnpackError::Cancelled => "Cancelled",
+        }
+    }
+
+    /// Whether trying again later, with the same spec, may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, UnpackError::Fetch(_) | UnpackError::Storage(_))
+    }
+
+    /// Maps a tar ingestion failure of the archive `what` (e.g. a layer's digest) to an unpack error.
+    /// Reader errors are kept as they are when they already are an [`UnpackError`] (a digest
+    /// check or the download failing underneath the archive reader).
+    pub fn from_ingest(what: &str, err: IngestError<UnpackError>) -> UnpackError {
+        match err {
+            IngestError::InvalidEntry { path, reason } => UnpackError::InvalidEntry { path, reason },
+            IngestError::Corrupt(message) => UnpackError::CorruptArchive(format!("{what}: {message}")),
+            IngestError::TooLarge { limit } => {
+                UnpackError::TooLarge(format!("{what} unpacks to more than the limit of {limit}"))
+            }
+            IngestError::Source(e) => UnpackError::from_io(what, e),
+            IngestError::Sink(e) => e,
+        }
+    }
+
+    /// An I/O error from a reader stack: an [`UnpackError`] wrapped by [`UnpackError::into_io`]
+    /// comes back out unchanged; anything else is a fetch failure.
+    pub fn from_io(what: &str, err: std::io::Error) -> UnpackError {
+        if err.get_ref().is_some_and(|inner| inner.is::<UnpackError>()) {
+            if let Some(inner) = err.into_inner() {
+                if let Ok(unpack) = inner.downcast::<UnpackError>() {
+                    return *unpack;
+                }
+            }
+            return UnpackError::Fetch(format!("{what}: read failed"));
+        }
+        UnpackError::Fetch(format!("{what}: {err}"))
+    }
+
+    /// Wraps this error so it can travel through `std::io::Read` and be recovered by
+    /// [`UnpackError::from_io`].
+    pub fn into_io(self) -> std::io::Error {
+        std::io::Error::other(self)
+    }
+}

@@ -1,0 +1,265 @@
+//! What every source needs to know: its spec (from `Bundle.spec.sources[]`), the context a fetch
+//! runs in (network policy, credentials, limits, cancellation), and the pinned identity a fetch
+//! resolves to (`Bundle.status.resolvedSources[]`).
+//!
+//! A source has two operations: `resolve` (metadata only: what a floating tag, branch or URL
+//! points at now) and `fetch` (stream exactly that pinned content into an [`EntrySink`]). `fetch`
+//! is synchronous and runs on a blocking thread; it reaches async clients through
+//! [`SourceContext::runtime`] (`block_on`, `SyncIoBridge`).
+
+use std::io::Read;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::error::UnpackError;
+use super::tar_ingest::IngestLimits;
+use super::EntrySink;
+
+/// The sink every source writes into: errors are [`UnpackError`]s.
+pub type Sink<'a> = dyn EntrySink<Error = UnpackError> + 'a;
+
+/// `spec.sources[i]`: exactly one of the kinds, plus where its files go.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git: Option<GitSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<serde_json::Value>,
+    /// Path prefix (relative, validated) under which this source's files are placed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub destination: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageSpec {
+    /// `registry/repo:tag`, `registry/repo@sha256:…` (or both).
+    #[serde(rename = "ref")]
+    pub reference: String,
+    /// A `kubernetes.io/dockerconfigjson` Secret in the Bundle's namespace.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pull_secret: String,
+    /// `os/arch[/variant]` to pick from an image index; default `linux/amd64`… see the image source.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub platform: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GitSpec {
+    pub repository: String,
+    #[serde(default, rename = "ref")]
+    pub reference: GitRef,
+    /// Only this subdirectory of the repository (its contents become the source's root).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub directory: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub auth_secret: String,
+}
+
+/// At most one is set; none = the remote's default branch (`HEAD`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GitRef {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub commit: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tag: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub branch: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpSpec {
+    pub url: String,
+    /// Expected hex sha256 of the downloaded file; a mismatch fails the fetch.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sha256: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub auth_secret: String,
+}
+
+/// What a source was pinned to: recorded in `status.resolvedSources[i]` and compared on re-resolve.
+/// Equal values mean "nothing changed, do not fetch".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Resolved {
+    #[serde(rename_all = "camelCase")]
+    Image {
+        /// The reference as written in the spec.
+        #[serde(rename = "ref")]
+        reference: String,
+        /// Digest of what the reference points at (an index or a manifest).
+        digest: String,
+        /// The platform manifest picked from an index (empty for a single manifest).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        manifest: String,
+    },
+    #[serde(rename_all = "camelCase")]
+    Git { repository: String, commit: String },
+    #[serde(rename_all = "camelCase")]
+    Http {
+        url: String,
+        /// Hex sha256 of the downloaded file; empty until fetched.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        sha256: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        etag: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        last_modified: String,
+    },
+    #[serde(rename_all = "camelCase")]
+    Upload { digest: String },
+}
+
+/// Credentials for one source, taken from its Secret (or `--registry-config`).
+#[derive(Clone)]
+pub enum Credentials {
+    /// `username`/`password` keys of a basic-auth (or Opaque) Secret.
+    Basic { username: String, password: String },
+    /// The `token` key of a Secret: sent as `Authorization: Bearer`.
+    Bearer(String),
+    /// A docker config file's bytes (`.dockerconfigjson`, or the `--registry-config` file):
+    /// `{"auths": {"host[:port]": {"auth": base64(user:pass)} | {"username", "password"}}}`.
+    DockerConfig(Vec<u8>),
+}
+
+impl std::fmt::Debug for Credentials {
+    // Never print secrets, not even in debug logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credentials::Basic { username, .. } => write!(f, "Basic({username}, <redacted>)"),
+            Credentials::Bearer(_) => f.write_str("Bearer(<redacted>)"),
+            Credentials::DockerConfig(_) => f.write_str("DockerConfig(<redacted>)"),
+        }
+    }
+}
+
+/// Which hosts may be reached without TLS; everything else is https with verified certificates.
+#[derive(Clone, Debug, Default)]
+pub struct NetworkPolicy {
+    /// `HOST:PORT` of registries reached over plain http (`--insecure-registry`).
+    pub insecure_registries: Vec<String>,
+    /// `HOST:PORT` of git and http sources reached over plain http (`--insecure-source-host`).
+    pub insecure_hosts: Vec<String>,
+}
+
+impl NetworkPolicy {
+    /// Whether a plain-http URL to `host_port` may be used by git and http sources.
+    pub fn allows_plain_http(&self, host_port: &str) -> bool {
+        self.insecure_hosts.iter().any(|h| h.eq_ignore_ascii_case(host_port))
+    }
+}
+
+/// Limits on what one Bundle may unpack to, across all of its sources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnpackLimits {
+    /// Total bytes of all files.
+    pub max_total_bytes: u64,
+    /// Number of files and symlinks.
+    pub max_files: u64,
+    /// Bytes of any single file.
+    pub max_file_bytes: u64,
+    /// Bytes of a path (after the destination prefix).
+    pub max_path_bytes: usize,
+    /// Unpacked bytes per downloaded (compressed) byte, checked once past 1 MiB unpacked.
+    pub max_expansion_ratio: u64,
+}
+
+impl Default for UnpackLimits {
+    fn default() -> Self {
+        UnpackLimits {
+            max_total_bytes: 8 << 30,
+            max_files: 100_000,
+            max_file_bytes: 2 << 30,
+            max_path_bytes: 1024,
+            max_expansion_ratio: 200,
+        }
+    }
+}
+
+impl UnpackLimits {
+    /// Per-archive limits for [`super::tar_ingest::ingest`].
+    pub fn ingest(&self) -> IngestLimits {
+        IngestLimits {
+            max_unpacked_bytes: self.max_total_bytes,
+            // Directories and headers count as entries too: leave room beyond the file limit.
+            max_entries: self.max_files.saturating_mul(4).max(1024),
+            max_path_bytes: self.max_path_bytes,
+        }
+    }
+}
+
+/// Bytes downloaded so far for one unpack, for the expansion-ratio limit.
+#[derive(Debug, Default)]
+pub struct Budget {
+    downloaded: AtomicU64,
+}
+
+impl Budget {
+    pub fn add_downloaded(&self, n: u64) {
+        self.downloaded.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn downloaded(&self) -> u64 {
+        self.downloaded.load(Ordering::Relaxed)
+    }
+}
+
+/// Everything a fetch runs with.
+#[derive(Clone)]
+pub struct SourceContext {
+    /// Handle of the async runtime, for `block_on` and `SyncIoBridge` from the blocking thread.
+    pub runtime: tokio::runtime::Handle,
+    /// Cancelled when the spec changes, the Bundle goes away or the server stops: stop promptly
+    /// and return [`UnpackError::Cancelled`].
+    pub cancel: CancellationToken,
+    pub network: Arc<NetworkPolicy>,
+    /// From the source's Secret; for images without a pullSecret, the `--registry-config` file.
+    pub credentials: Option<Credentials>,
+    pub limits: UnpackLimits,
+    pub budget: Arc<Budget>,
+}
+
+impl SourceContext {
+    /// Fails with [`UnpackError::Cancelled`] once cancelled.
+    pub fn check_cancelled(&self) -> Result<(), UnpackError> {
+        if self.cancel.is_cancelled() {
+            Err(UnpackError::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Wraps a reader of downloaded (still compressed) bytes: counts them for the expansion-ratio
+    /// limit and stops with [`UnpackError::Cancelled`] (as an io error, see
+    /// [`UnpackError::from_io`]) once the context is cancelled.
+    pub fn download_reader<R: Read>(&self, inner: R) -> DownloadReader<R> {
+        DownloadReader { inner, budget: self.budget.clone(), cancel: self.cancel.clone() }
+    }
+}
+
+/// See [`SourceContext::download_reader`].
+pub struct DownloadReader<R> {
+    inner: R,
+    budget: Arc<Budget>,
+    cancel: CancellationToken,
+}
+
+impl<R: Read> Read for DownloadReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.cancel.is_cancelled() {
+            return Err(UnpackError::Cancelled.into_io());
+        }
+        let n = self.inner.read(buf)?;
+        self.budget.add_downloaded(n as u64);
+        Ok(n)
+    }
+}
