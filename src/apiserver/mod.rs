@@ -13,7 +13,7 @@ pub mod garbage_collector;
 mod handlers;
 mod lifecycle;
 pub mod listener;
-mod meta;
+pub mod meta;
 mod metrics;
 mod negotiation;
 mod openapi;
@@ -49,15 +49,15 @@ pub const API_VERSION: &str = "content.stowage.dev/v1alpha1";
 pub struct Limits {
     /// Largest content upload body (compressed bytes on the wire).
     pub max_body_bytes: u64,
-    /// Largest unpacked size of one upload (defends against compression bombs).
-    pub max_unpacked_bytes: u64,
     /// Largest object (Bundle) body.
     pub max_object_bytes: usize,
+    /// What one Bundle's content may unpack to (uploads and pulled sources alike).
+    pub unpack: crate::unpack::UnpackLimits,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_body_bytes: 64 << 30, max_unpacked_bytes: 64 << 30, max_object_bytes: 3 << 20 }
+        Limits { max_body_bytes: 64 << 30, max_object_bytes: 3 << 20, unpack: Default::default() }
     }
 }
 

@@ -70,12 +70,19 @@ pub struct AuthOptions {
     pub anonymous_auth: bool,
 }
 
+/// In a cluster: the client the server talks to the kube-apiserver with, and the watcher that
+/// keeps the client CAs current (keep it alive while serving).
+pub struct Delegation {
+    _watcher: AuthenticationConfigWatcher,
+    pub client: kube::Client,
+}
+
 /// The TLS setup and access rules the flags ask for, and (in a cluster) the watcher that keeps the
 /// client CAs current (keep it alive while serving).
 pub async fn configure(
     auth: &AuthOptions,
     pki: &StandalonePki,
-) -> anyhow::Result<(TlsSetup, Access, Option<AuthenticationConfigWatcher>)> {
+) -> anyhow::Result<(TlsSetup, Access, Option<Delegation>)> {
     let (cert, key) = match (&auth.tls_cert_file, &auth.tls_private_key_file) {
         (Some(cert), Some(key)) => (cert.clone(), key.clone()),
         _ => (pki.serving_cert.clone(), pki.serving_key.clone()),
@@ -120,8 +127,8 @@ pub async fn configure(
         auth.api_audiences.clone(),
     )));
     let authenticator = Authenticator { trust: tls.trust.clone(), tokens, anonymous: auth.anonymous_auth };
-    let authorizer = Authorizer::Delegated(SarAuthorizer::new(client, SarConfig::default()));
-    Ok((tls, Access { authenticator, authorizer }, Some(watcher)))
+    let authorizer = Authorizer::Delegated(SarAuthorizer::new(client.clone(), SarConfig::default()));
+    Ok((tls, Access { authenticator, authorizer }, Some(Delegation { _watcher: watcher, client })))
 }
 
 /// Delegated when `--kubeconfig` is given or when running in a pod (unless `--standalone`).

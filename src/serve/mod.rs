@@ -1,8 +1,10 @@
 //! `stowage serve`: open the store, prepare TLS identities, serve the API until SIGTERM/SIGINT.
 
 mod auth;
+mod unpack;
 
 pub use auth::AuthOptions;
+pub use unpack::UnpackOptions;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,6 +15,7 @@ use anyhow::Context;
 use crate::apiserver::{self, AppState, Limits};
 use crate::auth::pki;
 use crate::storage::{Store, StoreOptions};
+use crate::unpack::reconcile;
 
 /// Options of `stowage serve`.
 #[derive(Clone, Debug, clap::Args)]
@@ -26,15 +29,14 @@ pub struct ServeOptions {
     /// Largest content upload body in bytes.
     #[arg(long, default_value_t = Limits::default().max_body_bytes)]
     pub max_body_bytes: u64,
-    /// Largest unpacked size of one upload in bytes (compression-bomb limit).
-    #[arg(long, default_value_t = Limits::default().max_unpacked_bytes)]
-    pub max_unpacked_bytes: u64,
     /// How many recent changes the store keeps for watches and paged lists: a watch or a list
     /// continuation from further back gets 410 Gone and re-lists.
     #[arg(long, default_value_t = StoreOptions::default().change_log_len)]
     pub change_log_length: u64,
     #[command(flatten)]
     pub auth: AuthOptions,
+    #[command(flatten)]
+    pub unpack: UnpackOptions,
 }
 
 pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
@@ -69,6 +71,8 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     let collector = apiserver::garbage_collector::spawn(store.clone(), shutdown.clone());
+    let cluster = delegated.as_ref().map(|d| d.client.clone());
+    let reconciler = reconcile::spawn(store.clone(), options.unpack.reconciler(cluster), shutdown.clone());
     tls_setup.serving.clone().watch(shutdown.clone());
     let state = AppState {
         store,
@@ -76,7 +80,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         shutdown: shutdown.clone(),
         limits: Arc::new(Limits {
             max_body_bytes: options.max_body_bytes,
-            max_unpacked_bytes: options.max_unpacked_bytes,
+            unpack: options.unpack.limits(),
             ..Limits::default()
         }),
     };
@@ -91,6 +95,9 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     };
     apiserver::listener::serve_tls(listener, tls_setup, apiserver::router(state), stopping).await?;
     collector.abort();
+    // Cancelled jobs release their half-written revisions; Bundles left `Unpacking` resume at the
+    // next start.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), reconciler).await;
     drop(delegated);
     tracing::info!("stowage stopped");
     Ok(())

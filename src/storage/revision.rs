@@ -154,8 +154,9 @@ impl RevisionWriter {
         Ok(())
     }
 
-    /// Adds `path` as a copy of the earlier regular file `target` (sharing its chunks).
-    pub fn add_hardlink(&mut self, path: &str, target: &str) -> Result<()> {
+    /// Adds `path` as a copy of the earlier regular file `target` (sharing its chunks); returns
+    /// the copy's size.
+    pub fn add_hardlink(&mut self, path: &str, target: &str) -> Result<u64> {
         self.ensure_new(path)?;
         let invalid = |reason: &str| StorageError::InvalidEntry { path: path.into(), reason: reason.into() };
         let source: FileEntry = match self.store.tree().get(file_key(self.id, target))? {
@@ -178,7 +179,7 @@ impl RevisionWriter {
         }
         let entry = FileEntry { path: path.to_string(), file_id, ..source };
         self.store.tree().insert(file_key(self.id, path), entry.encode())?;
-        Ok(())
+        Ok(entry.size)
     }
 
     /// Computes tar offsets and the digest, flushes, and hands back the revision ready to attach.

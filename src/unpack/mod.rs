@@ -4,13 +4,21 @@
 //! hands each accepted entry to an [`EntrySink`] (in practice a storage revision writer). The
 //! sources — OCI images ([`oci`]), git ([`git`]) and http ([`http`]) — resolve a Bundle's floating
 //! references and stream their content into the same kind of sink; [`source`] holds what they
-//! share and [`error`] how they fail.
+//! share and [`error`] how they fail. Every source writes through a [`sink::TreeSink`] (limits,
+//! destinations, the [`format`] inspector) into a storage revision that [`revisions`] attaches to
+//! a BundleContent; [`reconcile`] is the loop that drives Bundles, writing [`status`].
 
 pub mod error;
+pub mod format;
 pub mod git;
 pub mod http;
 pub mod oci;
+pub mod reconcile;
+pub mod revisions;
+pub mod secrets;
+pub mod sink;
 pub mod source;
+pub mod status;
 pub mod tar_ingest;
 
 use std::io::Read;

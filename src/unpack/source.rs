@@ -177,11 +177,11 @@ pub struct UnpackLimits {
 impl Default for UnpackLimits {
     fn default() -> Self {
         UnpackLimits {
-            max_total_bytes: 8 << 30,
-            max_files: 100_000,
-            max_file_bytes: 2 << 30,
-            max_path_bytes: 1024,
-            max_expansion_ratio: 200,
+            max_total_bytes: 64 << 30,
+            max_files: 1_000_000,
+            max_file_bytes: 16 << 30,
+            max_path_bytes: 4096,
+            max_expansion_ratio: 250,
         }
     }
 }

@@ -7,51 +7,22 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use futures_util::TryStreamExt;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::apiserver::handlers::{get_object, json_response, resource_def};
 use crate::apiserver::resources::bundle::BUNDLE;
-use crate::apiserver::resources::bundlecontent::{content_name, BUNDLE_CONTENT};
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
-use crate::apiserver::{blocking, meta, AppState, API_VERSION};
-use crate::storage::{
-    ObjectKey, ObjectWrite, PendingRevision, Precondition, RevisionRecord, RevisionWriter, StorageError,
-};
-use crate::unpack::tar_ingest::{self, Encoding, IngestError, IngestLimits};
-use crate::unpack::EntrySink;
+use crate::apiserver::{blocking, AppState};
+use crate::storage::StorageError;
+use crate::unpack::revisions::{self, CommitError, Expect};
+use crate::unpack::sink::TreeSink;
+use crate::unpack::tar_ingest::{self, Encoding, IngestError};
+use crate::unpack::{Resolved, UnpackError};
 
 /// The error the body reader returns once the configured maximum is exceeded.
 #[derive(Debug, thiserror::Error)]
 #[error("request body larger than the maximum of {0} bytes")]
 struct BodyTooLarge(u64);
-
-/// Writes accepted archive entries into a revision, under the source's destination prefix.
-struct RevisionSink<'a> {
-    writer: &'a mut RevisionWriter,
-    prefix: String,
-}
-
-impl RevisionSink<'_> {
-    fn place(&self, path: &str) -> String {
-        format!("{}{path}", self.prefix)
-    }
-}
-
-impl EntrySink for RevisionSink<'_> {
-    type Error = StorageError;
-    fn file(&mut self, path: &str, executable: bool, data: &mut dyn std::io::Read) -> Result<(), StorageError> {
-        let path = self.place(path);
-        self.writer.add_file(&path, executable, data)
-    }
-    fn symlink(&mut self, path: &str, target: &str) -> Result<(), StorageError> {
-        let path = self.place(path);
-        self.writer.add_symlink(&path, target)
-    }
-    fn hardlink(&mut self, path: &str, target: &str) -> Result<(), StorageError> {
-        let (path, target) = (self.place(path), self.place(target));
-        self.writer.add_hardlink(&path, &target)
-    }
-}
 
 fn encoding(headers: &HeaderMap) -> ApiResult<Encoding> {
     let value = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok());
@@ -88,7 +59,7 @@ pub async fn put_bundle_content(
         return Err(ApiError::too_large(BodyTooLarge(limit).to_string()));
     }
     let encoding = encoding(&headers)?;
-    let prefix = upload_prefix(&upload);
+    let destination = upload.get("destination").and_then(Value::as_str).unwrap_or("").to_string();
 
     // Count bytes as they arrive; past the limit the stream fails with BodyTooLarge.
     let mut seen = 0u64;
@@ -98,19 +69,36 @@ pub async fn put_bundle_content(
         std::future::ready(result)
     });
     let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
-    let ingest_limits = IngestLimits { max_unpacked_bytes: app.limits.max_unpacked_bytes, ..IngestLimits::default() };
+    let limits = app.limits.unpack;
     let store = app.store.clone();
     let bundle_name = name.clone();
-    let pending = tokio::task::spawn_blocking(move || {
+    let declared_format = bundle.pointer("/spec/format").and_then(Value::as_str).unwrap_or("").to_string();
+    let (pending, report) = tokio::task::spawn_blocking(move || {
         let mut writer = store.begin_revision().map_err(ApiError::from)?;
-        let mut sink = RevisionSink { writer: &mut writer, prefix };
-        tar_ingest::ingest(reader, encoding, &ingest_limits, &mut sink).map_err(|e| ingest_error(&bundle_name, e))?;
-        writer.finalize().map_err(ApiError::from)
+        let mut sink = TreeSink::new(&mut writer, limits, Default::default());
+        sink.set_destination(&destination);
+        tar_ingest::ingest(reader, encoding, &limits.ingest(), &mut sink).map_err(|e| ingest_error(&bundle_name, e))?;
+        // Uploads bring their own tree: an undetected format is accepted, a declared one checked.
+        let report = sink.finish(&declared_format, false).map_err(|e| unpack_error(&bundle_name, e))?;
+        Ok::<_, ApiError>((writer.finalize().map_err(ApiError::from)?, report))
     })
     .await
     .map_err(|e| ApiError::internal(format!("upload task failed: {e}")))??;
 
-    commit_upload(&app, &namespace, &name, pending).await
+    let expect = Expect {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        uid: bundle.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_string(),
+        generation: None,
+    };
+    let resolved = [Resolved::Upload { digest: pending.record().digest.clone() }];
+    let written = blocking(&app, move |store| match revisions::commit(store, &expect, pending, &report, &resolved) {
+        Ok(bundle) => Ok(bundle),
+        Err(CommitError::Storage(e)) => Err(e),
+        Err(other) => Err(StorageError::Conflict(other.to_string())),
+    })
+    .await?;
+    Ok(json_response(StatusCode::OK, &written, &[]))
 }
 
 fn upload_source(bundle: &Value) -> Option<Value> {
@@ -122,19 +110,9 @@ fn upload_source(bundle: &Value) -> Option<Value> {
         .cloned()
 }
 
-fn upload_prefix(source: &Value) -> String {
-    let destination = source.get("destination").and_then(Value::as_str).unwrap_or("").trim_matches('/');
-    if destination.is_empty() {
-        String::new()
-    } else {
-        format!("{destination}/")
-    }
-}
-
-fn ingest_error(bundle: &str, err: IngestError<StorageError>) -> ApiError {
+fn ingest_error(bundle: &str, err: IngestError<UnpackError>) -> ApiError {
     match err {
         IngestError::InvalidEntry { path, reason } => invalid_entry(bundle, path, reason),
-        IngestError::Sink(StorageError::InvalidEntry { path, reason }) => invalid_entry(bundle, path, reason),
         IngestError::Corrupt(message) => ApiError::bad_request(format!("invalid archive: {message}")),
         IngestError::TooLarge { limit } => {
             ApiError::too_large(format!("archive expands past the maximum of {limit} bytes (--max-unpacked-bytes)"))
@@ -143,123 +121,22 @@ fn ingest_error(bundle: &str, err: IngestError<StorageError>) -> ApiError {
             Some(too_large) => ApiError::too_large(format!("{too_large} (--max-body-bytes)")),
             None => ApiError::bad_request(format!("reading the request body: {e}")),
         },
-        IngestError::Sink(other) => other.into(),
+        IngestError::Sink(e) => unpack_error(bundle, e),
+    }
+}
+
+fn unpack_error(bundle: &str, err: UnpackError) -> ApiError {
+    match err {
+        UnpackError::InvalidEntry { path, reason } => invalid_entry(bundle, path, reason),
+        UnpackError::InvalidFormat { path, problem } => invalid_entry(bundle, path, problem),
+        UnpackError::TooLarge(message) => ApiError::too_large(message),
+        UnpackError::CorruptArchive(message) => ApiError::bad_request(format!("invalid archive: {message}")),
+        UnpackError::Storage(e) => e.into(),
+        other => ApiError::internal(other.to_string()),
     }
 }
 
 fn invalid_entry(bundle: &str, path: String, reason: String) -> ApiError {
     let cause = Cause { reason: "FieldValueInvalid".into(), message: format!("{path}: {reason}"), field: path };
     ApiError::invalid(BUNDLE.kind, bundle, vec![cause])
-}
-
-/// Attaches the new revision to a BundleContent and points the Bundle at it, atomically. Identical
-/// content already stored for this Bundle is reused (the new copy is released).
-async fn commit_upload(app: &AppState, namespace: &str, name: &str, pending: PendingRevision) -> ApiResult<Response> {
-    let record = pending.record().clone();
-    let content = content_name(name, &record.digest);
-    let (namespace, name) = (namespace.to_string(), name.to_string());
-    let outcome = blocking(app, move |store| {
-        let mut pending = pending;
-        // Retry on conflict: the Bundle may be updated while a long upload runs.
-        for _ in 0..5 {
-            let Some(bundle) = store.get_object(&ObjectKey::new("bundles", &namespace, &name))? else {
-                return Err(StorageError::NotFound(format!("bundles {name:?}")));
-            };
-            let existing = store.get_object(&ObjectKey::new("bundlecontents", &namespace, &content))?;
-            let mut updated = bundle.value.clone();
-            updated["status"] = uploaded_status(&bundle.value, &content, &record);
-            let bundle_write = ObjectWrite::Put {
-                key: ObjectKey::new("bundles", &namespace, &name),
-                object: updated,
-                precondition: Precondition::ResourceVersion(bundle.resource_version),
-                revision: None,
-            };
-            let already_stored =
-                existing.as_ref().and_then(|e| e.value.pointer("/spec/digest").and_then(Value::as_str))
-                    == Some(record.digest.as_str());
-            let result = if already_stored {
-                // Identical content is already stored: the new copy is released when `pending` drops.
-                store.write_objects(vec![bundle_write])
-            } else {
-                let content_write = ObjectWrite::Put {
-                    key: ObjectKey::new("bundlecontents", &namespace, &content),
-                    object: bundle_content_object(&bundle.value, &content, &record),
-                    precondition: Precondition::MustNotExist,
-                    revision: Some(record.id),
-                };
-                pending.commit(vec![content_write, bundle_write])
-            };
-            match result {
-                Err(StorageError::Conflict(_)) => continue,
-                other => return other,
-            }
-        }
-        Err(StorageError::Conflict(format!("bundles {name:?}")))
-    })
-    .await?;
-    let bundle = outcome.objects.into_iter().last().unwrap_or(Value::Null);
-    Ok(json_response(StatusCode::OK, &bundle, &[]))
-}
-
-fn uploaded_status(bundle: &Value, content: &str, record: &RevisionRecord) -> Value {
-    let generation = bundle.pointer("/metadata/generation").and_then(Value::as_u64).unwrap_or(1);
-    let mut status = bundle.get("status").cloned().filter(Value::is_object).unwrap_or_else(|| json!({}));
-    let previous = status.pointer("/conditions/0").cloned();
-    let transition = match previous {
-        Some(c) if c.get("status") == Some(&json!("True")) => c.get("lastTransitionTime").cloned(),
-        _ => None,
-    }
-    .unwrap_or_else(|| json!(meta::now_timestamp()));
-    let format = bundle.pointer("/spec/format").and_then(Value::as_str).unwrap_or("");
-    status["observedGeneration"] = json!(generation);
-    status["phase"] = json!("Unpacked");
-    status["conditions"] = json!([{
-        "type": "Unpacked",
-        "status": "True",
-        "reason": "Unpacked",
-        "message": format!("serving {} ({} files, {} bytes)", record.digest, record.files, record.size),
-        "lastTransitionTime": transition,
-        "observedGeneration": generation,
-    }]);
-    status["resolvedSources"] = json!([{"upload": {"digest": record.digest}}]);
-    status["contentName"] = json!(content);
-    status["digest"] = json!(record.digest);
-    status["format"] = json!(format);
-    status["files"] = json!(record.files);
-    status["size"] = json!(record.size);
-    status
-}
-
-fn bundle_content_object(bundle: &Value, content: &str, record: &RevisionRecord) -> Value {
-    let name = bundle.pointer("/metadata/name").cloned().unwrap_or(Value::Null);
-    let namespace = bundle.pointer("/metadata/namespace").cloned().unwrap_or(Value::Null);
-    json!({
-        "apiVersion": API_VERSION,
-        "kind": BUNDLE_CONTENT.kind,
-        "metadata": {
-            "name": content,
-            "namespace": namespace,
-            "uid": uuid::Uuid::new_v4().to_string(),
-            "creationTimestamp": meta::now_timestamp(),
-            "generation": 1,
-            "labels": {"content.stowage.dev/bundle": name},
-            "ownerReferences": [{
-                "apiVersion": API_VERSION,
-                "kind": BUNDLE.kind,
-                "name": name,
-                "uid": bundle.pointer("/metadata/uid").cloned().unwrap_or(Value::Null),
-                "controller": true,
-                "blockOwnerDeletion": true,
-            }],
-        },
-        "spec": {
-            "bundle": name,
-            "digest": record.digest,
-            "format": bundle.pointer("/spec/format").and_then(Value::as_str).unwrap_or(""),
-            "files": record.files,
-            "size": record.size,
-            "storedSize": record.stored_size,
-            "source": {"upload": {}},
-        },
-    })
 }

@@ -594,25 +594,25 @@ fn items_the_configuration_names_take_its_order_and_other_items_keep_their_place
 #[test]
 fn preserve_unknown_fields_subtrees_are_granular_maps_with_atomic_lists() {
     let schema = (crate::apiserver::resources::bundlecontent::BUNDLE_CONTENT.schema)();
-    let content = |source: Value| json!({"apiVersion": API, "kind": "BundleContent", "metadata": {"name": "c"}, "spec": {"source": source}});
+    let content = |source: Value| json!({"apiVersion": API, "kind": "BundleContent", "metadata": {"name": "c"}, "spec": {"formatDetails": source}});
     let a = match apply(&schema, None, &content(json!({"image": {"ref": "x"}, "tags": [1, 2]})), "a", false, None, T1) {
         Ok(object) => object,
         Err(e) => panic!("{e}"),
     };
     assert_eq!(
         fields(&a, "a", "Apply").as_deref(),
-        Some(r#"{"f:spec":{"f:source":{"f:image":{".":{},"f:ref":{}},"f:tags":{}}}}"#)
+        Some(r#"{"f:spec":{"f:formatDetails":{"f:image":{".":{},"f:ref":{}},"f:tags":{}}}}"#)
     );
     let b = match apply(&schema, Some(&a), &content(json!({"image": {"digest": "d"}})), "b", false, None, T2) {
         Ok(object) => object,
         Err(e) => panic!("{e}"),
     };
-    assert_eq!(b["spec"]["source"], json!({"image": {"ref": "x", "digest": "d"}, "tags": [1, 2]}));
+    assert_eq!(b["spec"]["formatDetails"], json!({"image": {"ref": "x", "digest": "d"}, "tags": [1, 2]}));
     let error = match apply(&schema, Some(&b), &content(json!({"tags": [3]})), "b", false, None, T3) {
         Ok(object) => panic!("expected a conflict, got {object}"),
         Err(e) => e,
     };
-    assert_eq!(conflicts(error)[0].field, ".spec.source.tags");
+    assert_eq!(conflicts(error)[0].field, ".spec.formatDetails.tags");
 }
 
 #[test]

@@ -89,6 +89,8 @@ fn schema() -> Value {
             "contentName": string(),
             "digest": string(),
             "format": string(),
+            "formatDetails": {"type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                "description": "Objects by kind; chart and version; package and clusterServiceVersion."},
             "files": integer(),
             "size": integer(),
         }),
@@ -107,6 +109,14 @@ fn validate(obj: &Value) -> Vec<Cause> {
         Some(list) => {
             for (i, source) in list.iter().enumerate() {
                 causes.extend(validate_source(&format!("spec.sources[{i}]"), source));
+            }
+            let uploads = list.iter().filter(|s| s.get("upload").is_some_and(|u| !u.is_null())).count();
+            if uploads > 0 && list.len() > 1 {
+                causes.push(Cause::invalid(
+                    "spec.sources",
+                    &json!(format!("{} sources", list.len())),
+                    "an upload source must be the only source",
+                ));
             }
         }
     }

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::{no_secret_refs, short_digest, str_at, u64_at, Column, ResourceDef, AGE_COLUMN, NAME_COLUMN};
 use crate::apiserver::meta;
-use crate::apiserver::schema::{doc_string, integer, kind_root, object, string};
+use crate::apiserver::schema::{array_of, doc_string, integer, kind_root, object, string};
 use crate::apiserver::status::Cause;
 use crate::storage::{ObjectKey, ObjectWrite, Precondition, StorageError, Store};
 
@@ -50,7 +50,10 @@ fn schema() -> Value {
             "files": integer(),
             "size": integer(),
             "storedSize": integer(),
-            "source": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+            "formatDetails": {"type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                "description": "Objects by kind; chart and version; package and clusterServiceVersion."},
+            "sources": array_of(json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                "description": "Each source pinned: image digest, git commit, http sha256, upload digest."})),
         }),
     );
     kind_root("One immutable unpacked revision of a Bundle's content.", spec, object("Unused.", json!({})))

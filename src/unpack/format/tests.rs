@@ -1,0 +1,76 @@
+use super::*;
+
+fn inspect(files: &[(&str, &str)]) -> Inspector {
+    let mut inspector = Inspector::default();
+    for (path, text) in files {
+        inspector.saw(path);
+        if Inspector::wants(path) {
+            inspector.observe(path, text.as_bytes());
+        }
+    }
+    inspector
+}
+
+const DEPLOYMENT: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: a\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: a\n---\n";
+
+#[test]
+fn plain_is_detected_and_counts_objects_by_kind() {
+    let report = inspect(&[
+        ("manifests/app.yaml", DEPLOYMENT),
+        ("manifests/cm.json", r#"{"apiVersion":"v1","kind":"ConfigMap"}"#),
+    ])
+    .finish("", true)
+    .unwrap();
+    assert_eq!(report.format, PLAIN);
+    assert_eq!(report.objects.get("Deployment"), Some(&1));
+    assert_eq!(report.objects.get("ConfigMap"), Some(&1));
+}
+
+#[test]
+fn an_object_file_that_does_not_parse_is_named() {
+    let err = inspect(&[("manifests/ok.yaml", DEPLOYMENT), ("manifests/bad.yaml", "kind: [unclosed")])
+        .finish("", true)
+        .unwrap_err();
+    match err {
+        UnpackError::InvalidFormat { path, .. } => assert_eq!(path, "manifests/bad.yaml"),
+        other => panic!("unexpected {other:?}"),
+    }
+    let err = inspect(&[("manifests/x.yaml", "just: a map\n")]).finish(PLAIN, true).unwrap_err();
+    assert!(err.to_string().contains("apiVersion and kind are required"), "{err}");
+}
+
+#[test]
+fn registry_v1_needs_the_annotation_and_a_csv() {
+    let annotations = "annotations:\n  operators.operatorframework.io.bundle.mediatype.v1: registry+v1\n  operators.operatorframework.io.bundle.package.v1: etcd\n";
+    let csv = "apiVersion: operators.coreos.com/v1alpha1\nkind: ClusterServiceVersion\nmetadata:\n  name: etcd.v1\n";
+    let report =
+        inspect(&[("metadata/annotations.yaml", annotations), ("manifests/csv.yaml", csv)]).finish("", true).unwrap();
+    assert_eq!(report.format, REGISTRY_V1);
+    assert_eq!(report.facts.get("package").map(String::as_str), Some("etcd"));
+    let err = inspect(&[("metadata/annotations.yaml", annotations), ("manifests/d.yaml", DEPLOYMENT)])
+        .finish("", true)
+        .unwrap_err();
+    assert!(err.to_string().contains("no ClusterServiceVersion"), "{err}");
+    let err = inspect(&[("manifests/csv.yaml", csv)]).finish(REGISTRY_V1, true).unwrap_err();
+    assert!(err.to_string().starts_with("metadata/annotations.yaml: missing"), "{err}");
+}
+
+#[test]
+fn helm_charts_at_the_root_or_in_one_directory() {
+    let chart = "apiVersion: v2\nname: demo\nversion: 1.2.3\n";
+    let root = inspect(&[("Chart.yaml", chart), ("templates/x.yaml", "{{ .Values }}")]).finish("", true).unwrap();
+    assert_eq!((root.format.as_str(), root.facts.get("version").map(String::as_str)), (HELM, Some("1.2.3")));
+    let nested = inspect(&[("demo/Chart.yaml", chart), ("demo/values.yaml", "a: 1")]).finish("", true).unwrap();
+    assert_eq!(nested.facts.get("chart").map(String::as_str), Some("demo"));
+    let err = inspect(&[("Chart.yaml", "name: x\n")]).finish(HELM, true).unwrap_err();
+    assert!(err.to_string().contains("version are required"), "{err}");
+}
+
+#[test]
+fn undetectable_trees_fail_only_when_strict() {
+    let files = [("README.md", "hi")];
+    assert!(matches!(inspect(&files).finish("", true), Err(UnpackError::InvalidFormat { .. })));
+    assert_eq!(inspect(&files).finish("", false).unwrap().format, "");
+    // A declared format is always checked.
+    assert!(inspect(&files).finish(PLAIN, false).is_err());
+}

@@ -1,0 +1,224 @@
+//! One Bundle's job: unpack its current generation (retrying transient failures with backoff),
+//! then, with `spec.pollInterval`, keep re-resolving its floating references and unpack again
+//! when one moved.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::plan::{poll_interval, sources, Plan};
+use super::Shared;
+use crate::unpack::error::UnpackError;
+use crate::unpack::format::FormatReport;
+use crate::unpack::revisions::{self, CommitError, Expect};
+use crate::unpack::sink::TreeSink;
+use crate::unpack::source::{Budget, Resolved, SourceContext, SourceSpec};
+use crate::unpack::status::UNFINISHED_REASONS;
+use crate::unpack::{git, http, oci, status};
+
+const FIRST_RETRY: Duration = Duration::from_secs(5);
+const MAX_RETRY: Duration = Duration::from_secs(300);
+
+/// What the next attempt does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    /// Resolve and fetch everything (a new generation, or a retry).
+    Unpack,
+    /// Resolve; fetch only if a resolved source differs from what is served.
+    Recheck,
+}
+
+enum Outcome {
+    /// Served (or nothing changed).
+    Done,
+    Failed(UnpackError),
+}
+
+pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel: CancellationToken) {
+    let (mut mode, mut wait) = match plan {
+        Plan::Nothing => return,
+        Plan::MarkPaused => {
+            let _ = write_status(shared, &expect, status::paused).await;
+            return;
+        }
+        Plan::Unpack => (Mode::Unpack, Duration::ZERO),
+        Plan::Poll(interval) => (Mode::Recheck, interval),
+    };
+    let mut failures = 0u32;
+    loop {
+        if !wait.is_zero() {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+        let permit = tokio::select! {
+            _ = cancel.cancelled() => return,
+            permit = shared.slots.acquire() => match permit { Ok(p) => p, Err(_) => return },
+        };
+        let outcome = attempt(shared, &expect, mode, &cancel).await;
+        drop(permit);
+        let bundle = match revisions::current(&shared.store, &expect) {
+            Ok(b) => b.value,
+            Err(_) => return, // gone or superseded: the loop starts what the new spec needs
+        };
+        let interval = poll_interval(&bundle);
+        match outcome {
+            Outcome::Done => {
+                failures = 0;
+                mode = Mode::Recheck;
+            }
+            Outcome::Failed(UnpackError::Cancelled) => return,
+            Outcome::Failed(error) if error.is_transient() => {
+                failures += 1;
+                let delay = backoff(failures);
+                tracing::info!(bundle = %expect.name, namespace = %expect.namespace, error = %error, "unpack failed; retrying in {delay:?}");
+                let _ = write_status(shared, &expect, move |b| status::failed(b, &error, Some(delay))).await;
+                // A retry of a recheck only needs the recheck.
+                wait = delay;
+                continue;
+            }
+            Outcome::Failed(error) => {
+                tracing::info!(bundle = %expect.name, namespace = %expect.namespace, error = %error, "unpack failed");
+                let _ = write_status(shared, &expect, move |b| status::failed(b, &error, None)).await;
+                failures = 0;
+                // A moved tag may fix it: keep re-resolving when asked to.
+                mode = Mode::Recheck;
+            }
+        }
+        match interval {
+            Some(interval) => wait = interval,
+            None => return,
+        }
+    }
+}
+
+fn backoff(failures: u32) -> Duration {
+    FIRST_RETRY.saturating_mul(1 << failures.saturating_sub(1).min(10)).min(MAX_RETRY)
+}
+
+async fn write_status<F>(shared: &Arc<Shared>, expect: &Expect, compute: F) -> Result<(), CommitError>
+where
+    F: Fn(&Value) -> Value + Send + 'static,
+{
+    let (store, expect) = (shared.store.clone(), expect.clone());
+    tokio::task::spawn_blocking(move || revisions::write_status(&store, &expect, &compute))
+        .await
+        .unwrap_or(Err(CommitError::Gone))
+}
+
+async fn attempt(shared: &Arc<Shared>, expect: &Expect, mode: Mode, cancel: &CancellationToken) -> Outcome {
+    match try_attempt(shared, expect, mode, cancel).await {
+        Ok(()) => Outcome::Done,
+        Err(e) => Outcome::Failed(e),
+    }
+}
+
+async fn try_attempt(
+    shared: &Arc<Shared>,
+    expect: &Expect,
+    mode: Mode,
+    cancel: &CancellationToken,
+) -> Result<(), UnpackError> {
+    let bundle = current(shared, expect)?;
+    if mode == Mode::Unpack {
+        // Another job may have finished this generation since the plan was made.
+        let reason = status::reason_for_current_generation(&bundle);
+        if reason.is_some_and(|r| !UNFINISHED_REASONS.contains(&r.as_str())) {
+            return Ok(());
+        }
+    }
+    let specs = sources(&bundle).ok_or_else(|| UnpackError::Unsupported("spec.sources does not parse".into()))?;
+    if mode == Mode::Unpack {
+        write_status(shared, expect, status::unpacking).await.map_err(commit_error)?;
+    }
+    let mut contexts = Vec::with_capacity(specs.len());
+    let mut resolved = Vec::with_capacity(specs.len());
+    let served: Vec<Resolved> = bundle
+        .pointer("/status/resolvedSources")
+        .cloned()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    for (i, spec) in specs.iter().enumerate() {
+        let ctx = SourceContext {
+            runtime: tokio::runtime::Handle::current(),
+            cancel: cancel.clone(),
+            network: shared.config.network.clone(),
+            credentials: shared.config.credentials.for_source(&expect.namespace, spec).await?,
+            limits: shared.config.limits,
+            budget: Arc::new(Budget::default()),
+        };
+        let previous = if mode == Mode::Recheck { served.get(i) } else { None };
+        resolved.push(resolve(spec, &ctx, previous).await?);
+        contexts.push(ctx);
+    }
+    if mode == Mode::Recheck && resolved.len() == served.len() && resolved == served {
+        return Ok(());
+    }
+    if mode == Mode::Recheck {
+        write_status(shared, expect, status::unpacking).await.map_err(commit_error)?;
+    }
+    let declared = bundle.pointer("/spec/format").and_then(Value::as_str).unwrap_or("").to_string();
+    let (store, limits, expect_owned) = (shared.store.clone(), shared.config.limits, expect.clone());
+    tokio::task::spawn_blocking(move || -> Result<(), UnpackError> {
+        let mut writer = store.begin_revision()?;
+        let budget = Arc::new(Budget::default());
+        let mut sink = TreeSink::new(&mut writer, limits, budget.clone());
+        let mut finals = Vec::with_capacity(specs.len());
+        for ((spec, ctx), pinned) in specs.iter().zip(contexts).zip(&resolved) {
+            ctx.check_cancelled()?;
+            sink.set_destination(&spec.destination);
+            // One budget across sources, so the expansion ratio covers the whole unpack.
+            let ctx = SourceContext { budget: budget.clone(), ..ctx };
+            finals.push(fetch(spec, &ctx, pinned, &mut sink)?);
+        }
+        let report: FormatReport = sink.finish(&declared, true)?;
+        let pending = writer.finalize()?;
+        revisions::commit(&store, &expect_owned, pending, &report, &finals).map_err(commit_error)?;
+        Ok(())
+    })
+    .await
+    .map_err(|e| UnpackError::Storage(crate::storage::StorageError::Corrupt(format!("unpack task failed: {e}"))))?
+}
+
+fn current(shared: &Arc<Shared>, expect: &Expect) -> Result<Value, UnpackError> {
+    revisions::current(&shared.store, expect).map(|b| b.value).map_err(commit_error)
+}
+
+fn commit_error(e: CommitError) -> UnpackError {
+    match e {
+        CommitError::Gone | CommitError::Superseded => UnpackError::Cancelled,
+        CommitError::Storage(e) => UnpackError::Storage(e),
+    }
+}
+
+async fn resolve(spec: &SourceSpec, ctx: &SourceContext, previous: Option<&Resolved>) -> Result<Resolved, UnpackError> {
+    if let Some(image) = &spec.image {
+        oci::resolve(image, ctx, previous).await
+    } else if let Some(repo) = &spec.git {
+        git::resolve(repo, ctx, previous).await
+    } else if let Some(url) = &spec.http {
+        http::resolve(url, ctx, previous).await
+    } else {
+        Err(UnpackError::Unsupported("a source must be one of image, git, http".into()))
+    }
+}
+
+fn fetch(
+    spec: &SourceSpec,
+    ctx: &SourceContext,
+    pinned: &Resolved,
+    sink: &mut TreeSink<'_>,
+) -> Result<Resolved, UnpackError> {
+    if let Some(image) = &spec.image {
+        oci::fetch(image, ctx, pinned, sink)
+    } else if let Some(repo) = &spec.git {
+        git::fetch(repo, ctx, pinned, sink)
+    } else if let Some(url) = &spec.http {
+        http::fetch(url, ctx, pinned, sink)
+    } else {
+        Err(UnpackError::Unsupported("a source must be one of image, git, http".into()))
+    }
+}

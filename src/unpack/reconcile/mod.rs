@@ -1,0 +1,203 @@
+//! The reconcile loop: keeps every Bundle's served content in line with its spec.
+//!
+//! It follows the store's change log like any watcher. For each Bundle it decides ([`plan`]) what
+//! the Bundle needs — an unpack of its current generation, a timer to re-resolve floating
+//! references (`spec.pollInterval`), a paused note, or nothing — and runs at most one job per
+//! Bundle. Jobs share a bounded pool of unpack slots; a job is cancelled when its Bundle's spec
+//! changes or the Bundle goes, and all are cancelled on shutdown.
+//!
+//! All state lives in the store: a Bundle whose `Unpacked` condition was not finally answered for
+//! its generation (`Pending`, `Unpacking`, a transient failure) is picked up again at start, so a
+//! crash or restart mid-unpack resumes (from the beginning of that unpack; the half-written
+//! revision was released by the store's recovery).
+
+mod job;
+mod plan;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use tokio::sync::{broadcast, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use super::secrets::CredentialSource;
+use super::source::{NetworkPolicy, UnpackLimits};
+use crate::storage::{ObjectKey, StorageError, Store};
+
+pub use plan::{plan, Plan};
+
+/// How the loop runs.
+#[derive(Clone)]
+pub struct ReconcilerConfig {
+    /// Unpacks running at once.
+    pub concurrency: usize,
+    pub limits: UnpackLimits,
+    pub network: Arc<NetworkPolicy>,
+    pub credentials: CredentialSource,
+}
+
+/// `(namespace, name)` of a Bundle.
+type Key = (String, String);
+
+/// The one job a Bundle may have.
+struct Running {
+    id: u64,
+    uid: String,
+    generation: u64,
+    cancel: CancellationToken,
+}
+
+struct Shared {
+    store: Store,
+    config: ReconcilerConfig,
+    slots: Semaphore,
+    jobs: Mutex<HashMap<Key, Running>>,
+    next_id: AtomicU64,
+    shutdown: CancellationToken,
+}
+
+/// Starts the loop; it ends (cancelling every job) when `shutdown` is cancelled.
+pub fn spawn(store: Store, config: ReconcilerConfig, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+    let shared = Arc::new(Shared {
+        store,
+        slots: Semaphore::new(config.concurrency.max(1)),
+        config,
+        jobs: Mutex::new(HashMap::new()),
+        next_id: AtomicU64::new(1),
+        shutdown,
+    });
+    tokio::spawn(async move {
+        let mut notifications = shared.store.subscribe();
+        let mut from = relist(&shared).await;
+        loop {
+            tokio::select! {
+                _ = shared.shutdown.cancelled() => break,
+                received = notifications.recv() => {
+                    if matches!(received, Err(broadcast::error::RecvError::Closed)) {
+                        break;
+                    }
+                    from = match follow(&shared, from).await {
+                        Ok(rv) => rv,
+                        // The log moved past us (or the store hiccuped): look at everything again.
+                        Err(_) => relist(&shared).await,
+                    };
+                }
+            }
+        }
+        let jobs = std::mem::take(&mut *shared.jobs.lock().unwrap_or_else(|p| p.into_inner()));
+        for job in jobs.values() {
+            job.cancel.cancel();
+        }
+    })
+}
+
+/// Considers every Bundle; returns the resourceVersion the list was taken at.
+async fn relist(shared: &Arc<Shared>) -> u64 {
+    let store = shared.store.clone();
+    match tokio::task::spawn_blocking(move || store.list_objects("bundles", None)).await {
+        Ok(Ok((bundles, rv))) => {
+            for bundle in bundles {
+                consider(shared, &bundle.value);
+            }
+            rv
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "listing Bundles failed; retrying with the next change");
+            0
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "listing Bundles failed");
+            0
+        }
+    }
+}
+
+/// Considers the Bundles changed after `from`; returns how far it got. Acts on each Bundle's
+/// current state, not on the logged one (which may be stale by now).
+async fn follow(shared: &Arc<Shared>, from: u64) -> Result<u64, StorageError> {
+    let store = shared.store.clone();
+    let (current, reached) = tokio::task::spawn_blocking(move || -> Result<_, StorageError> {
+        if from > 0 && !store.log_covers(from)? {
+            return Err(StorageError::Expired(from));
+        }
+        let mut changed: Vec<Key> = Vec::new();
+        let mut after = from;
+        loop {
+            let batch = store.changes_after(after, 512)?;
+            let done = batch.len() < 512;
+            after = batch.last().map_or(after, |(rv, _)| *rv);
+            for (_, change) in batch.into_iter().filter(|(_, c)| c.resource == "bundles") {
+                let key = (change.namespace, change.name);
+                if !changed.contains(&key) {
+                    changed.push(key);
+                }
+            }
+            if done {
+                break;
+            }
+        }
+        let mut current = Vec::with_capacity(changed.len());
+        for key in changed {
+            let object = store.get_object(&ObjectKey::new("bundles", &key.0, &key.1))?.map(|o| o.value);
+            current.push((key, object));
+        }
+        Ok((current, after))
+    })
+    .await
+    .map_err(|e| StorageError::Corrupt(format!("change log task failed: {e}")))??;
+    for (key, object) in current {
+        match object {
+            Some(bundle) => consider(shared, &bundle),
+            None => forget(shared, &key),
+        }
+    }
+    Ok(reached)
+}
+
+fn key_of(bundle: &Value) -> Key {
+    let text = |p: &str| bundle.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
+    (text("/metadata/namespace"), text("/metadata/name"))
+}
+
+/// Cancels the Bundle's job, if any.
+fn forget(shared: &Shared, key: &Key) {
+    let mut jobs = shared.jobs.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(job) = jobs.remove(key) {
+        job.cancel.cancel();
+    }
+}
+
+/// Starts whatever `bundle` needs, unless its job for this generation already runs.
+fn consider(shared: &Arc<Shared>, bundle: &Value) {
+    let key = key_of(bundle);
+    let uid = bundle.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_string();
+    let generation = bundle.pointer("/metadata/generation").and_then(Value::as_u64).unwrap_or(1);
+    let mut jobs = shared.jobs.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(job) = jobs.get(&key) {
+        if job.uid == uid && job.generation == generation && !job.cancel.is_cancelled() {
+            return;
+        }
+        job.cancel.cancel();
+        jobs.remove(&key);
+    }
+    let plan = plan(bundle);
+    if plan == Plan::Nothing {
+        return;
+    }
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let cancel = shared.shutdown.child_token();
+    jobs.insert(key.clone(), Running { id, uid: uid.clone(), generation, cancel: cancel.clone() });
+    drop(jobs);
+    let expect =
+        super::revisions::Expect { namespace: key.0.clone(), name: key.1.clone(), uid, generation: Some(generation) };
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        job::run(&shared, expect, plan, cancel).await;
+        let mut jobs = shared.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        if jobs.get(&key).is_some_and(|j| j.id == id) {
+            jobs.remove(&key);
+        }
+    });
+}

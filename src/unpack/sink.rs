@@ -1,0 +1,170 @@
+//! The sink every source writes into: a new storage revision, under each source's destination,
+//! within the Bundle's limits, with the format inspector watching.
+//!
+//! Limits are enforced while bytes flow (a file is cut off the moment it passes a limit), across
+//! all sources of one unpack: total size, file count, single-file size, path length and the
+//! expansion ratio (unpacked bytes per downloaded byte). On any error the caller drops the
+//! revision writer, which releases everything written.
+
+use std::io::Read;
+use std::sync::Arc;
+
+use super::error::UnpackError;
+use super::format::{FormatReport, Inspector, MAX_INSPECTED_BYTES};
+use super::source::{Budget, UnpackLimits};
+use super::EntrySink;
+use crate::storage::{RevisionWriter, StorageError};
+
+/// Unpacked bytes below which the expansion ratio is not checked (tiny archives compress well).
+const RATIO_FLOOR: u64 = 1 << 20;
+
+pub struct TreeSink<'w> {
+    writer: &'w mut RevisionWriter,
+    prefix: String,
+    limits: UnpackLimits,
+    budget: Arc<Budget>,
+    files: u64,
+    bytes: u64,
+    inspector: Inspector,
+}
+
+impl<'w> TreeSink<'w> {
+    pub fn new(writer: &'w mut RevisionWriter, limits: UnpackLimits, budget: Arc<Budget>) -> Self {
+        TreeSink { writer, prefix: String::new(), limits, budget, files: 0, bytes: 0, inspector: Inspector::default() }
+    }
+
+    /// Where the next source's files go (`spec.sources[i].destination`, already validated).
+    pub fn set_destination(&mut self, destination: &str) {
+        let destination = destination.trim_matches('/');
+        self.prefix = if destination.is_empty() { String::new() } else { format!("{destination}/") };
+    }
+
+    /// Validates the format; see [`Inspector::finish`].
+    pub fn finish(self, declared_format: &str, strict: bool) -> Result<FormatReport, UnpackError> {
+        self.inspector.finish(declared_format, strict)
+    }
+
+    fn place(&mut self, path: &str) -> Result<String, UnpackError> {
+        let placed = format!("{}{path}", self.prefix);
+        if placed.len() > self.limits.max_path_bytes {
+            return Err(UnpackError::TooLarge(format!(
+                "path {:?}… is {} bytes long, over the limit of {}",
+                placed.chars().take(64).collect::<String>(),
+                placed.len(),
+                self.limits.max_path_bytes
+            )));
+        }
+        self.files += 1;
+        if self.files > self.limits.max_files {
+            return Err(UnpackError::TooLarge(format!("more than {} files", self.limits.max_files)));
+        }
+        self.inspector.saw(&placed);
+        Ok(placed)
+    }
+}
+
+impl EntrySink for TreeSink<'_> {
+    type Error = UnpackError;
+
+    fn file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<(), UnpackError> {
+        let path = self.place(path)?;
+        let mut counted =
+            Counted { inner: data, size: 0, before: self.bytes, limits: self.limits, budget: &self.budget };
+        let result = if Inspector::wants(&path) {
+            // Object and metadata files are small: read one whole, look at it, then store it.
+            let mut buffer = Vec::new();
+            let read = (&mut counted).take(MAX_INSPECTED_BYTES + 1).read_to_end(&mut buffer);
+            match read {
+                Err(e) => Err(StorageError::Io(e)),
+                Ok(_) => {
+                    if buffer.len() as u64 > MAX_INSPECTED_BYTES {
+                        self.inspector.too_large(&path);
+                    } else {
+                        self.inspector.observe(&path, &buffer);
+                    }
+                    self.writer.add_file(&path, executable, &mut buffer.as_slice().chain(&mut counted))
+                }
+            }
+        } else {
+            self.writer.add_file(&path, executable, &mut counted)
+        };
+        self.bytes += counted.size;
+        result.map_err(storage_error)
+    }
+
+    fn symlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {
+        let path = self.place(path)?;
+        self.writer.add_symlink(&path, target).map_err(storage_error)
+    }
+
+    fn hardlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {
+        let path = self.place(path)?;
+        let target = format!("{}{target}", self.prefix);
+        // Stored as a copy: its bytes count again.
+        let size = self.writer.add_hardlink(&path, &target).map_err(storage_error)?;
+        self.bytes += size;
+        if self.bytes > self.limits.max_total_bytes {
+            return Err(total_too_large(&self.limits));
+        }
+        Ok(())
+    }
+}
+
+/// A file's bytes on their way into the store, checked against the limits as they pass.
+struct Counted<'a> {
+    inner: &'a mut dyn Read,
+    size: u64,
+    /// Bytes of the tree before this file.
+    before: u64,
+    limits: UnpackLimits,
+    budget: &'a Budget,
+}
+
+impl Read for Counted<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.size += n as u64;
+        let total = self.before + self.size;
+        let limits = &self.limits;
+        let error = if self.size > limits.max_file_bytes {
+            Some(UnpackError::TooLarge(format!("a file is larger than the limit of {} bytes", limits.max_file_bytes)))
+        } else if total > limits.max_total_bytes {
+            Some(total_too_large(limits))
+        } else {
+            ratio_exceeded(limits, self.budget, total)
+        };
+        match error {
+            Some(e) => Err(e.into_io()),
+            None => Ok(n),
+        }
+    }
+}
+
+fn total_too_large(limits: &UnpackLimits) -> UnpackError {
+    UnpackError::TooLarge(format!("content is larger than the limit of {} bytes", limits.max_total_bytes))
+}
+
+fn ratio_exceeded(limits: &UnpackLimits, budget: &Budget, unpacked: u64) -> Option<UnpackError> {
+    let downloaded = budget.downloaded();
+    let exceeded = downloaded > 0 && unpacked > RATIO_FLOOR && unpacked / downloaded >= limits.max_expansion_ratio;
+    exceeded.then(|| {
+        UnpackError::TooLarge(format!(
+            "content expands more than {}x ({unpacked} bytes from {downloaded} downloaded): refusing a likely \
+             compression bomb",
+            limits.max_expansion_ratio
+        ))
+    })
+}
+
+/// Storage errors keep their meaning: a limit hit inside a reader comes back as that limit, an
+/// invalid entry as an invalid entry; the rest is a (transient) storage failure.
+fn storage_error(err: StorageError) -> UnpackError {
+    match err {
+        StorageError::Io(io) => match io.get_ref().is_some_and(|inner| inner.is::<UnpackError>()) {
+            true => UnpackError::from_io("", io),
+            false => UnpackError::Storage(StorageError::Io(io)),
+        },
+        StorageError::InvalidEntry { path, reason } => UnpackError::InvalidEntry { path, reason },
+        other => UnpackError::Storage(other),
+    }
+}
