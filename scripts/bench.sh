@@ -3,14 +3,15 @@
 # footprint, space amplification under upload/delete churn, and 1 GiB upload/download throughput
 # with the server's peak memory; and, with `scripts/bench.sh api`, the Bundle API (GET/LIST
 # throughput and latency with 10,000 Bundles stored, watch fan-out to 200 watchers, peak memory),
-# driven by examples/loadgen.rs. Builds the release binary, starts a fresh `stowage serve` in a
+# driven by examples/loadgen.rs; and, with `scripts/bench.sh unpack`, Bundles unpacked from a local
+# registry (kube-prometheus-stack chart image, 1 GiB four-layer image) beside skopeo copy + tar -x. Builds the release binary, starts a fresh `stowage serve` in a
 # temporary directory for every scenario and run, and prints Markdown (progress goes to stderr).
 #
 # Usage: scripts/bench.sh [SCENARIO...]   (arguments replace BENCH_SCENARIOS)
 #
 # Environment:
 #   BENCH_RUNS      runs of every scenario (default 3); tables show min / median / max
-#   BENCH_SCENARIOS which scenarios to run, a subset of "footprint churn throughput api"
+#   BENCH_SCENARIOS which scenarios to run, a subset of "footprint churn throughput api unpack"
 #                   (default: "footprint churn throughput")
 #   BENCH_API_OBJECTS   api: Bundles stored (default 10000)
 #   BENCH_API_WATCHERS  api: concurrent watches (default 200)
@@ -63,6 +64,9 @@ declare -A needed=(
     [sha256sum]=coreutils
     [find]=findutils
     [python3]=python3
+    [docker-registry]=docker-registry
+    [skopeo]=skopeo
+    [/usr/bin/time]=time
 )
 missing=()
 for cmd in "${!needed[@]}"; do
@@ -74,7 +78,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-if [[ " $SCENARIOS " == *" footprint "* || " $SCENARIOS " == *" churn "* ]]; then
+if [[ " $SCENARIOS " == *" footprint "* || " $SCENARIOS " == *" churn "* || " $SCENARIOS " == *" unpack "* ]]; then
     [ -d "$corpus/kube-prometheus-stack" ] && [ -d "$corpus/operator-registry" ] \
         && [ -d "$corpus/rukpak-testdata" ] || die "corpus not found at $corpus (set STOWAGE_CORPUS)"
     corpus="$(cd "$corpus" && pwd)"
@@ -85,7 +89,7 @@ fi
 
 for attempt in 1 2 3 4 5; do
     log "cargo build --release (attempt $attempt)"
-    if cargo build --release >&2 && cargo build --release --example loadgen >&2; then break; fi
+    if cargo build --release >&2 && cargo build --release --example loadgen --example ociimage >&2; then break; fi
     [ "$attempt" -eq 5 ] && die "cargo build --release failed"
     sleep 60
 done
@@ -104,12 +108,17 @@ cp "$BIN" "$WORK/bench-server"
 BIN="$WORK/bench-server"
 LOADGEN="$WORK/bench-loadgen"
 cp "$repo/target/release/examples/loadgen" "$LOADGEN"
+OCIIMAGE="$WORK/bench-ociimage"
+cp "$repo/target/release/examples/ociimage" "$OCIIMAGE"
 : >"$RESULTS"
 SERVER_PID=""
 SERVER_DIR=""
+SERVER_ARGS=()
 URL=""
+REGISTRY_PID=""
 
 cleanup() {
+    if [ -n "$REGISTRY_PID" ]; then kill "$REGISTRY_PID" 2>/dev/null || true; fi
     if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
         kill -TERM "$SERVER_PID" 2>/dev/null || true
         wait "$SERVER_PID" 2>/dev/null || true
@@ -146,7 +155,7 @@ start_server() {
     local logf="$SERVER_DIR.log" skip=0
     touch "$logf"
     skip="$(wc -l <"$logf")"
-    NO_COLOR=1 "$BIN" serve --data-dir "$SERVER_DIR" --listen 127.0.0.1:0 >>"$logf" 2>&1 &
+    NO_COLOR=1 "$BIN" serve --data-dir "$SERVER_DIR" --listen 127.0.0.1:0 "${SERVER_ARGS[@]}" >>"$logf" 2>&1 &
     SERVER_PID=$!
     local deadline=$((SECONDS + 120))
     URL=""
@@ -516,6 +525,120 @@ scenario_api() {
 }
 
 # ------------------------------------------------------------------------------------------------
+# 5. Unpacking images from a registry, beside skopeo copy + tar -x
+
+# start_registry: a docker-registry on a free port, storage under $WORK/registry; sets REGISTRY.
+start_registry() {
+    local port
+    port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    REGISTRY="127.0.0.1:$port"
+    mkdir -p "$WORK/registry"
+    cat >"$WORK/registry.yml" <<YAML
+version: 0.1
+log: {level: error}
+storage: {filesystem: {rootdirectory: $WORK/registry}, delete: {enabled: true}}
+http: {addr: $REGISTRY}
+YAML
+    docker-registry serve "$WORK/registry.yml" >"$WORK/registry.log" 2>&1 &
+    REGISTRY_PID=$!
+    local deadline=$((SECONDS + 30))
+    until curl -sf "http://$REGISTRY/v2/" >/dev/null; do
+        [ "$SECONDS" -lt "$deadline" ] || die "registry not ready"
+        sleep 0.2
+    done
+}
+
+# push_image NAME LAYER...: builds an OCI layout with examples/ociimage and pushes it as NAME:v1.
+push_image() {
+    local name="$1"
+    shift
+    rm -rf "$WORK/layout-$name"
+    "$OCIIMAGE" "$WORK/layout-$name" v1 "$@"
+    skopeo copy -q --dest-tls-verify=false "oci:$WORK/layout-$name:v1" "docker://$REGISTRY/$name:v1" >&2
+}
+
+# wait_unpacked NAME: polls the Bundle until Unpacked=True (dies on a failure reason).
+wait_unpacked() {
+    local deadline=$((SECONDS + 900)) state
+    while :; do
+        state="$(api "$API/namespaces/$NS/bundles/$1" | python3 -c 'import json,sys
+c=[x for x in json.load(sys.stdin).get("status",{}).get("conditions",[]) if x["type"]=="Unpacked"]
+print(c[0]["status"]+" "+c[0]["reason"]+" "+c[0].get("message","") if c else "none")')"
+        case "$state" in
+            True*) return 0 ;;
+            "False Pending"* | "False Unpacking"* | none) ;;
+            *) die "bundle $1: $state" ;;
+        esac
+        [ "$SECONDS" -lt "$deadline" ] || die "bundle $1 not unpacked after 900 s"
+        sleep 0.05
+    done
+}
+
+# baseline NAME: skopeo copy to an OCI layout, then tar -x of every layer in order; sets B_SECS
+# and B_RSS_MIB (the larger peak of the two tools).
+baseline() {
+    local dir="$WORK/pull-$1" out="$WORK/extract-$1" t0 rss1 rss2 layer
+    rm -rf "$dir" "$out"
+    mkdir -p "$out"
+    t0="$(now)"
+    rss1="$(/usr/bin/time -f %M skopeo copy -q --src-tls-verify=false "docker://$REGISTRY/$1:v1" "oci:$dir:v1" 2>&1 >/dev/null | tail -n 1)"
+    rss2=0
+    for layer in $(python3 - "$dir" <<'PY'
+import json, sys
+d = sys.argv[1]
+index = json.load(open(f"{d}/index.json"))
+digest = index["manifests"][0]["digest"].split(":")[1]
+manifest = json.load(open(f"{d}/blobs/sha256/{digest}"))
+for layer in manifest["layers"]:
+    print(f"{d}/blobs/sha256/" + layer["digest"].split(":")[1])
+PY
+    ); do
+        local r
+        r="$(/usr/bin/time -f %M tar -xzf "$layer" -C "$out" 2>&1 | tail -n 1)"
+        [ "$r" -gt "$rss2" ] && rss2="$r"
+    done
+    B_SECS="$(calc "$(now) - $t0")"
+    B_RSS_MIB="$(calc "max($rss1, $rss2) / 1024")"
+    rm -rf "$dir" "$out"
+}
+
+scenario_unpack() {
+    start_registry
+    log "building and pushing images"
+    push_image kps "dir:$corpus/kube-prometheus-stack/88.5.3"
+    # 1 GiB in four layers of 64 files × 4 MiB (incompressible), over a small plain bundle.
+    push_image big "dir:$corpus/rukpak-testdata/plain-v0/valid" random:64:4194304 random:64:4194304 \
+        random:64:4194304 random:64:4194304
+    SERVER_ARGS=(--insecure-registry "$REGISTRY")
+    local run image section
+    for run in $(seq "$RUNS"); do
+        for image in kps big; do
+            section="unpack from a local registry: $image image"
+            [ "$image" = big ] && section="unpack from a local registry: 1 GiB, 4 layers"
+            [ "$image" = kps ] && section="unpack from a local registry: kube-prometheus-stack 88.5.3 chart image"
+            log "unpack $image, run $run"
+            local data="$WORK/unpack-$image-$run" t0 secs
+            start_server "$data"
+            t0="$(now)"
+            api -X POST -H 'Content-Type: application/json' -o /dev/null \
+                -d "{\"apiVersion\":\"content.stowage.dev/v1alpha1\",\"kind\":\"Bundle\",\"metadata\":{\"name\":\"$image\"},\"spec\":{\"sources\":[{\"image\":{\"ref\":\"$REGISTRY/$image:v1\"}}]}}" \
+                "$API/namespaces/$NS/bundles"
+            wait_unpacked "$image"
+            secs="$(calc "$(now) - $t0")"
+            record "$section" "**stowage: Bundle created → Unpacked**" s "$secs"
+            record "$section" "stowage: server peak RSS (VmHWM)" MiB "$(calc "$(peak_rss_kib) / 1024")"
+            stop_server
+            rm -rf "$data"
+            baseline "$image"
+            record "$section" "skopeo copy + tar -x (plain tools)" s "$B_SECS"
+            record "$section" "plain tools: peak RSS of skopeo / tar" MiB "$B_RSS_MIB"
+            record "$section" "**ratio stowage / plain tools**" x "$(calc "$secs / $B_SECS")"
+        done
+    done
+    SERVER_ARGS=()
+}
+
+# ------------------------------------------------------------------------------------------------
 
 machine() {
     echo "### Machine"
@@ -539,7 +662,8 @@ for s in $SCENARIOS; do
         churn) scenario_churn ;;
         throughput) scenario_throughput ;;
         api) scenario_api ;;
-        *) die "unknown scenario $s (footprint, churn, throughput, api)" ;;
+        unpack) scenario_unpack ;;
+        *) die "unknown scenario $s (footprint, churn, throughput, api, unpack)" ;;
     esac
 done
 log "done in $((SECONDS - started)) s"

@@ -53,7 +53,7 @@ impl ChunkRef {
     }
 
     pub fn decode_all(bytes: &[u8]) -> Result<Vec<ChunkRef>> {
-        if bytes.len() % CHUNK_REF_LEN != 0 {
+        if !bytes.len().is_multiple_of(CHUNK_REF_LEN) {
             return Err(StorageError::Corrupt("segment length is not a multiple of a chunk ref".into()));
         }
         Ok(bytes

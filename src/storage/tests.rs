@@ -556,7 +556,7 @@ fn lists_during_concurrent_writes_are_exact_snapshots() {
         x ^= x >> 7;
         x ^= x << 17;
         let name = format!("o{:02}", x % 50);
-        let write = if model.contains_key(&name) && x % 3 == 0 {
+        let write = if model.contains_key(&name) && x.is_multiple_of(3) {
             model.remove(&name);
             delete_obj(&name)
         } else {

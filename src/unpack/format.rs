@@ -27,6 +27,9 @@ pub const MAX_INSPECTED_BYTES: u64 = 8 << 20;
 const MEDIATYPE_ANNOTATION: &str = "operators.operatorframework.io.bundle.mediatype.v1";
 const PACKAGE_ANNOTATION: &str = "operators.operatorframework.io.bundle.package.v1";
 
+/// A chart's name and version.
+type Chart = (String, String);
+
 /// What a valid bundle contains.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FormatReport {
@@ -62,7 +65,7 @@ pub struct Inspector {
     annotations: Option<Result<BTreeMap<String, String>, String>>,
     csv: Option<(String, String)>,
     /// Chart.yaml files at the root or one level down: (path, parsed or problem).
-    charts: Vec<(String, Result<(String, String), String>)>,
+    charts: Vec<(String, Result<Chart, String>)>,
     top_level: std::collections::BTreeSet<String>,
 }
 
@@ -119,13 +122,17 @@ impl Inspector {
     }
 
     /// The format (`declared` = `spec.format`, empty to detect) and what the bundle holds, or the
-    /// file that makes it invalid. `strict`: an undetectable tree is an error (pulled sources);
-    /// otherwise it is accepted with an empty format (uploads: bring your own tree).
+    /// file that makes it invalid. `strict`: an undetected or invalid tree is an error (pulled
+    /// sources); otherwise, unless a format is declared, it is accepted with an empty format
+    /// (uploads: bring your own tree).
     pub fn finish(self, declared: &str, strict: bool) -> Result<FormatReport, UnpackError> {
+        if declared.is_empty() && !strict {
+            return Ok(self.finish("", true).unwrap_or_default());
+        }
         let format = match declared {
             "" => match self.detect() {
                 Some(format) => format,
-                None if strict => {
+                None => {
                     return Err(invalid(
                         ".",
                         "no bundle found: expected manifests/ (plain), metadata/annotations.yaml with \
@@ -133,7 +140,6 @@ impl Inspector {
                          or pick the right directory",
                     ))
                 }
-                None => return Ok(FormatReport::default()),
             },
             other => other,
         };
@@ -262,7 +268,7 @@ fn parse_annotations(bytes: &[u8]) -> Result<BTreeMap<String, String>, String> {
     serde_yaml_ng::from_slice::<Annotations>(bytes).map(|a| a.annotations).map_err(|e| e.to_string())
 }
 
-fn parse_chart(bytes: &[u8]) -> Result<(String, String), String> {
+fn parse_chart(bytes: &[u8]) -> Result<Chart, String> {
     let value: Value = serde_yaml_ng::from_slice(bytes).map_err(|e| e.to_string())?;
     let text = |key: &str| value.get(key).and_then(Value::as_str).unwrap_or("").to_string();
     let (name, version) = (text("name"), text("version"));

@@ -78,7 +78,7 @@ pub fn commit(
                 // orphan): delete it first, which releases its revision, then write ours.
                 Some(e) => {
                     let precondition = Precondition::ResourceVersion(e.resource_version);
-                    writes.insert(0, ObjectWrite::Delete { key: key.clone(), precondition: precondition.clone() });
+                    writes.insert(0, ObjectWrite::Delete { key: key.clone(), precondition });
                     precondition
                 }
                 None => Precondition::MustNotExist,

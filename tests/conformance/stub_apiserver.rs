@@ -13,6 +13,8 @@
 //! - `GET /.well-known/openid-configuration`, `GET /openid/v1/jwks`: the issuer and its published keys
 //!   ([`StubApiServer::rotate_signing_key`] adds one).
 //!
+//! - `GET /api/v1/namespaces/NS/secrets/NAME`: Secrets the test put ([`StubApiServer::put_secret`]).
+//!
 //! Requests are counted per [`Endpoint`]; [`StubApiServer::set_failure`] makes every endpoint answer an
 //! error status and [`StubApiServer::stop`] takes the stub away (connections refused). The stub runs
 //! on its own thread and runtime, so it serves blocking tests and a server under test alike
@@ -50,6 +52,7 @@ pub enum Endpoint {
     AuthenticationConfigMap,
     OpenIdConfiguration,
     Jwks,
+    Secret,
     Other,
 }
 
@@ -77,6 +80,9 @@ pub struct StaticToken {
     pub audiences: Option<Vec<String>>,
 }
 
+/// A Secret's type and data.
+pub(crate) type StubSecret = (String, BTreeMap<String, Vec<u8>>);
+
 pub(crate) struct State {
     pub(crate) bearer_token: String,
     pub(crate) url: String,
@@ -92,6 +98,8 @@ pub(crate) struct State {
     pub(crate) counts: HashMap<Endpoint, usize>,
     pub(crate) reviews: Vec<(Endpoint, Value)>,
     pub(crate) failure: Option<u16>,
+    /// Secrets by (namespace, name): their type and data (raw bytes; served base64-encoded).
+    pub(crate) secrets: HashMap<(String, String), StubSecret>,
 }
 
 /// The running stub. Dropping it stops it.
@@ -127,6 +135,7 @@ impl StubApiServer {
             counts: HashMap::new(),
             reviews: Vec::new(),
             failure: None,
+            secrets: HashMap::new(),
         }));
         let shutdown = CancellationToken::new();
         let (addr, thread) = handlers::spawn(&serving, Arc::clone(&state), shutdown.clone());
@@ -317,6 +326,12 @@ impl StubApiServer {
     // ----- observing and breaking --------------------------------------------------------------
 
     /// How many requests `endpoint` received (including refused and failed ones).
+    /// Serves a Secret of `type_` (e.g. `kubernetes.io/dockerconfigjson`) with `data`.
+    pub fn put_secret(&self, namespace: &str, name: &str, type_: &str, data: &[(&str, &[u8])]) {
+        let data = data.iter().map(|(k, v)| (k.to_string(), v.to_vec())).collect();
+        self.state().secrets.insert((namespace.into(), name.into()), (type_.into(), data));
+    }
+
     pub fn requests(&self, endpoint: Endpoint) -> usize {
         self.state().counts.get(&endpoint).copied().unwrap_or(0)
     }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use axum::body::Body;
 use axum::extract::{Request, State as AxumState};
 use axum::response::Response;
+use base64::Engine;
 use http::StatusCode;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
@@ -100,6 +101,7 @@ async fn handle(AxumState(shared): AxumState<Shared>, request: Request) -> Respo
         }
         ("GET", "/.well-known/openid-configuration") => Endpoint::OpenIdConfiguration,
         ("GET", "/openid/v1/jwks") => Endpoint::Jwks,
+        ("GET", path) if secret_key(path).is_some() => Endpoint::Secret,
         _ => Endpoint::Other,
     };
     let body = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
@@ -139,8 +141,33 @@ async fn handle(AxumState(shared): AxumState<Shared>, request: Request) -> Respo
                 state.keys.iter().filter(|k| k.published).map(|k| &k.jwk).collect();
             json_response(200, json!({"keys": published}))
         }
+        Endpoint::Secret => {
+            let key = secret_key(parts.uri.path()).unwrap_or_default();
+            match state.secrets.get(&key) {
+                None => status(404, "NotFound", &format!("secrets {:?} not found", key.1)),
+                Some((type_, data)) => {
+                    let engine = base64::engine::general_purpose::STANDARD;
+                    let data: serde_json::Map<String, Value> =
+                        data.iter().map(|(k, v)| (k.clone(), Value::String(engine.encode(v)))).collect();
+                    json_response(
+                        200,
+                        json!({"kind": "Secret", "apiVersion": "v1", "type": type_, "data": data,
+                            "metadata": {"name": key.1, "namespace": key.0, "resourceVersion": "1",
+                                "uid": "7b7d0f4e-0000-4000-8000-000000000002"}}),
+                    )
+                }
+            }
+        }
         Endpoint::Other => status(404, "NotFound", "the server could not find the requested resource"),
     }
+}
+
+/// `(namespace, name)` of `/api/v1/namespaces/NS/secrets/NAME`.
+fn secret_key(path: &str) -> Option<(String, String)> {
+    let rest = path.strip_prefix("/api/v1/namespaces/")?;
+    let (namespace, rest) = rest.split_once('/')?;
+    let name = rest.strip_prefix("secrets/")?;
+    (!name.is_empty() && !name.contains('/')).then(|| (namespace.to_string(), name.to_string()))
 }
 
 fn strings(v: &Value) -> Vec<String> {
