@@ -14,7 +14,7 @@
 mod job;
 mod plan;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -123,6 +123,7 @@ async fn follow(shared: &Arc<Shared>, from: u64) -> Result<u64, StorageError> {
             return Err(StorageError::Expired(from));
         }
         let mut changed: Vec<Key> = Vec::new();
+        let mut seen: HashSet<Key> = HashSet::new();
         let mut after = from;
         loop {
             let batch = store.changes_after(after, 512)?;
@@ -130,7 +131,7 @@ async fn follow(shared: &Arc<Shared>, from: u64) -> Result<u64, StorageError> {
             after = batch.last().map_or(after, |(rv, _)| *rv);
             for (_, change) in batch.into_iter().filter(|(_, c)| c.resource == "bundles") {
                 let key = (change.namespace, change.name);
-                if !changed.contains(&key) {
+                if seen.insert(key.clone()) {
                     changed.push(key);
                 }
             }
