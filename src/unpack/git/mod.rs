@@ -107,6 +107,13 @@ fn check_url(repository: &str, network: &NetworkPolicy) -> Result<reqwest::Url, 
 
 /// Shared by the git and http sources: only https, or http to an allowed `HOST:PORT`.
 pub(super) fn check_scheme(url: &reqwest::Url, network: &NetworkPolicy, kind: &str) -> Result<(), UnpackError> {
+    // Credentials in the URL would end up in messages, logs and status: they belong in a Secret.
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(UnpackError::Unsupported(format!(
+            "{kind} source {}: the URL holds credentials; put them in the authSecret instead",
+            redact(url)
+        )));
+    }
     match url.scheme() {
         "https" => Ok(()),
         "http" => {
@@ -157,7 +164,7 @@ fn parse_commit(commit: &str) -> Result<gix::ObjectId, UnpackError> {
 /// peeled.
 fn ls_remote(url: &reqwest::Url, wanted: &str, credentials: Option<Credentials>) -> Result<String, UnpackError> {
     let shown = redact(url);
-    let fail = |what: &str, e: &dyn std::fmt::Display| UnpackError::Fetch(format!("git source {shown}: {what}: {e}"));
+    let fail = |what: &str, e: &dyn std::fmt::Display| UnpackError::Fetch(format!("git source {shown}: {what}: {e:#}"));
     // gix needs a repository to hang a remote on; an empty, isolated one in a temp dir.
     let tmp = TempDir::new()?;
     let repo = init_repo(tmp.path())?;
@@ -260,7 +267,7 @@ fn fetch_into(
         if ctx.cancel.is_cancelled() {
             UnpackError::Cancelled
         } else {
-            UnpackError::Fetch(format!("git source {shown}: {what}: {e}"))
+            UnpackError::Fetch(format!("git source {shown}: {what}: {e:#}"))
         }
     };
     std::fs::create_dir_all(dir).map_err(|e| UnpackError::Fetch(format!("creating a temporary directory: {e}")))?;
