@@ -13,6 +13,9 @@ as_root() {
 declare -A needed=(
     [tar]=tar           # the corpus is tarred the way users do it
     [gzip]=gzip
+    [git]=git           # git sources: repositories made with the CLI, served by git http-backend
+    [nginx]=nginx       # http sources: a real static file server
+    [openssl]=openssl   # htpasswd entries for nginx's auth_basic
 )
 missing=()
 for cmd in "${!needed[@]}"; do

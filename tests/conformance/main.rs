@@ -7,7 +7,9 @@
 //! Needs `kubectl` on PATH and the corpus at `../shared/corpus` (or `$STOWAGE_CORPUS`); a missing
 //! tool or corpus fails the tests, it never skips them.
 
+mod git_server;
 mod harness;
+mod http_server;
 mod stub_apiserver;
 mod tarutil;
 
@@ -27,4 +29,6 @@ mod kubectl_conventions;
 mod lifecycle;
 mod paging;
 mod range;
+mod source_git;
+mod source_http;
 mod watch;

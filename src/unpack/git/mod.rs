@@ -1,0 +1,358 @@
+//! Source: a git repository at a commit, tag or branch, over smart HTTP(S), with gix (pure Rust).
+//!
+//! * [`resolve`] lists the remote's refs (like `git ls-remote`, no objects) to learn which commit a
+//!   branch, tag (annotated tags peeled) or the remote `HEAD` names now; a pinned `ref.commit` is
+//!   returned without any network I/O.
+//! * [`fetch`] fetches exactly the pinned commit into a temporary bare repository (depth 1 by id
+//!   when the server allows wanting a commit by id, else a full fetch of branches and tags), and
+//!   streams its tree (or `spec.directory` of it) into the sink ([`tree`]).
+//!
+//! Credentials: `Basic` is sent as HTTP basic auth; a `Bearer` token is sent as basic auth with
+//! the username `x-access-token` and the token as password — the convention GitHub documents for
+//! app and personal access tokens and that GitLab accepts for personal/project access tokens (any
+//! non-blank username). Nothing is read from the process's git configuration or credential
+//! helpers: repositories are opened isolated.
+
+mod tree;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use gix::remote::Direction;
+
+use super::error::UnpackError;
+use super::source::{Credentials, GitSpec, NetworkPolicy, Resolved, Sink, SourceContext};
+
+/// What `spec` points at now, fetching metadata only. Returns a value equal to `previous` when
+/// nothing changed; performs no network I/O for a source pinned by digest/commit/sha256.
+pub async fn resolve(
+    spec: &GitSpec,
+    ctx: &SourceContext,
+    previous: Option<&Resolved>,
+) -> Result<Resolved, UnpackError> {
+    // The identity is the (repository, commit) pair alone: an equal value *is* "unchanged", so
+    // `previous` needs no special treatment.
+    let _ = previous;
+    let url = check_url(&spec.repository, &ctx.network)?;
+    let r = &spec.reference;
+    let set = [&r.commit, &r.tag, &r.branch].iter().filter(|s| !s.is_empty()).count();
+    if set > 1 {
+        return Err(UnpackError::Unsupported(format!(
+            "git source {}: set at most one of ref.commit, ref.tag and ref.branch",
+            redact(&url)
+        )));
+    }
+    if !r.commit.is_empty() {
+        let commit = parse_commit(&r.commit)?;
+        return Ok(Resolved::Git { repository: spec.repository.clone(), commit: commit.to_string() });
+    }
+    let wanted = if !r.tag.is_empty() {
+        format!("refs/tags/{}", r.tag)
+    } else if !r.branch.is_empty() {
+        format!("refs/heads/{}", r.branch)
+    } else {
+        "HEAD".to_owned()
+    };
+    ctx.check_cancelled()?;
+    let credentials = ctx.credentials.clone();
+    let task = tokio::task::spawn_blocking(move || ls_remote(&url, &wanted, credentials));
+    // gix's transport is blocking: stop waiting on cancellation and let the thread finish alone.
+    let commit = tokio::select! {
+        joined = task => joined.map_err(|e| UnpackError::Fetch(format!("listing git refs: {e}")))??,
+        _ = ctx.cancel.cancelled() => return Err(UnpackError::Cancelled),
+    };
+    Ok(Resolved::Git { repository: spec.repository.clone(), commit })
+}
+
+/// Streams exactly the content `pinned` names into `sink`, verifying every digest; returns the
+/// final pinned identity (e.g. with the downloaded sha256 filled in). Blocking: run on a blocking
+/// thread.
+pub fn fetch(
+    spec: &GitSpec,
+    ctx: &SourceContext,
+    pinned: &Resolved,
+    sink: &mut Sink<'_>,
+) -> Result<Resolved, UnpackError> {
+    let Resolved::Git { repository, commit } = pinned else {
+        return Err(UnpackError::Unsupported("git source: the pinned identity is not a git commit".into()));
+    };
+    let url = check_url(repository, &ctx.network)?;
+    let id = parse_commit(commit)?;
+    ctx.check_cancelled()?;
+
+    let tmp = TempDir::new()?;
+    let interrupt = Interrupt::watch(ctx);
+    let repo = fetch_commit(&tmp, &url, id, ctx, &interrupt.flag)?;
+    ctx.check_cancelled()?;
+    // The pack was indexed (every object's id recomputed from its content) on receipt, so
+    // finding the commit under its id is the verification.
+    let commit_obj = repo.find_commit(id).map_err(|_| {
+        UnpackError::Fetch(format!("git source {}: commit {id} not found in the repository", redact(&url)))
+    })?;
+    let root = commit_obj.tree_id().map_err(|e| UnpackError::CorruptArchive(format!("git commit {id}: {e}")))?.detach();
+    tree::walk(&repo, root, &spec.directory, id, ctx, sink)?;
+    Ok(Resolved::Git { repository: repository.clone(), commit: id.to_string() })
+}
+
+/// The URL of a git source, if this server may fetch it: https, or plain http to a host listed
+/// with `--insecure-source-host`.
+fn check_url(repository: &str, network: &NetworkPolicy) -> Result<reqwest::Url, UnpackError> {
+    let url = reqwest::Url::parse(repository).map_err(|e| {
+        UnpackError::Unsupported(format!("git source {repository:?}: not a URL ({e}); use https://HOST/PATH"))
+    })?;
+    check_scheme(&url, network, "git")?;
+    Ok(url)
+}
+
+/// Shared by the git and http sources: only https, or http to an allowed `HOST:PORT`.
+pub(super) fn check_scheme(url: &reqwest::Url, network: &NetworkPolicy, kind: &str) -> Result<(), UnpackError> {
+    // Credentials in the URL would end up in messages, logs and status: they belong in a Secret.
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(UnpackError::Unsupported(format!(
+            "{kind} source {}: the URL holds credentials; put them in the authSecret instead",
+            redact(url)
+        )));
+    }
+    match url.scheme() {
+        "https" => Ok(()),
+        "http" => {
+            let host_port = host_port(url);
+            if network.allows_plain_http(&host_port) {
+                Ok(())
+            } else {
+                Err(UnpackError::Unsupported(format!(
+                    "{kind} source {}: plain http is refused; serve it over https, or start the server with \
+                     --insecure-source-host {host_port}",
+                    redact(url)
+                )))
+            }
+        }
+        other => Err(UnpackError::Unsupported(format!(
+            "{kind} source {}: scheme {other:?} is not supported (https only)",
+            redact(url)
+        ))),
+    }
+}
+
+/// `host:port` as `--insecure-source-host` spells it (IPv6 hosts in brackets).
+pub(super) fn host_port(url: &reqwest::Url) -> String {
+    // `host_str` already brackets IPv6 addresses.
+    format!("{}:{}", url.host_str().unwrap_or(""), url.port_or_known_default().unwrap_or(0))
+}
+
+/// The URL without any user information, for messages and logs.
+pub(super) fn redact(url: &reqwest::Url) -> String {
+    let mut clean = url.clone();
+    let _ = clean.set_username("");
+    let _ = clean.set_password(None);
+    clean.to_string()
+}
+
+fn parse_commit(commit: &str) -> Result<gix::ObjectId, UnpackError> {
+    let valid = commit.len() == 40 && commit.bytes().all(|b| b.is_ascii_hexdigit());
+    if !valid {
+        return Err(UnpackError::Unsupported(format!(
+            "git ref.commit {commit:?}: expected a full 40-hex-digit commit id"
+        )));
+    }
+    gix::ObjectId::from_hex(commit.to_ascii_lowercase().as_bytes())
+        .map_err(|e| UnpackError::Unsupported(format!("git ref.commit {commit:?}: {e}")))
+}
+
+/// `git ls-remote URL WANTED`: the commit `wanted` (a full ref name or `HEAD`) points at, tags
+/// peeled.
+fn ls_remote(url: &reqwest::Url, wanted: &str, credentials: Option<Credentials>) -> Result<String, UnpackError> {
+    let shown = redact(url);
+    let fail = |what: &str, e: &dyn std::fmt::Display| UnpackError::Fetch(format!("git source {shown}: {what}: {e:#}"));
+    // gix needs a repository to hang a remote on; an empty, isolated one in a temp dir.
+    let tmp = TempDir::new()?;
+    let repo = init_repo(tmp.path())?;
+    let remote = repo
+        .remote_at(url.as_str())
+        .map_err(|e| fail("invalid remote", &e))?
+        .with_fetch_tags(gix::remote::fetch::Tags::None)
+        .with_refspecs([wanted], Direction::Fetch)
+        .map_err(|e| UnpackError::Unsupported(format!("git source {shown}: invalid ref {wanted:?}: {e}")))?;
+    let connection = remote
+        .connect(Direction::Fetch)
+        .map_err(|e| fail("connecting", &e))?
+        .with_credentials(authenticate(credentials));
+    let (map, _handshake) =
+        connection.ref_map(gix::progress::Discard, Default::default()).map_err(|e| fail("listing refs", &e))?;
+    for r in &map.remote_refs {
+        use gix::protocol::handshake::Ref;
+        let (name, object) = match r {
+            Ref::Peeled { full_ref_name, object, .. }
+            | Ref::Direct { full_ref_name, object }
+            | Ref::Symbolic { full_ref_name, object, .. } => (full_ref_name, object),
+            Ref::Unborn { .. } => continue,
+        };
+        if name == wanted {
+            return Ok(object.to_string());
+        }
+    }
+    Err(UnpackError::Fetch(format!("git source {shown}: {wanted} not found on the remote")))
+}
+
+/// An empty bare repository that ignores the process's git configuration (no credential helpers,
+/// proxies or URL rewrites from the host).
+fn init_repo(dir: &Path) -> Result<gix::Repository, UnpackError> {
+    gix::ThreadSafeRepository::init_opts(
+        dir,
+        gix::create::Kind::Bare,
+        gix::create::Options::default(),
+        gix::open::Options::isolated(),
+    )
+    .map(Into::into)
+    .map_err(|e| UnpackError::Fetch(format!("creating a temporary git repository: {e}")))
+}
+
+/// Answers gix's credential requests from the source's Secret only.
+fn authenticate(
+    credentials: Option<Credentials>,
+) -> impl FnMut(gix::credentials::helper::Action) -> gix::Result<Option<gix::credentials::protocol::Outcome>> {
+    move |action| {
+        let gix::credentials::helper::Action::Get(context) = action else {
+            // Store/Erase: nothing is remembered between fetches.
+            return Ok(None);
+        };
+        let (username, password) = match &credentials {
+            Some(Credentials::Basic { username, password }) => (username.clone(), password.clone()),
+            Some(Credentials::Bearer(token)) => ("x-access-token".to_owned(), token.clone()),
+            Some(Credentials::DockerConfig(_)) | None => return Ok(None),
+        };
+        Ok(Some(gix::credentials::protocol::Outcome {
+            identity: gix::sec::identity::Account { username, password, oauth_refresh_token: None },
+            next: context.into(),
+        }))
+    }
+}
+
+/// Fetches `id` into a new repository below `tmp`: first by id at depth 1, then, if the server
+/// refuses that (`git http-backend` without `uploadpack.allowReachableSHA1InWant` on protocol v0),
+/// every branch and tag in full.
+fn fetch_commit(
+    tmp: &TempDir,
+    url: &reqwest::Url,
+    id: gix::ObjectId,
+    ctx: &SourceContext,
+    interrupt: &AtomicBool,
+) -> Result<gix::Repository, UnpackError> {
+    let by_id = tmp.path().join("by-id");
+    let first = fetch_into(&by_id, url, &[id.to_string()], true, ctx, interrupt);
+    match first {
+        Ok(repo) if repo.has_object(id) => return Ok(repo),
+        Err(UnpackError::Cancelled) => return Err(UnpackError::Cancelled),
+        Ok(_) | Err(_) => {}
+    }
+    if let Err(e) = &first {
+        tracing::debug!(url = %redact(url), error = %e, "git fetch by commit id refused; fetching all branches and tags");
+    }
+    ctx.check_cancelled()?;
+    let specs = ["+refs/heads/*:refs/heads/*".to_owned(), "+refs/tags/*:refs/tags/*".to_owned()];
+    fetch_into(&tmp.path().join("full"), url, &specs, false, ctx, interrupt)
+}
+
+fn fetch_into(
+    dir: &Path,
+    url: &reqwest::Url,
+    refspecs: &[String],
+    shallow: bool,
+    ctx: &SourceContext,
+    interrupt: &AtomicBool,
+) -> Result<gix::Repository, UnpackError> {
+    let shown = redact(url);
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        if ctx.cancel.is_cancelled() {
+            UnpackError::Cancelled
+        } else {
+            UnpackError::Fetch(format!("git source {shown}: {what}: {e:#}"))
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(|e| UnpackError::Fetch(format!("creating a temporary directory: {e}")))?;
+    let repo = init_repo(dir)?;
+    {
+        let remote = repo
+            .remote_at(url.as_str())
+            .map_err(|e| fail("invalid remote", &e))?
+            .with_fetch_tags(gix::remote::fetch::Tags::None)
+            .with_refspecs(refspecs.iter().map(String::as_str), Direction::Fetch)
+            .map_err(|e| fail("invalid refspec", &e))?;
+        let connection = remote
+            .connect(Direction::Fetch)
+            .map_err(|e| fail("connecting", &e))?
+            .with_credentials(authenticate(ctx.credentials.clone()));
+        let mut prepare = connection
+            .prepare_fetch(gix::progress::Discard, Default::default())
+            .map_err(|e| fail("listing refs", &e))?;
+        if shallow {
+            prepare = prepare.with_shallow(gix::remote::fetch::Shallow::DepthAtRemote(std::num::NonZeroU32::MIN));
+        }
+        prepare.receive(gix::progress::Discard, interrupt).map_err(|e| fail("fetching", &e))?;
+    }
+    ctx.budget.add_downloaded(pack_bytes(dir));
+    // Re-open so the object database sees the packs just written.
+    gix::open_opts(dir, gix::open::Options::isolated())
+        .map_err(|e| UnpackError::Fetch(format!("git source {shown}: opening the fetched repository: {e}")))
+}
+
+/// Bytes of the received packs: what was downloaded, for the expansion-ratio limit.
+fn pack_bytes(git_dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(git_dir.join("objects").join("pack")) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "pack"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// A private temporary directory, removed (with its content) when dropped, whatever happened.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Result<TempDir, UnpackError> {
+        let path = std::env::temp_dir().join(format!("stowage-git-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir(&path)
+            .map_err(|e| UnpackError::Fetch(format!("creating a temporary directory {}: {e}", path.display())))?;
+        Ok(TempDir(path))
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            tracing::warn!(path = %self.0.display(), error = %e, "removing a temporary git repository failed");
+        }
+    }
+}
+
+/// gix's fetch stops when a flag is set; this sets it when the context is cancelled.
+struct Interrupt {
+    flag: Arc<AtomicBool>,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
+impl Interrupt {
+    fn watch(ctx: &SourceContext) -> Interrupt {
+        let flag = Arc::new(AtomicBool::new(ctx.cancel.is_cancelled()));
+        let (set, cancel) = (flag.clone(), ctx.cancel.clone());
+        let watcher = ctx.runtime.spawn(async move {
+            cancel.cancelled().await;
+            set.store(true, Ordering::Relaxed);
+        });
+        Interrupt { flag, watcher }
+    }
+}
+
+impl Drop for Interrupt {
+    fn drop(&mut self) {
+        self.watcher.abort();
+    }
+}

@@ -1,0 +1,175 @@
+//! Streams a commit's tree (or one subdirectory of it) into a sink: blobs become files (mode
+//! 100755 → executable), symlinks are kept when their target stays inside the tree, submodules
+//! are skipped. Enforces the unpack limits and checks cancellation between entries.
+//!
+//! Each blob is decoded whole by gix before it is written (packed objects are delta-compressed and
+//! cannot be streamed), so memory is bounded by the largest single file, which is checked against
+//! `max_file_bytes` from the object header *before* decoding.
+
+use gix::objs::tree::EntryKind;
+
+use crate::unpack::error::UnpackError;
+use crate::unpack::source::{Sink, SourceContext};
+
+pub(super) fn walk(
+    repo: &gix::Repository,
+    root: gix::ObjectId,
+    directory: &str,
+    commit: gix::ObjectId,
+    ctx: &SourceContext,
+    sink: &mut Sink<'_>,
+) -> Result<(), UnpackError> {
+    let corrupt = |e: &dyn std::fmt::Display| UnpackError::CorruptArchive(format!("git commit {commit}: {e}"));
+    let start = subdirectory(repo, root, directory, commit)?;
+    let limits = &ctx.limits;
+    let (mut files, mut total) = (0u64, 0u64);
+    // Depth-first over (path prefix, tree id); paths are relative to `start`.
+    let mut stack = vec![(String::new(), start)];
+    while let Some((prefix, tree_id)) = stack.pop() {
+        ctx.check_cancelled()?;
+        let tree = repo.find_tree(tree_id).map_err(|e| corrupt(&e))?;
+        let decoded = tree.decode().map_err(|e| corrupt(&e))?;
+        let entries: Vec<(EntryKind, Result<String, ()>, gix::ObjectId)> = decoded
+            .entries
+            .iter()
+            .map(|e| {
+                let name = std::str::from_utf8(e.filename).map(str::to_owned).map_err(|_| ());
+                (e.mode.kind(), name, e.oid.to_owned())
+            })
+            .collect();
+        for (kind, name, oid) in entries {
+            let Ok(name) = name else {
+                return Err(UnpackError::InvalidEntry {
+                    path: format!("{prefix}{}", String::from_utf8_lossy(b"?")),
+                    reason: "file name is not UTF-8".into(),
+                });
+            };
+            // Names a valid git tree never holds, but a hostile server may send.
+            if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
+                return Err(UnpackError::InvalidEntry {
+                    path: format!("{prefix}{name}"),
+                    reason: "invalid file name in git tree".into(),
+                });
+            }
+            let path = format!("{prefix}{name}");
+            if kind == EntryKind::Tree {
+                stack.push((format!("{path}/"), oid));
+                continue;
+            }
+            if kind == EntryKind::Commit {
+                continue; // a submodule: its content lives in another repository
+            }
+            ctx.check_cancelled()?;
+            if path.len() > limits.max_path_bytes {
+                return Err(UnpackError::TooLarge(format!(
+                    "path {path:?} is longer than the limit of {} bytes",
+                    limits.max_path_bytes
+                )));
+            }
+            files += 1;
+            if files > limits.max_files {
+                return Err(UnpackError::TooLarge(format!(
+                    "git commit {commit} has more than the limit of {} files",
+                    limits.max_files
+                )));
+            }
+            let size = repo.find_header(oid).map_err(|e| corrupt(&e))?.size();
+            if size > limits.max_file_bytes {
+                return Err(UnpackError::TooLarge(format!(
+                    "{path}: {size} bytes is more than the limit of {} per file",
+                    limits.max_file_bytes
+                )));
+            }
+            total = total.saturating_add(size);
+            if total > limits.max_total_bytes {
+                return Err(UnpackError::TooLarge(format!(
+                    "git commit {commit} unpacks to more than the limit of {} bytes",
+                    limits.max_total_bytes
+                )));
+            }
+            let blob = repo.find_blob(oid).map_err(|e| corrupt(&e))?;
+            match kind {
+                EntryKind::Link => {
+                    let target = std::str::from_utf8(&blob.data).map_err(|_| UnpackError::InvalidEntry {
+                        path: path.clone(),
+                        reason: "symlink target is not UTF-8".into(),
+                    })?;
+                    check_symlink(&path, target)?;
+                    sink.symlink(&path, target)?;
+                }
+                _ => {
+                    let executable = kind == EntryKind::BlobExecutable;
+                    sink.file(&path, executable, &mut &blob.data[..])?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The tree `directory` names inside `root` (the root itself when empty).
+fn subdirectory(
+    repo: &gix::Repository,
+    root: gix::ObjectId,
+    directory: &str,
+    commit: gix::ObjectId,
+) -> Result<gix::ObjectId, UnpackError> {
+    let dir = directory.trim_matches('/');
+    if dir.is_empty() {
+        return Ok(root);
+    }
+    let missing = |problem: String| UnpackError::InvalidFormat { path: directory.to_owned(), problem };
+    if dir.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+        return Err(missing("directory must be a relative path without '.' or '..' components".into()));
+    }
+    let tree = repo.find_tree(root).map_err(|e| UnpackError::CorruptArchive(format!("git commit {commit}: {e}")))?;
+    let entry =
+        tree.lookup_entry_by_path(dir).map_err(|e| UnpackError::CorruptArchive(format!("git commit {commit}: {e}")))?;
+    match entry {
+        Some(e) if e.mode().is_tree() => Ok(e.object_id()),
+        Some(_) => Err(missing(format!("is not a directory in commit {commit}"))),
+        None => Err(missing(format!("no such directory in commit {commit}"))),
+    }
+}
+
+/// A symlink at `path` may point only at something inside the tree: relative, and never climbing
+/// above the root.
+fn check_symlink(path: &str, target: &str) -> Result<(), UnpackError> {
+    let invalid = |reason: &str| UnpackError::InvalidEntry { path: path.to_owned(), reason: reason.to_owned() };
+    if target.is_empty() || target.contains('\0') {
+        return Err(invalid("empty or invalid symlink target"));
+    }
+    if target.starts_with('/') {
+        return Err(invalid("symlink target is absolute"));
+    }
+    // Depth of the link's directory below the root, then walk the target from there.
+    let mut depth = path.matches('/').count() as i64;
+    for component in target.split('/') {
+        match component {
+            "" | "." => {}
+            ".." => {
+                depth -= 1;
+                if depth < 0 {
+                    return Err(invalid("symlink target points outside the tree"));
+                }
+            }
+            _ => depth += 1,
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_symlink;
+
+    #[test]
+    fn symlinks_stay_inside() {
+        assert!(check_symlink("a", "b").is_ok());
+        assert!(check_symlink("a/b", "../c").is_ok());
+        assert!(check_symlink("a/b", "../../c").is_err());
+        assert!(check_symlink("a", "/etc/passwd").is_err());
+        assert!(check_symlink("a/b/c", "d/../../x").is_ok());
+        assert!(check_symlink("a", "x/../../y").is_err());
+    }
+}

@@ -1,0 +1,147 @@
+//! A real static file server for the http source tests: `nginx` (Debian package `nginx`) started
+//! as the current user with its own config, pid, logs and temp paths in a temp dir, serving a
+//! directory on 127.0.0.1 with its own `ETag`/`Last-Modified` (and 304s on conditional requests),
+//! optionally behind basic auth (an htpasswd made with `openssl passwd -apr1`) or a bearer token.
+//!
+//! ```ignore
+//! let server = HttpServer::start(HttpAuth::None);      // or Basic{..} / Bearer(..)
+//! server.put("bundle.tar.gz", &gzip(&tar));            // atomically (re)placed
+//! let url = server.url("bundle.tar.gz");               // http://127.0.0.1:PORT/bundle.tar.gz
+//! let host = server.host_port();                       // for NetworkPolicy.insecure_hosts
+//! drop(server);                                        // nginx is stopped
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub(crate) enum HttpAuth {
+    None,
+    Basic { user: String, pass: String },
+    Bearer(String),
+}
+
+pub(crate) struct HttpServer {
+    dir: tempfile::TempDir,
+    port: u16,
+    child: Child,
+}
+
+fn nginx_binary() -> PathBuf {
+    for candidate in ["/usr/sbin/nginx", "/usr/bin/nginx"] {
+        if Path::new(candidate).exists() {
+            return PathBuf::from(candidate);
+        }
+    }
+    PathBuf::from("nginx") // from PATH; fails loudly below when missing
+}
+
+impl HttpServer {
+    pub fn start(auth: HttpAuth) -> HttpServer {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("www");
+        for sub in ["www", "tmp", "logs"] {
+            std::fs::create_dir(dir.path().join(sub)).unwrap();
+        }
+        // A free port: bind, read it, release it for nginx.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let d = dir.path().display();
+        let access = match &auth {
+            HttpAuth::None => String::new(),
+            HttpAuth::Basic { user, pass } => {
+                let out = Command::new("openssl")
+                    .args(["passwd", "-apr1", pass])
+                    .output()
+                    .expect("running openssl (Debian package openssl)");
+                assert!(out.status.success(), "openssl passwd failed");
+                let hash = String::from_utf8(out.stdout).unwrap();
+                std::fs::write(dir.path().join("htpasswd"), format!("{user}:{}\n", hash.trim())).unwrap();
+                format!("auth_basic \"files\"; auth_basic_user_file {d}/htpasswd;")
+            }
+            HttpAuth::Bearer(token) => {
+                format!("if ($http_authorization != \"Bearer {token}\") {{ return 401; }}")
+            }
+        };
+        // nginx started by root would drop its workers to `nobody`, who cannot read a 0700 temp
+        // dir: keep them as root then.
+        let user = if unsafe { libc::geteuid() } == 0 { "user root;" } else { "" };
+        let config = format!(
+            "{user}
+worker_processes 1;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/logs/error.log;
+events {{ worker_connections 64; }}
+http {{
+    access_log {d}/logs/access.log;
+    client_body_temp_path {d}/tmp/body;
+    proxy_temp_path {d}/tmp/proxy;
+    fastcgi_temp_path {d}/tmp/fastcgi;
+    uwsgi_temp_path {d}/tmp/uwsgi;
+    scgi_temp_path {d}/tmp/scgi;
+    default_type application/octet-stream;
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        location / {{ {access} }}
+    }}
+}}
+",
+            root = root.display()
+        );
+        let conf = dir.path().join("nginx.conf");
+        std::fs::write(&conf, config).unwrap();
+        let child = Command::new(nginx_binary())
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting nginx (Debian package nginx); a missing nginx fails the test");
+        let mut server = HttpServer { dir, port, child };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let log = std::fs::read_to_string(self.dir.path().join("logs/error.log")).unwrap_or_default();
+                panic!("nginx exited ({status}): {log}");
+            }
+            assert!(Instant::now() < deadline, "nginx did not start listening on port {}", self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn host_port(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn url(&self, name: &str) -> String {
+        format!("http://127.0.0.1:{}/{name}", self.port)
+    }
+
+    /// Writes `name` atomically (rename), so a concurrent GET sees the old or the new file.
+    pub fn put(&self, name: &str, data: &[u8]) {
+        let path = self.dir.path().join("www").join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let tmp = self.dir.path().join("tmp").join(format!("put-{}", uuid::Uuid::new_v4()));
+        std::fs::write(&tmp, data).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        // SIGTERM, not SIGKILL: the master must take its worker down with it.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
