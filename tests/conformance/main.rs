@@ -31,4 +31,5 @@ mod paging;
 mod range;
 mod source_git;
 mod source_http;
+mod unpack;
 mod watch;
