@@ -13,6 +13,8 @@ as_root() {
 declare -A needed=(
     [tar]=tar           # the corpus is tarred the way users do it
     [gzip]=gzip
+    [docker-registry]=docker-registry   # a real OCI registry for the image source tests
+    [skopeo]=skopeo
 )
 missing=()
 for cmd in "${!needed[@]}"; do

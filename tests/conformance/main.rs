@@ -8,6 +8,7 @@
 //! tool or corpus fails the tests, it never skips them.
 
 mod harness;
+mod registry;
 mod stub_apiserver;
 mod tarutil;
 
@@ -27,4 +28,5 @@ mod kubectl_conventions;
 mod lifecycle;
 mod paging;
 mod range;
+mod source_image;
 mod watch;
