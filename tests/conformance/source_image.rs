@@ -241,12 +241,20 @@ async fn tampered_blob_is_a_digest_mismatch() {
     let content = tarutil::tree_from_dir(&corpus().join("rukpak-testdata/registry"));
     let layer = Layer::gzip_tree(&content);
     let layer_digest = crate::registry::digest_of(&layer.data);
-    reg.push_image("tampered", "v1", &[layer], "linux/amd64").await;
+    reg.push_image("tampered", "v1", &[layer.clone()], "linux/amd64").await;
     reg.tamper_blob(&layer_digest);
     let ctx = context(&reg.host(), None, UnpackLimits::default());
     let err = pull(&spec(&reg.reference("tampered", "v1"), ""), &ctx).await.expect_err("tampered");
-    assert!(matches!(err, UnpackError::DigestMismatch { .. }), "{err:?}");
+    assert!(matches!(err, UnpackError::DigestMismatch { ref what, .. } if what.contains(&layer_digest)), "{err:?}");
     assert!(!err.is_transient());
+
+    // A manifest served with other bytes than its digest names.
+    let other =
+        reg.push_image("tampered-manifest", "v1", &[Layer::gzip_tree(&tree(&[("f", "x")]))], "linux/amd64").await;
+    reg.tamper_blob(&other.digest);
+    let s = spec(&reg.pinned("tampered-manifest", &other.digest), "");
+    let err = pull(&s, &ctx).await.expect_err("tampered manifest");
+    assert!(matches!(err, UnpackError::DigestMismatch { .. }), "{err:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -308,6 +316,12 @@ async fn moved_tags_resolve_anew_and_digests_need_no_registry() {
     // The pinned v1 is still fetchable after the tag moved.
     let (_, got) = fetch_pinned(&s, &ctx, first).await.expect("fetch pinned v1");
     assert_eq!(got, tree(&[("v", "1")]));
+
+    let err = resolve(&spec(&reg.reference("app", "missing"), ""), &ctx, None).await.expect_err("missing tag");
+    assert!(
+        matches!(err, UnpackError::Fetch(ref m) if m.contains("app:missing")),
+        "a missing tag may appear later: {err:?}"
+    );
 
     let pinned = spec(&reg.pinned("app", &v1.digest), "");
     let cancelled = context(&reg.host(), None, UnpackLimits::default());

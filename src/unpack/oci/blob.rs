@@ -122,12 +122,15 @@ impl<R: Read> Read for VerifyingReader<R> {
             // oci-client verifies too and fails the stream's last read on a mismatch: report it
             // as ours, with the same meaning.
             Err(e) if e.get_ref().is_some_and(|i| i.is::<oci_client::errors::DigestError>()) => {
-                return Err(UnpackError::DigestMismatch {
-                    what: self.what.clone(),
-                    expected: self.expected_digest.clone(),
-                    actual: e.to_string(),
-                }
-                .into_io());
+                let actual = match e.into_inner().map(|i| i.downcast::<oci_client::errors::DigestError>()) {
+                    Some(Ok(d)) => match *d {
+                        oci_client::errors::DigestError::VerificationError { actual, .. } => actual,
+                        other => other.to_string(),
+                    },
+                    _ => "a different digest".to_owned(),
+                };
+                let (what, expected) = (self.what.clone(), self.expected_digest.clone());
+                return Err(UnpackError::DigestMismatch { what, expected, actual }.into_io());
             }
             Err(e) => return Err(e),
         };
