@@ -241,7 +241,7 @@ async fn tampered_blob_is_a_digest_mismatch() {
     let content = tarutil::tree_from_dir(&corpus().join("rukpak-testdata/registry"));
     let layer = Layer::gzip_tree(&content);
     let layer_digest = crate::registry::digest_of(&layer.data);
-    reg.push_image("tampered", "v1", &[layer.clone()], "linux/amd64").await;
+    reg.push_image("tampered", "v1", std::slice::from_ref(&layer), "linux/amd64").await;
     reg.tamper_blob(&layer_digest);
     let ctx = context(&reg.host(), None, UnpackLimits::default());
     let err = pull(&spec(&reg.reference("tampered", "v1"), ""), &ctx).await.expect_err("tampered");
@@ -273,6 +273,19 @@ async fn helm_chart_artifact() {
         .collect();
     assert_trees_equal(&expected, &got, "chart");
     assert!(got.contains_key("kube-prometheus-stack/Chart.yaml"));
+
+    // A signed chart also carries a provenance layer: not content, skipped.
+    let small = tree(&[("mychart/Chart.yaml", "apiVersion: v2\nname: mychart\nversion: 0.1.0\n")]);
+    let layers = [
+        Layer::raw("application/vnd.cncf.helm.chart.content.v1.tar+gzip", tarutil::gzip(&tarutil::build_tar(&small))),
+        Layer::raw(
+            "application/vnd.cncf.helm.chart.provenance.v1.prov",
+            b"-----BEGIN PGP SIGNED MESSAGE-----".to_vec(),
+        ),
+    ];
+    reg.push_image("charts/mychart", "0.1.0", &layers, "linux/amd64").await;
+    let (_, got) = pull(&spec(&reg.reference("charts/mychart", "0.1.0"), ""), &ctx).await.expect("signed chart");
+    assert_eq!(got, small);
 }
 
 #[tokio::test(flavor = "multi_thread")]
