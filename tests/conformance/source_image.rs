@@ -351,3 +351,23 @@ async fn moved_tags_resolve_anew_and_digests_need_no_registry() {
     let err = pull(&s, &ctx).await.expect_err("registry gone");
     assert!(matches!(err, UnpackError::Fetch(_)), "{err:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hard_links_are_copies_within_their_layer() {
+    init();
+    let reg = Registry::start().await;
+    let ctx = context(&reg.host(), None, UnpackLimits::default());
+    let linked = tarutil::raw_tar(&[
+        tarutil::raw_entry("bin/tool", b'0', b"#!/bin/sh\n", ""),
+        tarutil::raw_entry("bin/alias", b'1', b"", "bin/tool"),
+    ]);
+    reg.push_image("links", "ok", &[Layer::gzip(&linked)], "linux/amd64").await;
+    let (_, got) = pull(&spec(&reg.reference("links", "ok"), ""), &ctx).await.expect("hard link");
+    assert_eq!(got, tree(&[("bin/tool", "#!/bin/sh\n"), ("bin/alias", "#!/bin/sh\n")]));
+
+    // The link's target was replaced by an upper layer: its original bytes are gone.
+    let upper = Layer::gzip_tree(&tree(&[("bin/tool", "new")]));
+    reg.push_image("links", "shadowed", &[Layer::gzip(&linked), upper], "linux/amd64").await;
+    let err = pull(&spec(&reg.reference("links", "shadowed"), ""), &ctx).await.expect_err("shadowed target");
+    assert!(matches!(err, UnpackError::InvalidEntry { ref path, .. } if path == "bin/alias"), "{err:?}");
+}
