@@ -371,3 +371,40 @@ async fn hard_links_are_copies_within_their_layer() {
     let err = pull(&spec(&reg.reference("links", "shadowed"), ""), &ctx).await.expect_err("shadowed target");
     assert!(matches!(err, UnpackError::InvalidEntry { ref path, .. } if path == "bin/alias"), "{err:?}");
 }
+
+/// Cancels its context when the first file arrives, then records as usual.
+struct CancelOnFirstFile(CancellationToken, Recorder);
+
+impl EntrySink for CancelOnFirstFile {
+    type Error = UnpackError;
+    fn file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<(), UnpackError> {
+        self.0.cancel();
+        self.1.file(path, executable, data)
+    }
+    fn symlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {
+        self.1.symlink(path, target)
+    }
+    fn hardlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {
+        self.1.hardlink(path, target)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancellation_stops_a_download_midway() {
+    init();
+    let reg = Registry::start().await;
+    let big: Tree = (0..4).map(|i| (format!("f{i}"), file(tarutil::random_bytes(i, 8 << 20)))).collect();
+    reg.push_image("big", "v1", &[Layer::gzip_tree(&big)], "linux/amd64").await;
+    let ctx = context(&reg.host(), None, UnpackLimits::default());
+    let s = spec(&reg.reference("big", "v1"), "");
+    let pinned = resolve(&s, &ctx, None).await.expect("resolve");
+    let task_ctx = ctx.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let mut sink = CancelOnFirstFile(task_ctx.cancel.clone(), Recorder::default());
+        fetch(&s, &task_ctx, &pinned, &mut sink)
+    })
+    .await
+    .expect("fetch panicked");
+    assert!(matches!(result, Err(UnpackError::Cancelled)), "{result:?}");
+    assert!(ctx.budget.downloaded() < 32 << 20, "stopped before the whole layer: {}", ctx.budget.downloaded());
+}
