@@ -83,6 +83,10 @@ impl<'s, 'a> LayerSink<'s, 'a> {
         if !name.starts_with(WHITEOUT_PREFIX) {
             return Ok(false);
         }
+        // A whiteout under a path an upper layer already decided changes nothing.
+        if self.mark("") & OPAQUE != 0 || self.hidden(path) {
+            return Ok(true);
+        }
         // The whiteout's directory exists in this layer: it hides lower non-directories there.
         for a in ancestors(path) {
             *self.marks.entry(a.to_owned()).or_default() |= DIR;

@@ -111,3 +111,14 @@ fn opaque_root_and_malformed_whiteouts() {
         assert!(matches!(err, UnpackError::InvalidEntry { .. }), "{bad}: {err:?}");
     }
 }
+
+#[test]
+fn whiteouts_under_paths_decided_above_change_nothing() {
+    let got = flatten(&[
+        &[E::F("d/x", "lowest")],
+        &[E::F("d/.wh.x", ""), E::F("e/.wh..wh..opq", "")],
+        &[E::F("d", "a file now"), E::F(".wh.e", "")],
+    ])
+    .unwrap();
+    assert_eq!(got, tree(&[("d", "a file now")]));
+}
