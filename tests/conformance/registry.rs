@@ -101,7 +101,7 @@ impl Registry {
             let config = write_config(dir.path(), port, auth.as_ref());
             let log = dir.path().join(format!("registry-{port}.log"));
             let log_file = std::fs::File::create(&log).expect("log file");
-            let child = Command::new(REGISTRY_BIN)
+            let mut child = Command::new(REGISTRY_BIN)
                 .arg("serve")
                 .arg(&config)
                 .stdin(Stdio::null())
@@ -109,7 +109,6 @@ impl Registry {
                 .stderr(log_file)
                 .spawn()
                 .unwrap_or_else(|e| panic!("start {REGISTRY_BIN}: {e}"));
-            let mut child = child;
             let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("http client");
             if wait_ready(&mut child, &http, port).await {
                 return Registry { child, dir, port, auth, http };
@@ -136,7 +135,7 @@ impl Registry {
         format!("{}/{repo}@{digest}", self.host())
     }
 
-    /// A `.dockerconfigjson` holding this registry's credentials (or `user`/`pass` if given).
+    /// A `.dockerconfigjson` with `user`/`pass` for this registry (a pull secret's content).
     pub fn docker_config(&self, user: &str, pass: &str) -> Vec<u8> {
         let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"));
         serde_json::to_vec(&json!({"auths": {self.host(): {"auth": auth}}})).expect("json")
