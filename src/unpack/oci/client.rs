@@ -101,3 +101,22 @@ pub async fn until_cancelled<T>(
         result = future => result,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_become_registry_auth() {
+        let r = parse_reference("registry.example:5000/team/app:v1").unwrap();
+        let config = br#"{"auths": {"registry.example:5000": {"auth": "dTpw"}}}"#.to_vec();
+        let auth = auth_for(&r, Some(&Credentials::DockerConfig(config))).unwrap();
+        assert!(matches!(auth, RegistryAuth::Basic(ref u, ref p) if u == "u" && p == "p"));
+        let other = br#"{"auths": {"elsewhere": {"auth": "dTpw"}}}"#.to_vec();
+        assert!(matches!(auth_for(&r, Some(&Credentials::DockerConfig(other))).unwrap(), RegistryAuth::Anonymous));
+        let bad = auth_for(&r, Some(&Credentials::DockerConfig(b"{".to_vec()))).unwrap_err();
+        assert!(matches!(bad, UnpackError::Fetch(_)) && !bad.to_string().contains("dTpw"), "{bad}");
+        assert!(matches!(auth_for(&r, None).unwrap(), RegistryAuth::Anonymous));
+        assert!(matches!(parse_reference("UPPER/Case:tag"), Err(UnpackError::Unsupported(_))));
+    }
+}
