@@ -16,6 +16,8 @@ declare -A needed=(
     [git]=git           # git sources: repositories made with the CLI, served by git http-backend
     [nginx]=nginx       # http sources: a real static file server
     [openssl]=openssl   # htpasswd entries for nginx's auth_basic
+    [docker-registry]=docker-registry   # a real OCI registry for the image source tests
+    [skopeo]=skopeo
 )
 missing=()
 for cmd in "${!needed[@]}"; do

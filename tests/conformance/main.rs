@@ -10,6 +10,7 @@
 mod git_server;
 mod harness;
 mod http_server;
+mod registry;
 mod stub_apiserver;
 mod tarutil;
 
@@ -31,5 +32,7 @@ mod paging;
 mod range;
 mod source_git;
 mod source_http;
+mod source_image;
 mod unpack;
+mod unpack_image;
 mod watch;
