@@ -159,11 +159,16 @@ async fn git_branches_stay_pinned_unless_polled_and_history_is_pruned() {
     let mut digests = vec![str_at(&pinned_before, "/status/digest").to_owned()];
     for i in 0..2 {
         let mut tree = tree_from_dir(&plain);
-        tree.insert(format!("manifests/extra-{i}.yaml"), file(format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: extra-{i}\n")));
+        tree.insert(
+            format!("manifests/extra-{i}.yaml"),
+            file(format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: extra-{i}\n")),
+        );
         let commit = git.commit("repo", "main", &tree);
         let b = eventually(WAIT, "polled bundle follows the branch", || async {
             let b = server.get_json(&bundle(NS, "polled")).await;
-            match b["status"]["resolvedSources"][0]["git"]["commit"] == commit.as_str() && b["status"]["phase"] == "Unpacked" {
+            match b["status"]["resolvedSources"][0]["git"]["commit"] == commit.as_str()
+                && b["status"]["phase"] == "Unpacked"
+            {
                 true => Ok(b),
                 false => Err(format!("{}", b["status"])),
             }

@@ -22,7 +22,8 @@ async fn kubectl_waits_for_an_image_bundle_and_a_moved_tag_is_followed_only_when
     let valid = corpus_tree("rukpak-testdata/registry/valid");
     let amd = registry.push_image("bundles/etcd", "amd64", &[Layer::gzip_tree(&valid)], "linux/amd64").await;
     let mut arm_tree = valid.clone();
-    arm_tree.insert("manifests/arm-only.yaml".into(), file("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: arm\n"));
+    arm_tree
+        .insert("manifests/arm-only.yaml".into(), file("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: arm\n"));
     let arm = registry.push_image("bundles/etcd", "arm64", &[Layer::gzip_tree(&arm_tree)], "linux/arm64").await;
     registry.push_index("bundles/etcd", "v1", &[("linux/amd64", &amd), ("linux/arm64", &arm)]).await;
     let server = Server::start_temp(&["--insecure-registry", &registry.host()]);
@@ -44,7 +45,10 @@ async fn kubectl_waits_for_an_image_bundle_and_a_moved_tag_is_followed_only_when
     assert_trees_equal(&arm_tree, &served(&server, "etcd").await, "the arm64 image");
     assert_trees_equal(&valid, &served(&server, "polled").await, "the default platform");
     let table = k.ok(&["get", "bundles", "-n", NS]);
-    assert!(table.lines().any(|l| l.starts_with("etcd") && l.contains("registry-v1") && l.contains("Unpacked")), "{table}");
+    assert!(
+        table.lines().any(|l| l.starts_with("etcd") && l.contains("registry-v1") && l.contains("Unpacked")),
+        "{table}"
+    );
 
     // Move the tag: only the polled Bundle follows, and keeps its old revision.
     let etcd_before = server.get_json(&bundle(NS, "etcd")).await;
@@ -55,7 +59,9 @@ async fn kubectl_waits_for_an_image_bundle_and_a_moved_tag_is_followed_only_when
     registry.move_tag("bundles/etcd", "v1", &moved).await;
     let polled = eventually(Duration::from_secs(60), "polled Bundle follows the moved tag", || async {
         let b = server.get_json(&bundle(NS, "polled")).await;
-        match b["status"]["resolvedSources"][0]["image"]["digest"] == moved.digest.as_str() && b["status"]["phase"] == "Unpacked" {
+        match b["status"]["resolvedSources"][0]["image"]["digest"] == moved.digest.as_str()
+            && b["status"]["phase"] == "Unpacked"
+        {
             true => Ok(b),
             false => Err(format!("{}", b["status"])),
         }
@@ -77,7 +83,14 @@ async fn helm_chart_artifacts_and_tampered_blobs() {
     let chart_dir = corpus().join("kube-prometheus-stack/88.5.3");
     let tgz = chart_tgz(&chart_dir, "kube-prometheus-stack");
     registry.push_helm_chart("charts/kps", "88.5.3", &tgz, "kube-prometheus-stack", "88.5.3").await;
-    let tampered = registry.push_image("bundles/plain", "v1", &[Layer::gzip_tree(&corpus_tree("rukpak-testdata/plain-v0/valid"))], "linux/amd64").await;
+    let tampered = registry
+        .push_image(
+            "bundles/plain",
+            "v1",
+            &[Layer::gzip_tree(&corpus_tree("rukpak-testdata/plain-v0/valid"))],
+            "linux/amd64",
+        )
+        .await;
     let server = Server::start_temp(&["--insecure-registry", &registry.host()]);
 
     create(&server, "kps", json!({"sources": [{"image": {"ref": registry.reference("charts/kps", "88.5.3")}}]})).await;
@@ -104,7 +117,12 @@ async fn helm_chart_artifacts_and_tampered_blobs() {
         resp.json().await.unwrap()
     };
     registry.tamper_blob(manifest["layers"][0]["digest"].as_str().unwrap());
-    create(&server, "tampered", json!({"sources": [{"image": {"ref": registry.pinned("bundles/plain", &tampered.digest)}}]})).await;
+    create(
+        &server,
+        "tampered",
+        json!({"sources": [{"image": {"ref": registry.pinned("bundles/plain", &tampered.digest)}}]}),
+    )
+    .await;
     let b = wait_reason(&server, "tampered", "DigestMismatch").await;
     assert_eq!(condition(&b, "Unpacked")["status"], "False");
     let names = server.bundlecontent_names(NS).await;
@@ -118,8 +136,18 @@ async fn pull_secrets_are_read_from_the_cluster_in_delegated_mode() {
     registry.push_image("private/app", "v1", &[Layer::gzip_tree(&tree)], "linux/amd64").await;
     let stub = StubApiServer::start();
     stub.publish_pki(&["front-proxy-client"]);
-    stub.put_secret(NS, "pull", "kubernetes.io/dockerconfigjson", &[(".dockerconfigjson", &registry.docker_config("puller", "s3cret"))]);
-    stub.put_secret(NS, "wrong", "kubernetes.io/dockerconfigjson", &[(".dockerconfigjson", &registry.docker_config("puller", "nope"))]);
+    stub.put_secret(
+        NS,
+        "pull",
+        "kubernetes.io/dockerconfigjson",
+        &[(".dockerconfigjson", &registry.docker_config("puller", "s3cret"))],
+    );
+    stub.put_secret(
+        NS,
+        "wrong",
+        "kubernetes.io/dockerconfigjson",
+        &[(".dockerconfigjson", &registry.docker_config("puller", "nope"))],
+    );
     let kubeconfig = stub.kubeconfig().to_str().unwrap().to_owned();
     let server = Server::start_temp(&["--kubeconfig", &kubeconfig, "--insecure-registry", &registry.host()]);
     let ca = std::fs::read(server.data_dir().join("pki/ca.crt")).unwrap();
@@ -142,12 +170,30 @@ async fn pull_secrets_are_read_from_the_cluster_in_delegated_mode() {
         let resp = alice.post(server.url(&bundles(NS))).json(&body).send().await.unwrap();
         assert_eq!(resp.status().as_u16(), 201, "{}", resp.text().await.unwrap_or_default());
     }
-    let b = wait_reason(&server, "private", "Unpacked").await;
-    assert_trees_equal(&tree, &served(&server, "private").await, "pulled with the Secret's credentials");
-    assert!(b["status"]["resolvedSources"][0]["image"]["digest"].as_str().unwrap().starts_with("sha256:"));
+    stub.allow("alice", "get", "bundles/content", NS);
+    // The admin client of standalone mode is not trusted here: look as alice.
+    let b = wait_as(&alice, &server, "private", "Unpacked").await;
+    let data = alice.get(server.url(&bundle_content(NS, "private"))).send().await.unwrap().bytes().await.unwrap();
+    assert_trees_equal(&tree, &parse_served_tar(&data), "pulled with the Secret's credentials");
+    assert_eq!(digest_of(&data), str_at(&b, "/status/digest"));
     // Wrong credentials: a pull failure, retried with backoff (the Secret may be fixed).
-    let b = wait_reason(&server, "denied", "PullFailed").await;
+    let b = wait_as(&alice, &server, "denied", "PullFailed").await;
     let message = condition(&b, "Unpacked")["message"].as_str().unwrap().to_owned();
     assert!(message.contains("retrying in"), "{message}");
     assert!(!message.contains("nope"), "no secrets in messages: {message}");
+}
+
+/// [`wait_reason`] with another client.
+async fn wait_as(client: &reqwest::Client, server: &Server, name: &str, reason: &str) -> serde_json::Value {
+    let url = server.url(&bundle(NS, name));
+    eventually(Duration::from_secs(60), &format!("{name}: {reason}"), || async {
+        let resp = client.get(&url).send().await.map_err(|e| e.to_string())?;
+        let b: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
+        let c = condition(&b, "Unpacked");
+        match c["reason"] == reason && c["observedGeneration"] == b["metadata"]["generation"] {
+            true => Ok(b),
+            false => Err(format!("{c}")),
+        }
+    })
+    .await
 }
