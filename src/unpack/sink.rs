@@ -168,3 +168,6 @@ fn storage_error(err: StorageError) -> UnpackError {
         other => UnpackError::Storage(other),
     }
 }
+
+#[cfg(test)]
+mod tests;

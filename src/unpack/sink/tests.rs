@@ -1,0 +1,80 @@
+use std::io::Read;
+
+use super::*;
+use crate::storage::{Store, StoreOptions};
+use crate::unpack::source::UnpackLimits;
+
+fn limits() -> UnpackLimits {
+    UnpackLimits { max_total_bytes: 10 << 20, max_files: 10, max_file_bytes: 4 << 20, max_path_bytes: 40, max_expansion_ratio: 10 }
+}
+
+fn with_sink<T>(limits: UnpackLimits, budget: Arc<Budget>, f: impl FnOnce(&mut TreeSink<'_>) -> T) -> T {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let mut writer = store.begin_revision().unwrap();
+    let mut sink = TreeSink::new(&mut writer, limits, budget);
+    f(&mut sink)
+}
+
+fn zeros(n: u64) -> impl Read {
+    std::io::repeat(0).take(n)
+}
+
+#[test]
+fn files_are_placed_under_the_destination_and_paths_are_limited() {
+    with_sink(limits(), Arc::default(), |sink| {
+        sink.set_destination("charts/");
+        sink.file("a.txt", false, &mut zeros(3)).unwrap();
+        let long = "x".repeat(40);
+        let err = sink.file(&long, false, &mut zeros(1)).unwrap_err();
+        assert!(matches!(err, UnpackError::TooLarge(ref m) if m.contains("over the limit of 40")), "{err}");
+    });
+}
+
+#[test]
+fn single_file_total_and_count_limits_stop_the_stream() {
+    with_sink(limits(), Arc::default(), |sink| {
+        let err = sink.file("big", false, &mut zeros(5 << 20)).unwrap_err();
+        assert!(matches!(err, UnpackError::TooLarge(ref m) if m.contains("a file is larger")), "{err}");
+    });
+    with_sink(limits(), Arc::default(), |sink| {
+        for i in 0..3 {
+            sink.file(&format!("f{i}"), false, &mut zeros(3 << 20)).unwrap();
+        }
+        let err = sink.file("f3", false, &mut zeros(3 << 20)).unwrap_err();
+        assert!(matches!(err, UnpackError::TooLarge(ref m) if m.contains("content is larger")), "{err}");
+    });
+    with_sink(limits(), Arc::default(), |sink| {
+        for i in 0..10 {
+            sink.file(&format!("f{i}"), false, &mut zeros(1)).unwrap();
+        }
+        let err = sink.file("f10", false, &mut zeros(1)).unwrap_err();
+        assert!(matches!(err, UnpackError::TooLarge(ref m) if m.contains("more than 10 files")), "{err}");
+    });
+}
+
+#[test]
+fn the_expansion_ratio_counts_downloaded_bytes() {
+    let budget = Arc::new(Budget::default());
+    budget.add_downloaded(200 << 10);
+    with_sink(limits(), budget.clone(), |sink| {
+        // 200 KiB downloaded: 1.5 MiB is within 10x, 2 MiB is not.
+        sink.file("ok", false, &mut zeros(1536 << 10)).unwrap();
+        let err = sink.file("bomb", false, &mut zeros(1 << 20)).unwrap_err();
+        assert!(matches!(err, UnpackError::TooLarge(ref m) if m.contains("expands more than 10x")), "{err}");
+    });
+}
+
+#[test]
+fn manifests_are_inspected_as_they_pass() {
+    let report = with_sink(limits(), Arc::default(), |sink| {
+        sink.file("manifests/cm.yaml", false, &mut "apiVersion: v1\nkind: ConfigMap\n".as_bytes()).unwrap();
+        sink.file("manifests/svc.json", false, &mut r#"{"apiVersion":"v1","kind":"Service"}"#.as_bytes()).unwrap();
+        let mut taken = TreeSink::new(sink.writer, sink.limits, sink.budget.clone());
+        std::mem::swap(&mut taken.inspector, &mut sink.inspector);
+        taken.finish("", true)
+    })
+    .unwrap();
+    assert_eq!(report.format, "plain");
+    assert_eq!(report.objects.len(), 2);
+}
