@@ -12,6 +12,10 @@
 //! app and personal access tokens and that GitLab accepts for personal/project access tokens (any
 //! non-blank username). Nothing is read from the process's git configuration or credential
 //! helpers: repositories are opened isolated.
+//!
+//! Transport: gix's blocking reqwest client (rustls, verified certificates; 20 s connect timeout,
+//! reqwest's 30 s per read/write operation; gix refuses https→http redirects). Cancellation
+//! stops `resolve` from waiting at once and `fetch` at the next pack chunk or file.
 
 mod tree;
 
