@@ -35,25 +35,33 @@ struct Shared {
     project_root: PathBuf,
     /// `Authorization` header value required on every request, if any.
     auth: Option<String>,
+    /// Ignore the client's `Git-Protocol` header: the server speaks protocol v0 only, where a
+    /// commit that is no branch or tag tip cannot be asked for by id.
+    v0_only: bool,
 }
 
 impl GitServer {
     pub async fn start() -> GitServer {
-        Self::start_inner(None).await
+        Self::start_inner(None, false).await
+    }
+
+    /// A server that speaks git protocol v0 only (like older servers).
+    pub async fn start_v0_only() -> GitServer {
+        Self::start_inner(None, true).await
     }
 
     /// Every request must carry HTTP basic auth `user:pass` (else 401 with a Basic challenge).
     pub async fn start_with_auth(user: &str, pass: &str) -> GitServer {
         let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"));
-        Self::start_inner(Some(format!("Basic {token}"))).await
+        Self::start_inner(Some(format!("Basic {token}")), false).await
     }
 
-    async fn start_inner(auth: Option<String>) -> GitServer {
+    async fn start_inner(auth: Option<String>, v0_only: bool) -> GitServer {
         assert!(Path::new(HTTP_BACKEND).exists(), "{HTTP_BACKEND} missing: install the Debian package git");
         let dir = tempfile::tempdir().unwrap();
         let project_root = dir.path().join("repos");
         std::fs::create_dir(&project_root).unwrap();
-        let shared = Arc::new(Shared { project_root, auth });
+        let shared = Arc::new(Shared { project_root, auth, v0_only });
         let app = axum::Router::new().fallback(cgi).with_state(shared);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -221,6 +229,7 @@ async fn cgi(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
     let root = shared.project_root.clone();
     let authed = shared.auth.is_some();
+    let git_protocol = if shared.v0_only { String::new() } else { git_protocol };
     let out = tokio::task::spawn_blocking(move || {
         let mut cmd = Command::new(HTTP_BACKEND);
         cmd.env("GIT_PROJECT_ROOT", &root)

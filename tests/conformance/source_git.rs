@@ -124,6 +124,26 @@ async fn git_annotated_tag_is_peeled_and_an_older_commit_fetched() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_protocol_v0_server_still_serves_an_older_commit() {
+    // Protocol v0 over http refuses wanting a commit that is no tip: the source falls back to
+    // fetching every branch and tag.
+    let server = GitServer::start_v0_only().await;
+    server.create("r");
+    let old = tree_from([("a.yaml", "old")]);
+    let c1 = server.commit("r", "main", &old);
+    server.commit("r", "main", &tree_from([("a.yaml", "new")]));
+    let ctx = context(&[server.host_port()], None);
+    let s = spec(&server.url("r"), &c1, "", "");
+    let (pinned, tree) = fetch(&s, &ctx, &git::resolve(&s, &ctx, None).await.unwrap()).await.unwrap();
+    assert_eq!(commit_of(&pinned), c1);
+    assert_trees_equal(&old, &tree, "older commit over protocol v0");
+
+    let gone = spec(&server.url("r"), &"1".repeat(40), "", "");
+    let err = fetch(&gone, &ctx, &git::resolve(&gone, &ctx, None).await.unwrap()).await.unwrap_err();
+    assert!(matches!(err, UnpackError::Fetch(ref m) if m.contains(&"1".repeat(40))), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn git_pinned_commit_and_subdirectory() {
     let server = GitServer::start().await;
     server.create("r");
@@ -162,6 +182,7 @@ async fn git_auth_is_required_and_used() {
     let err = git::resolve(&s, &anonymous, None).await.unwrap_err();
     assert!(matches!(err, UnpackError::Fetch(_)), "{err:?}");
     assert!(err.to_string().contains(&server.url("r")), "names the URL: {err}");
+    assert!(err.to_string().contains("credentials"), "says why: {err}");
 
     let wrong = Credentials::Basic { username: "alice".into(), password: "wrong-pw".into() };
     let err = git::resolve(&s, &context(&[server.host_port()], Some(wrong)), None).await.unwrap_err();
@@ -242,6 +263,37 @@ async fn git_symlink_escaping_the_tree_is_refused() {
     let pinned = git::resolve(&s, &ctx, None).await.unwrap();
     let err = fetch(&s, &ctx, &pinned).await.unwrap_err();
     assert!(matches!(err, UnpackError::InvalidEntry { ref path, .. } if path == "dir/evil"), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_limits_and_cancellation() {
+    let server = GitServer::start().await;
+    server.create("r");
+    let c1 = server.commit("r", "main", &tree_from([("a", "1"), ("b", "22"), ("c/d", "333")]));
+    let s = spec(&server.url("r"), &c1, "", "");
+    let pinned = git::resolve(&s, &context(&[server.host_port()], None), None).await.unwrap();
+
+    let limited = |f: fn(&mut UnpackLimits)| {
+        let mut ctx = context(&[server.host_port()], None);
+        f(&mut ctx.limits);
+        ctx
+    };
+    for (what, ctx) in [
+        ("files", limited(|l| l.max_files = 2)),
+        ("file bytes", limited(|l| l.max_file_bytes = 2)),
+        ("total bytes", limited(|l| l.max_total_bytes = 5)),
+        ("path bytes", limited(|l| l.max_path_bytes = 2)),
+    ] {
+        let err = fetch(&s, &ctx, &pinned).await.unwrap_err();
+        assert!(matches!(err, UnpackError::TooLarge(_)), "{what}: {err:?}");
+    }
+
+    let ctx = context(&[server.host_port()], None);
+    ctx.cancel.cancel();
+    let err = fetch(&s, &ctx, &pinned).await.unwrap_err();
+    assert!(matches!(err, UnpackError::Cancelled), "{err:?}");
+    let err = git::resolve(&spec(&server.url("r"), "", "", "main"), &ctx, None).await.unwrap_err();
+    assert!(matches!(err, UnpackError::Cancelled), "{err:?}");
 }
 
 pub(crate) fn tree_from<const N: usize>(files: [(&str, &str); N]) -> Tree {

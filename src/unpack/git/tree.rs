@@ -37,10 +37,13 @@ pub(super) fn walk(
                 (e.mode.kind(), name, e.oid.to_owned())
             })
             .collect();
+        // A hostile server may send a tree naming one entry twice (e.g. as a file and as a
+        // directory); names unique per tree make every path unique and never both kinds.
+        let mut names = std::collections::HashSet::with_capacity(entries.len());
         for (kind, name, oid) in entries {
             let Ok(name) = name else {
                 return Err(UnpackError::InvalidEntry {
-                    path: format!("{prefix}{}", String::from_utf8_lossy(b"?")),
+                    path: format!("{prefix}?"),
                     reason: "file name is not UTF-8".into(),
                 });
             };
@@ -52,6 +55,9 @@ pub(super) fn walk(
                 });
             }
             let path = format!("{prefix}{name}");
+            if !names.insert(name) {
+                return Err(UnpackError::InvalidEntry { path, reason: "duplicate name in git tree".into() });
+            }
             if kind == EntryKind::Tree {
                 stack.push((format!("{path}/"), oid));
                 continue;
