@@ -4,6 +4,8 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+# nginx lives in /usr/sbin, not always on a non-root PATH.
+export PATH="$PATH:/usr/sbin:/sbin"
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
