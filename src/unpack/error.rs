@@ -44,7 +44,8 @@ impl UnpackError {
     /// The `reason` of the Bundle's `Unpacked=False` condition.
     pub fn reason(&self) -> &'static str {
         match self {
-            UnpackError::Fetch(_) | UnpackError::Unsupported(_) => "PullFailed",
+            UnpackError::Fetch(_) => "PullFailed",
+            UnpackError::Unsupported(_) => "InvalidSource",
             UnpackError::DigestMismatch { .. } => "DigestMismatch",
             UnpackError::InvalidEntry { .. } | UnpackError::CorruptArchive(_) => "InvalidContent",
             UnpackError::TooLarge(_) => "LimitExceeded",

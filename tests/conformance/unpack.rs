@@ -286,3 +286,41 @@ async fn kill9_mid_unpack_resumes_after_restart() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spec_change_cancels_the_running_unpack_and_the_new_spec_wins() {
+    let web = HttpServer::start(HttpAuth::None);
+    let mut big = corpus_tree("rukpak-testdata/plain-v0/valid");
+    for i in 0..40 {
+        big.insert(format!("data/blob-{i:02}.bin"), file(tarutil::random_bytes(100 + i, 4 << 20)));
+    }
+    web.put("big.tar", &build_tar(&big));
+    let small = corpus_tree("rukpak-testdata/registry/valid");
+    web.put("small.tar", &build_tar(&small));
+    let server = start(&http_server_args(&web.host_port()));
+    create(&server, "switch", json!({"sources": [{"http": {"url": web.url("big.tar")}}]})).await;
+    eventually(WAIT, "unpack started", || async {
+        let b = server.get_json(&bundle(NS, "switch")).await;
+        match b["status"]["phase"] == "Unpacking" {
+            true => Ok(()),
+            false => Err(format!("{}", b["status"])),
+        }
+    })
+    .await;
+    let patch = json!({"spec": {"sources": [{"http": {"url": web.url("small.tar")}}]}});
+    let resp = server
+        .client()
+        .patch(server.url(&bundle(NS, "switch")))
+        .header("Content-Type", "application/merge-patch+json")
+        .body(patch.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let b = wait_reason(&server, "switch", "Unpacked").await;
+    assert_eq!(b["metadata"]["generation"], 2);
+    assert_eq!(b["status"]["format"], "registry-v1");
+    assert_trees_equal(&small, &served(&server, "switch").await, "the new spec's content");
+    // The cancelled unpack left nothing behind (its revision was released, never attached).
+    assert_eq!(server.bundlecontent_names(NS).await.len(), 1);
+}

@@ -197,3 +197,31 @@ async fn wait_as(client: &reqwest::Client, server: &Server, name: &str, reason: 
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn standalone_servers_take_registry_credentials_from_registry_config() {
+    let registry = Registry::start_with_auth("puller", "s3cret").await;
+    let tree = corpus_tree("rukpak-testdata/plain-v0/valid");
+    registry.push_image("private/app", "v1", &[Layer::gzip_tree(&tree)], "linux/amd64").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::write(&config, registry.docker_config("puller", "s3cret")).unwrap();
+    let server = Server::start_temp(&[
+        "--insecure-registry",
+        &registry.host(),
+        "--registry-config",
+        config.to_str().unwrap(),
+    ]);
+    create(&server, "private", json!({"sources": [{"image": {"ref": registry.reference("private/app", "v1")}}]})).await;
+    wait_reason(&server, "private", "Unpacked").await;
+    assert_trees_equal(&tree, &served(&server, "private").await, "pulled with --registry-config");
+    // A pullSecret needs a cluster to read it from: a clear, permanent failure standalone.
+    create(
+        &server,
+        "secret",
+        json!({"sources": [{"image": {"ref": registry.reference("private/app", "v1"), "pullSecret": "pull"}}]}),
+    )
+    .await;
+    let b = wait_reason(&server, "secret", "InvalidSource").await;
+    assert!(condition(&b, "Unpacked")["message"].as_str().unwrap().contains("standalone"), "{b:#}");
+}
