@@ -60,6 +60,19 @@ pub async fn served(server: &Server, name: &str) -> Tree {
     parse_served_tar(&server.download(&bundle_content(NS, name)).await)
 }
 
+/// A merge patch of a Bundle, which must succeed.
+pub async fn merge_patch(server: &Server, name: &str, patch: Value) {
+    let resp = server
+        .client()
+        .patch(server.url(&bundle(NS, name)))
+        .header("Content-Type", "application/merge-patch+json")
+        .body(patch.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "patch {name}");
+}
+
 fn http_server_args(host: &str) -> Vec<String> {
     vec!["--insecure-source-host".into(), host.into()]
 }
@@ -119,16 +132,7 @@ async fn a_failing_new_spec_keeps_serving_the_last_good_content() {
     create(&server, "app", json!({"sources": [{"http": {"url": web.url("plain.tar")}}]})).await;
     let good = wait_reason(&server, "app", "Unpacked").await;
     assert_eq!(good["status"]["format"], "plain");
-    let patch = json!({"spec": {"sources": [{"http": {"url": web.url("bad.tar")}}]}});
-    let resp = server
-        .client()
-        .patch(server.url(&bundle(NS, "app")))
-        .header("Content-Type", "application/merge-patch+json")
-        .body(patch.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
+    merge_patch(&server, "app", json!({"spec": {"sources": [{"http": {"url": web.url("bad.tar")}}]}})).await;
     let b = wait_reason(&server, "app", "InvalidFormat").await;
     let unpacked = condition(&b, "Unpacked");
     assert!(unpacked["message"].as_str().unwrap().contains("manifests/broken.yaml"), "names the file: {unpacked}");
@@ -307,16 +311,7 @@ async fn a_spec_change_cancels_the_running_unpack_and_the_new_spec_wins() {
         }
     })
     .await;
-    let patch = json!({"spec": {"sources": [{"http": {"url": web.url("small.tar")}}]}});
-    let resp = server
-        .client()
-        .patch(server.url(&bundle(NS, "switch")))
-        .header("Content-Type", "application/merge-patch+json")
-        .body(patch.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
+    merge_patch(&server, "switch", json!({"spec": {"sources": [{"http": {"url": web.url("small.tar")}}]}})).await;
     let b = wait_reason(&server, "switch", "Unpacked").await;
     assert_eq!(b["metadata"]["generation"], 2);
     assert_eq!(b["status"]["format"], "registry-v1");

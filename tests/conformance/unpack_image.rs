@@ -206,12 +206,8 @@ async fn standalone_servers_take_registry_credentials_from_registry_config() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.json");
     std::fs::write(&config, registry.docker_config("puller", "s3cret")).unwrap();
-    let server = Server::start_temp(&[
-        "--insecure-registry",
-        &registry.host(),
-        "--registry-config",
-        config.to_str().unwrap(),
-    ]);
+    let server =
+        Server::start_temp(&["--insecure-registry", &registry.host(), "--registry-config", config.to_str().unwrap()]);
     create(&server, "private", json!({"sources": [{"image": {"ref": registry.reference("private/app", "v1")}}]})).await;
     wait_reason(&server, "private", "Unpacked").await;
     assert_trees_equal(&tree, &served(&server, "private").await, "pulled with --registry-config");

@@ -5,7 +5,13 @@ use crate::storage::{Store, StoreOptions};
 use crate::unpack::source::UnpackLimits;
 
 fn limits() -> UnpackLimits {
-    UnpackLimits { max_total_bytes: 10 << 20, max_files: 10, max_file_bytes: 4 << 20, max_path_bytes: 40, max_expansion_ratio: 10 }
+    UnpackLimits {
+        max_total_bytes: 10 << 20,
+        max_files: 10,
+        max_file_bytes: 4 << 20,
+        max_path_bytes: 40,
+        max_expansion_ratio: 10,
+    }
 }
 
 fn with_sink<T>(limits: UnpackLimits, budget: Arc<Budget>, f: impl FnOnce(&mut TreeSink<'_>) -> T) -> T {
