@@ -30,7 +30,8 @@ mod watch_cache;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -141,7 +142,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(ok))
         .route("/livez", get(ok))
-        .route("/readyz", get(ok))
+        .route("/readyz", get(ready))
         // Public, as kube's bootstrap policy (system:public-info-viewer) makes it.
         .route("/version", get(discovery::version))
         .merge(api)
@@ -156,6 +157,14 @@ fn content_compression() -> tower_http::compression::CompressionLayer<impl tower
     use axum::http::{Extensions, HeaderMap, StatusCode, Version};
     let whole = |status: StatusCode, _: Version, _: &HeaderMap, _: &Extensions| status == StatusCode::OK;
     tower_http::compression::CompressionLayer::new().quality(tower_http::CompressionLevel::Fastest).compress_when(whole)
+}
+
+/// Not ready once shutting down, so load balancers stop sending new requests while open ones end.
+async fn ready(State(app): State<AppState>) -> Response {
+    if app.shutdown.is_cancelled() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response();
+    }
+    "ok".into_response()
 }
 
 async fn ok() -> &'static str {

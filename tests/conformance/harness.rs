@@ -264,6 +264,24 @@ impl Server {
         }
     }
 
+    /// SIGTERM, then waits for the process to exit (at most `limit`); returns how long it took,
+    /// or `None` if it was still running at `limit` (it is then killed).
+    pub fn terminate(&mut self, limit: Duration) -> Option<Duration> {
+        let mut child = self.child.take()?;
+        let started = Instant::now();
+        // SAFETY: sending a signal to our own child process.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        while started.elapsed() < limit {
+            if let Ok(Some(_)) = child.try_wait() {
+                return Some(started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
     /// Starts the server again on the same data directory with the same arguments (killing it
     /// first if it still runs). The admin client is kept: certificates must be reused.
     pub fn restart(&mut self) {

@@ -319,3 +319,42 @@ async fn a_spec_change_cancels_the_running_unpack_and_the_new_spec_wins() {
     // The cancelled unpack left nothing behind (its revision was released, never attached).
     assert_eq!(server.bundlecontent_names(NS).await.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_ends_watches_and_unpacks_promptly_and_the_unpack_resumes() {
+    let web = HttpServer::start(HttpAuth::None);
+    let mut tree = corpus_tree("rukpak-testdata/plain-v0/valid");
+    for i in 0..40 {
+        tree.insert(format!("data/blob-{i:02}.bin"), file(tarutil::random_bytes(200 + i, 4 << 20)));
+    }
+    web.put("big.tar", &build_tar(&tree));
+    let mut server = start(&http_server_args(&web.host_port()));
+    let mut watch = server.get(&format!("{}?watch=true", bundles(NS))).await;
+    assert_eq!(watch.status().as_u16(), 200);
+    create(&server, "term", json!({"sources": [{"http": {"url": web.url("big.tar")}}]})).await;
+    eventually(WAIT, "unpack started", || async {
+        let b = server.get_json(&bundle(NS, "term")).await;
+        match b["status"]["phase"] == "Unpacking" {
+            true => Ok(()),
+            false => Err(format!("{}", b["status"])),
+        }
+    })
+    .await;
+    let took = server.terminate(Duration::from_secs(15)).expect("the server exits on SIGTERM");
+    report(&format!("SIGTERM with an open watch and a running unpack: exited in {took:?}"));
+    assert!(took < Duration::from_secs(8), "exit within seconds, not a minute: {took:?}");
+    // The watch ended (cleanly or cut), so its client re-lists elsewhere.
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match watch.chunk().await {
+                Ok(Some(_)) => continue,
+                _ => return,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the watch stream ended with the server");
+    server.restart();
+    let b = wait_reason(&server, "term", "Unpacked").await;
+    assert_eq!(digest_of(&server.download(&bundle_content(NS, "term")).await), str_at(&b, "/status/digest"));
+}
