@@ -29,6 +29,7 @@ mod kubectl;
 mod kubectl_conventions;
 mod lifecycle;
 mod paging;
+mod provisioner;
 mod range;
 mod source_git;
 mod source_http;

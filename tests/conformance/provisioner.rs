@@ -1,0 +1,154 @@
+//! The provisioner side: `examples/provisioner.rs` run against a standalone server keeps a
+//! directory per unpacked Bundle and re-fetches only changed ones; the client library resumes a
+//! download whose connections are cut mid-piece and still verifies the digest.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use stowage::client::{ContentClient, FetchOptions, Fetched};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::harness::*;
+use crate::tarutil::{assert_trees_equal, system_tar, tree_from_dir};
+
+const NS: &str = "prov";
+
+/// The example binary, built beside the test binary by `cargo test --all-targets`.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let path = exe.parent().and_then(Path::parent).map(|d| d.join("examples").join(name)).expect("target dir");
+    assert!(path.exists(), "{} missing: build it with `cargo test --all-targets`", path.display());
+    path
+}
+
+fn run_provisioner(server: &Server, out: &Path) -> String {
+    let output = Command::new(example("provisioner"))
+        .arg(out)
+        .args(["--namespace", NS, "--piece-bytes", "65536"])
+        .env("KUBECONFIG", server.kubeconfig())
+        .env_remove("HTTPS_PROXY")
+        .output()
+        .expect("run the provisioner example");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "provisioner failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    stdout
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_example_provisioner_syncs_and_refetches_only_changed_bundles() {
+    let server = Server::start_temp(&[]);
+    let etcd = corpus().join("rukpak-testdata/registry/valid");
+    let plain = corpus().join("rukpak-testdata/plain-v0/valid");
+    for (name, dir) in [("etcd", &etcd), ("plain", &plain)] {
+        server.create_bundle(NS, name).await;
+        server.upload_ok(NS, name, system_tar(dir), None).await;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let first = run_provisioner(&server, out.path());
+    assert_eq!(first.matches(" updated ").count(), 2, "{first}");
+    assert_trees_equal(&tree_from_dir(&etcd), &tree_from_dir(&out.path().join(NS).join("etcd")), "etcd synced");
+    assert_trees_equal(&tree_from_dir(&plain), &tree_from_dir(&out.path().join(NS).join("plain")), "plain synced");
+
+    let second = run_provisioner(&server, out.path());
+    assert_eq!(second.matches(" unchanged ").count(), 2, "If-None-Match: nothing re-fetched: {second}");
+
+    server.upload_ok(NS, "plain", system_tar(&etcd), None).await;
+    let third = run_provisioner(&server, out.path());
+    assert!(third.contains("prov/plain updated") && third.contains("prov/etcd unchanged"), "{third}");
+    assert_trees_equal(&tree_from_dir(&etcd), &tree_from_dir(&out.path().join(NS).join("plain")), "replaced");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_download_cut_mid_piece_resumes_and_is_verified() {
+    let server = Server::start_temp(&[]);
+    let kps = corpus().join("kube-prometheus-stack/88.5.3");
+    server.create_bundle(NS, "kps").await;
+    let b = server.upload_ok(NS, "kps", system_tar(&kps), None).await;
+    // Every connection is cut after 300 KB from the server: each 1 MiB piece is cut at least once.
+    let proxy = CuttingProxy::start(&server.url, 300_000).await;
+    let client = kube_client(&server, &proxy.url()).await;
+    let content = ContentClient::with_options(client, FetchOptions { piece_bytes: 1 << 20, attempts: 5 });
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("kps");
+    let fetched = content.fetch_into(NS, "kps", &dir, None).await.expect("fetch through cuts");
+    assert_eq!(fetched, Fetched::Updated { digest: str_at(&b, "/status/digest").to_owned() });
+    assert_trees_equal(&tree_from_dir(&kps), &tree_from_dir(&dir), "resumed download");
+    assert!(proxy.cuts() >= 3, "the proxy really cut connections: {}", proxy.cuts());
+    report(&format!("provisioner: kube-prometheus-stack fetched through {} cut connections", proxy.cuts()));
+    let again = content.fetch_into(NS, "kps", &dir, Some(str_at(&b, "/status/digest"))).await.unwrap();
+    assert_eq!(again, Fetched::Unchanged);
+}
+
+async fn kube_client(server: &Server, url: &str) -> kube::Client {
+    let kubeconfig = Kubeconfig::read_from(server.kubeconfig()).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.unwrap();
+    config.cluster_url = url.parse().unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+/// A TCP proxy that closes each connection after `limit` bytes came back from the server.
+struct CuttingProxy {
+    addr: std::net::SocketAddr,
+    cuts: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CuttingProxy {
+    async fn start(server_url: &str, limit: usize) -> CuttingProxy {
+        let backend = server_url.trim_start_matches("https://").to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cuts = Arc::new(AtomicUsize::new(0));
+        let counter = cuts.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (backend, counter) = (backend.clone(), counter.clone());
+                tokio::spawn(async move {
+                    let Ok(upstream) = TcpStream::connect(&backend).await else { return };
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut up_read, mut up_write) = upstream.into_split();
+                    let upload = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut client_read, &mut up_write).await;
+                    });
+                    let mut sent = 0usize;
+                    let mut buf = vec![0u8; 16 << 10];
+                    loop {
+                        let n = match up_read.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let n = n.min(limit - sent);
+                        if client_write.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        sent += n;
+                        if sent >= limit {
+                            counter.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                    }
+                    upload.abort();
+                });
+            }
+        });
+        CuttingProxy { addr, cuts, task }
+    }
+
+    fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    fn cuts(&self) -> usize {
+        self.cuts.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for CuttingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
