@@ -8,6 +8,7 @@
 pub mod apiserver;
 pub mod auth;
 pub mod client;
+pub mod plugin;
 pub mod serve;
 pub mod storage;
 pub mod unpack;

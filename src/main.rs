@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "stowage", version, about = "Bundle content served through the Kubernetes API")]
+#[command(version, about = "Bundle content served through the Kubernetes API")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -13,6 +13,9 @@ struct Cli {
 enum Command {
     /// Run the API server (standalone: creates its data dir, certificates and an admin kubeconfig).
     Serve(stowage::serve::ServeOptions),
+    /// Client commands (also as `kubectl stowage …` when installed as `kubectl-stowage`).
+    #[command(flatten)]
+    Plugin(stowage::plugin::PluginCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -24,6 +27,8 @@ fn main() -> std::process::ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    // One TLS provider for every client and server in the process (kube, reqwest, the listener).
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -33,6 +38,7 @@ fn main() -> std::process::ExitCode {
     };
     let result = match cli.command {
         Command::Serve(options) => runtime.block_on(stowage::serve::run(options)),
+        Command::Plugin(command) => runtime.block_on(stowage::plugin::run(command)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -96,6 +96,76 @@ impl ContentClient {
     }
 }
 
+/// One entry of a content listing.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct FileInfo {
+    pub path: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub mode: u32,
+    pub size: u64,
+    pub sha256: String,
+    #[serde(default)]
+    pub target: Option<String>,
+}
+
+/// One stored revision (BundleContent) of a Bundle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Revision {
+    pub name: String,
+    pub digest: String,
+    pub created: String,
+}
+
+impl ContentClient {
+    /// The files of Bundle `name`'s served content (`revision: None`) or of BundleContent
+    /// `revision`.
+    pub async fn files(
+        &self,
+        namespace: &str,
+        name: &str,
+        revision: Option<&str>,
+    ) -> Result<Vec<FileInfo>, ClientError> {
+        let path = match revision {
+            None => format!("{API}/namespaces/{namespace}/bundles/{name}/content"),
+            Some(rev) => format!("{API}/namespaces/{namespace}/bundlecontents/{rev}/content"),
+        };
+        let request = http::Request::get(&path)
+            .header("Accept", "application/json")
+            .body(Vec::new())
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let listing: Value = self.client.request(request).await?;
+        let files = listing.get("files").cloned().unwrap_or(Value::Array(Vec::new()));
+        serde_json::from_value(files).map_err(|e| ClientError::Protocol(format!("listing of {path}: {e}")))
+    }
+
+    /// The stored revisions of Bundle `name`, oldest first.
+    pub async fn revisions(&self, namespace: &str, name: &str) -> Result<Vec<Revision>, ClientError> {
+        let path =
+            format!("{API}/namespaces/{namespace}/bundlecontents?labelSelector=content.stowage.dev%2Fbundle%3D{name}");
+        let request = http::Request::get(&path).body(Vec::new()).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let list: Value = self.client.request(request).await?;
+        let text = |v: &Value, p: &str| v.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
+        let mut revisions: Vec<(u64, Revision)> = list
+            .get("items")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|item| {
+                let rv = text(item, "/metadata/resourceVersion").parse().unwrap_or(0);
+                let revision = Revision {
+                    name: text(item, "/metadata/name"),
+                    digest: text(item, "/spec/digest"),
+                    created: text(item, "/metadata/creationTimestamp"),
+                };
+                (rv, revision)
+            })
+            .collect();
+        revisions.sort_by_key(|(rv, _)| *rv);
+        Ok(revisions.into_iter().map(|(_, r)| r).collect())
+    }
+}
+
 fn is_unpacked(bundle: &Value) -> bool {
     bundle
         .pointer("/status/conditions")

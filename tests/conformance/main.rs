@@ -29,6 +29,7 @@ mod kubectl;
 mod kubectl_conventions;
 mod lifecycle;
 mod paging;
+mod plugin;
 mod provisioner;
 mod range;
 mod source_git;

@@ -1,0 +1,111 @@
+//! `kubectl stowage …`: the same binary installed as `kubectl-stowage` (or run as `stowage …`).
+//! `pull NAME DIR` (Range pieces, resumed, digest-checked), `ls NAME` (file listing), `diff NAME
+//! REV1 REV2` (file-level differences between two stored revisions). Connection flags are
+//! kubectl's: `--kubeconfig`, `--context`, `-n/--namespace`.
+
+mod diff;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::client::{ContentClient, FetchOptions, Fetched};
+
+/// kubectl's connection flags.
+#[derive(Clone, Debug, clap::Args)]
+pub struct KubeFlags {
+    /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use.
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Namespace (default: the context's namespace, then "default").
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+}
+
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum PluginCommand {
+    /// Fetch a Bundle's content into DIR (replaced once verified).
+    Pull {
+        name: String,
+        dir: PathBuf,
+        /// Bytes per Range request.
+        #[arg(long, default_value_t = FetchOptions::default().piece_bytes)]
+        piece_bytes: u64,
+        #[command(flatten)]
+        kube: KubeFlags,
+    },
+    /// List the files of a Bundle's served content (or of one revision).
+    Ls {
+        name: String,
+        /// A BundleContent name or digest prefix instead of the served content.
+        #[arg(long)]
+        revision: Option<String>,
+        #[command(flatten)]
+        kube: KubeFlags,
+    },
+    /// File-level differences between two revisions (BundleContent names or digest prefixes).
+    Diff {
+        name: String,
+        from: String,
+        to: String,
+        #[command(flatten)]
+        kube: KubeFlags,
+    },
+}
+
+/// Runs one plugin command; prints to stdout.
+pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
+    let flags = match &command {
+        PluginCommand::Pull { kube, .. } | PluginCommand::Ls { kube, .. } | PluginCommand::Diff { kube, .. } => kube,
+    };
+    let (client, namespace) = connect(flags).await?;
+    let content = ContentClient::new(client.clone());
+    match command {
+        PluginCommand::Pull { name, dir, piece_bytes, .. } => {
+            let content = ContentClient::with_options(client, FetchOptions { piece_bytes, attempts: 5 });
+            match content.fetch_into(&namespace, &name, &dir, None).await? {
+                Fetched::Updated { digest } => println!("{namespace}/{name}: {digest} -> {}", dir.display()),
+                Fetched::Unchanged => println!("{namespace}/{name}: unchanged"),
+            }
+        }
+        PluginCommand::Ls { name, revision, .. } => {
+            let revision = match revision {
+                Some(r) => Some(diff::find_revision(&content, &namespace, &name, &r).await?),
+                None => None,
+            };
+            let files = content.files(&namespace, &name, revision.as_deref()).await?;
+            for f in files {
+                let link = f.target.map(|t| format!(" -> {t}")).unwrap_or_default();
+                println!("{:o} {:>12} {} {}{link}", f.mode, f.size, &f.sha256[..f.sha256.len().min(12)], f.path);
+            }
+        }
+        PluginCommand::Diff { name, from, to, .. } => {
+            let from = diff::find_revision(&content, &namespace, &name, &from).await?;
+            let to = diff::find_revision(&content, &namespace, &name, &to).await?;
+            let before = content.files(&namespace, &name, Some(&from)).await?;
+            let after = content.files(&namespace, &name, Some(&to)).await?;
+            for line in diff::compare(&before, &after) {
+                println!("{line}");
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn connect(flags: &KubeFlags) -> anyhow::Result<(kube::Client, String)> {
+    let options = KubeConfigOptions { context: flags.context.clone(), ..KubeConfigOptions::default() };
+    let config = match &flags.kubeconfig {
+        Some(path) => {
+            let kubeconfig =
+                Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?
+        }
+        None => kube::Config::from_kubeconfig(&options).await.context("loading the kubeconfig")?,
+    };
+    let namespace = flags.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
+    Ok((kube::Client::try_from(config)?, namespace))
+}
