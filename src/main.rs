@@ -12,7 +12,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the API server (standalone: creates its data dir, certificates and an admin kubeconfig).
-    Serve(stowage::serve::ServeOptions),
+    Serve(Box<stowage::serve::ServeOptions>),
     /// Client commands (also as `kubectl stowage …` when installed as `kubectl-stowage`).
     #[command(flatten)]
     Plugin(stowage::plugin::PluginCommand),
@@ -37,7 +37,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Serve(options) => runtime.block_on(stowage::serve::run(options)),
+        Command::Serve(options) => runtime.block_on(stowage::serve::run(*options)),
         Command::Plugin(command) => runtime.block_on(stowage::plugin::run(command)),
     };
     match result {
