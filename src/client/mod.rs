@@ -10,12 +10,14 @@
 //! `If-None-Match` makes an unchanged Bundle cost one small response.
 
 mod pieces;
+mod push;
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 pub use pieces::FetchOptions;
+pub use push::Progress;
 
 const API: &str = "/apis/content.stowage.dev/v1alpha1";
 

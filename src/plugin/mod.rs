@@ -1,5 +1,5 @@
 //! `kubectl stowage …`: the same binary installed as `kubectl-stowage` (or run as `stowage …`).
-//! `pull NAME DIR` (Range pieces, resumed, digest-checked), `ls NAME` (file listing), `diff NAME
+//! `push DIR --name NAME` (resumable pieces, with a progress bar), `pull NAME DIR` (Range pieces, resumed, digest-checked), `ls NAME` (file listing), `diff NAME
 //! REV1 REV2` (file-level differences between two stored revisions). Connection flags are
 //! kubectl's: `--kubeconfig`, `--context`, `-n/--namespace`.
 
@@ -28,6 +28,19 @@ pub struct KubeFlags {
 
 #[derive(Clone, Debug, clap::Subcommand)]
 pub enum PluginCommand {
+    /// Upload DIR as Bundle NAME's content (created with an upload source if missing), in
+    /// resumable pieces.
+    Push {
+        dir: PathBuf,
+        /// The Bundle.
+        #[arg(long)]
+        name: String,
+        /// Bytes per piece (each must finish well within the aggregator's 60 s).
+        #[arg(long, default_value_t = 16 << 20)]
+        piece_bytes: u64,
+        #[command(flatten)]
+        kube: KubeFlags,
+    },
     /// Fetch a Bundle's content into DIR (replaced once verified).
     Pull {
         name: String,
@@ -60,11 +73,21 @@ pub enum PluginCommand {
 /// Runs one plugin command; prints to stdout.
 pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
     let flags = match &command {
-        PluginCommand::Pull { kube, .. } | PluginCommand::Ls { kube, .. } | PluginCommand::Diff { kube, .. } => kube,
+        PluginCommand::Push { kube, .. }
+        | PluginCommand::Pull { kube, .. }
+        | PluginCommand::Ls { kube, .. }
+        | PluginCommand::Diff { kube, .. } => kube,
     };
     let (client, namespace) = connect(flags).await?;
     let content = ContentClient::new(client.clone());
     match command {
+        PluginCommand::Push { dir, name, piece_bytes, .. } => {
+            let mut bar = progress_bar();
+            let bundle = content.push(&namespace, &name, &dir, piece_bytes, &mut bar).await?;
+            eprintln!();
+            let text = |p: &str| bundle.pointer(p).and_then(serde_json::Value::as_str).unwrap_or("").to_string();
+            println!("{namespace}/{name}: {} ({})", text("/status/digest"), text("/status/contentName"));
+        }
         PluginCommand::Pull { name, dir, piece_bytes, .. } => {
             let content = ContentClient::with_options(client, FetchOptions { piece_bytes, attempts: 5 });
             match content.fetch_into(&namespace, &name, &dir, None).await? {
@@ -94,6 +117,22 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `[#####     ]  42%  12.0/28.5 MiB` on stderr, redrawn in place.
+fn progress_bar() -> impl FnMut(u64, u64) {
+    |sent, total| {
+        let share = if total == 0 { 1.0 } else { sent as f64 / total as f64 };
+        let filled = (share * 30.0).round() as usize;
+        eprint!(
+            "\r[{}{}] {:3.0}%  {:.1}/{:.1} MiB",
+            "#".repeat(filled),
+            " ".repeat(30 - filled.min(30)),
+            share * 100.0,
+            sent as f64 / 1048576.0,
+            total as f64 / 1048576.0
+        );
+    }
 }
 
 async fn connect(flags: &KubeFlags) -> anyhow::Result<(kube::Client, String)> {

@@ -57,3 +57,28 @@ async fn kubectl_stowage_pull_ls_and_diff() {
     assert!(pulled.contains(str_at(&b2, "/status/digest")), "{pulled}");
     assert_trees_equal(&v2, &tree_from_dir(&dir), "kubectl stowage pull");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_stowage_push_uploads_in_pieces_and_round_trips() {
+    let server = Server::start_temp(&[]);
+    let bin_dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_stowage"), bin_dir.path().join("kubectl-stowage")).unwrap();
+    let kps = corpus().join("kube-prometheus-stack/88.5.3");
+    // 256 KiB pieces: the compressed chart takes several.
+    let pushed = kubectl_stowage(
+        &server,
+        bin_dir.path(),
+        &["push", kps.to_str().unwrap(), "--name", "kps", "--piece-bytes", "262144"],
+    );
+    let b = server.get_json(&bundle(NS, "kps")).await;
+    assert_unpacked(&b);
+    assert!(pushed.contains(str_at(&b, "/status/digest")), "{pushed}");
+    assert_eq!(b["status"]["format"], "helm", "a chart detected from the upload: {b:#}");
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("kps");
+    kubectl_stowage(&server, bin_dir.path(), &["pull", "kps", dir.to_str().unwrap()]);
+    assert_trees_equal(&tree_from_dir(&kps), &tree_from_dir(&dir), "push then pull");
+    // Pushing the same tree again stores nothing new: the same revision is served.
+    kubectl_stowage(&server, bin_dir.path(), &["push", kps.to_str().unwrap(), "--name", "kps"]);
+    assert_eq!(server.bundlecontent_names(NS).await.len(), 1);
+}
