@@ -218,3 +218,51 @@ async fn idle_sessions_are_swept() {
     expect_status(resp, 404, "NotFound").await;
     assert!(spool_files(&server).is_empty(), "{:?}", spool_files(&server));
 }
+
+/// Every request of a chunked upload is authorized as the single PUT is: `update` on
+/// `bundles/content`; reading content (`get`) is not enough to start, continue or inspect one.
+#[tokio::test(flavor = "multi_thread")]
+async fn chunked_uploads_need_update_on_bundles_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.csv");
+    std::fs::write(&tokens, "reader-token,reader,2001,\"\"\nwriter-token,writer,2002,\"\"\n").unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: r, namespace: {NS}}}\n\
+             rules: [{{apiGroups: [content.stowage.dev], resources: [bundles/content], verbs: [get]}}]\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: r, namespace: {NS}}}\n\
+             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: r}}\n\
+             subjects: [{{kind: User, name: reader}}]\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: w, namespace: {NS}}}\n\
+             rules: [{{apiGroups: [content.stowage.dev], resources: [bundles/content], verbs: [update]}}]\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: w, namespace: {NS}}}\n\
+             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: w}}\n\
+             subjects: [{{kind: User, name: writer}}]\n"
+        ),
+    )
+    .unwrap();
+    let server = Server::start_temp(&[
+        "--token-auth-file",
+        tokens.to_str().unwrap(),
+        "--authorization-policy-file",
+        policy.to_str().unwrap(),
+    ]);
+    server.create_bundle(NS, "app").await;
+    let start_url = server.url(&format!("{}?uploads", bundle_content(NS, "app")));
+    let as_reader = server.anonymous_client().post(&start_url).bearer_auth("reader-token").send().await.unwrap();
+    expect_status(as_reader, 403, "Forbidden").await;
+    let as_writer = server.anonymous_client().post(&start_url).bearer_auth("writer-token").send().await.unwrap();
+    assert_eq!(as_writer.status(), StatusCode::ACCEPTED);
+    let id = str_at(&parse_json(&as_writer.bytes().await.unwrap(), "session"), "/uploadID").to_owned();
+    let url = session_url(&server, "app", &id);
+    let peek = server.anonymous_client().get(&url).bearer_auth("reader-token").send().await.unwrap();
+    expect_status(peek, 403, "Forbidden").await;
+    let piece = server.anonymous_client().patch(&url).bearer_auth("reader-token").body("x").send().await.unwrap();
+    expect_status(piece, 403, "Forbidden").await;
+    let piece = server.anonymous_client().patch(&url).bearer_auth("writer-token").body("x").send().await.unwrap();
+    assert_eq!(piece.status(), StatusCode::ACCEPTED);
+    let abort = server.anonymous_client().delete(&url).bearer_auth("writer-token").send().await.unwrap();
+    assert_eq!(abort.status(), StatusCode::NO_CONTENT);
+}
