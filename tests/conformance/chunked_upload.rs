@@ -200,10 +200,21 @@ async fn sessions_survive_kill9_and_can_be_aborted() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_sessions_are_swept() {
-    let server = Server::start_temp(&["--upload-session-timeout", "1s"]);
+    let server = Server::start_temp(&["--upload-session-timeout", "1s", "--max-body-bytes", "100000"]);
     server.create_bundle(NS, "idle").await;
     let id = start(&server, "idle", None).await;
     patch_ok(&server, "idle", &id, 0, b"not much of a tar").await;
+    // Not a tar: the commit fails like a single PUT of it would, and the session stays.
+    let bytes = b"not much of a tar";
+    let resp = commit(&server, "idle", &id, &digest_of(bytes)).await;
+    assert!(resp.status().is_client_error(), "{}", resp.status());
+    assert_eq!(offset(&server, "idle", &id).await, bytes.len() as u64);
+    // More than --max-body-bytes in all: 413, the offset stays.
+    let big = vec![b'x'; 60_000];
+    let id2 = start(&server, "idle", None).await;
+    patch_ok(&server, "idle", &id2, 0, &big).await;
+    expect_status(patch(&server, "idle", &id2, 60_000, &big).await, 413, "RequestEntityTooLarge").await;
+    assert_eq!(offset(&server, "idle", &id2).await, 60_000);
     assert!(server.data_dir().join("uploads").join(&id).is_file());
     let spool: &Path = &server.data_dir().join("uploads").join(&id);
     eventually(Duration::from_secs(15), "the idle session is swept", || async {
