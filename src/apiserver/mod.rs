@@ -6,7 +6,7 @@
 //! This module knows nothing of sled; the store knows nothing of HTTP.
 
 mod access;
-mod content;
+pub mod content;
 mod discovery;
 mod fieldmanager;
 pub mod garbage_collector;
@@ -54,11 +54,18 @@ pub struct Limits {
     pub max_object_bytes: usize,
     /// What one Bundle's content may unpack to (uploads and pulled sources alike).
     pub unpack: crate::unpack::UnpackLimits,
+    /// How long a chunked upload session may sit idle before it is removed.
+    pub upload_session_timeout: std::time::Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_body_bytes: 64 << 30, max_object_bytes: 3 << 20, unpack: Default::default() }
+        Limits {
+            max_body_bytes: 64 << 30,
+            max_object_bytes: 3 << 20,
+            unpack: Default::default(),
+            upload_session_timeout: std::time::Duration::from_secs(3600),
+        }
     }
 }
 
@@ -69,6 +76,8 @@ pub struct AppState {
     /// Authentication and authorization.
     pub access: Arc<crate::auth::Access>,
     pub limits: Arc<Limits>,
+    /// Chunked upload sessions on disk.
+    pub uploads: Arc<content::upload_spool::Spool>,
     /// Cancelled when the server starts shutting down: long-running responses (watches) end so
     /// clients re-list elsewhere instead of holding the shutdown up.
     pub shutdown: tokio_util::sync::CancellationToken,
@@ -130,6 +139,9 @@ pub fn router(state: AppState) -> Router {
             get(content::get_content)
                 .layer(content_compression())
                 .put(content::put_bundle_content)
+                .post(content::post_bundle_content)
+                .patch(content::patch_bundle_content)
+                .delete(content::delete_bundle_content)
                 .layer(DefaultBodyLimit::disable()),
         )
         .route("/openapi/v2", get(openapi::v2))

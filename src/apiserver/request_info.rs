@@ -78,6 +78,13 @@ impl RequestInfo {
             _ => info.verb.as_str(),
         }
         .to_string();
+        // Every request of a chunked upload (`?uploads` starts one, `?upload=ID` continues,
+        // inspects, commits or aborts it) is a write of the content, authorized as the single
+        // `PUT bundles/NAME/content` is: `update` on `bundles/content`.
+        let chunked = query_param(query, "uploads").is_some() || query_param(query, "upload").is_some();
+        if info.subresource == "content" && chunked {
+            info.verb = "update".to_string();
+        }
         // A list or watch narrowed to one name by `fieldSelector=metadata.name=X` is about X.
         if (info.verb == "list" || info.verb == "watch") && info.name.is_empty() {
             if let Some(selector) = query_param(query, "fieldSelector") {
@@ -122,6 +129,18 @@ mod tests {
         assert_eq!(info(Method::DELETE, &format!("{base}/namespaces/a/bundles/x"), None).verb, "delete");
         assert_eq!(info(Method::POST, &format!("{base}/namespaces/a/bundles"), None).verb, "create");
         assert_eq!(info(Method::PATCH, &format!("{base}/namespaces/a/bundles/x/status"), None).subresource, "status");
+        let content = format!("{base}/namespaces/a/bundles/x/content");
+        for (method, query) in [
+            (Method::POST, "uploads"),
+            (Method::PATCH, "upload=u"),
+            (Method::GET, "upload=u"),
+            (Method::HEAD, "upload=u"),
+            (Method::PUT, "upload=u&digest=sha256:00"),
+            (Method::DELETE, "upload=u"),
+        ] {
+            assert_eq!(info(method.clone(), &content, Some(query)).verb, "update", "{method} ?{query}");
+        }
+        assert_eq!(info(Method::GET, &content, Some("path=a")).verb, "get");
         let ns = info(Method::GET, "/api/v1/namespaces/kube-system", None);
         assert_eq!((ns.resource.as_str(), ns.name.as_str(), ns.verb.as_str()), ("namespaces", "kube-system", "get"));
     }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
+use crate::apiserver::content::upload_spool::{self, Spool};
 use crate::apiserver::{self, AppState, Limits};
 use crate::auth::pki;
 use crate::storage::{Store, StoreOptions};
@@ -29,6 +30,10 @@ pub struct ServeOptions {
     /// Largest content upload body in bytes.
     #[arg(long, default_value_t = Limits::default().max_body_bytes)]
     pub max_body_bytes: u64,
+    /// How long a chunked upload session (`POST bundles/NAME/content?uploads`) may sit idle
+    /// before it and its spooled bytes are removed, e.g. `1h`, `30m`, `90s`, `500ms`.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub upload_session_timeout: std::time::Duration,
     /// How many recent changes the store keeps for watches and paged lists: a watch or a list
     /// continuation from further back gets 410 Gone and re-lists.
     #[arg(long, default_value_t = StoreOptions::default().change_log_len)]
@@ -49,6 +54,11 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         let store_options =
             StoreOptions { change_log_len: options.change_log_length.max(1), ..StoreOptions::default() };
         tokio::task::spawn_blocking(move || Store::open(&dir, store_options)).await.context("opening the store")??
+    };
+    let uploads = {
+        let dir = options.data_dir.join("uploads");
+        let timeout = options.upload_session_timeout;
+        Arc::new(Spool::open(&dir, timeout).with_context(|| format!("creating the upload spool {}", dir.display()))?)
     };
     let (tls_setup, access, delegated) = auth::configure(&options.auth, &pki).await?;
     let access = Arc::new(access);
@@ -74,12 +84,15 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     let cluster = delegated.as_ref().map(|d| d.client.clone());
     let reconciler = reconcile::spawn(store.clone(), options.unpack.reconciler(cluster), shutdown.clone());
     tls_setup.serving.clone().watch(shutdown.clone());
+    let sweeper = upload_spool::spawn_sweeper(uploads.clone(), shutdown.clone());
     let state = AppState {
         store,
         access,
         shutdown: shutdown.clone(),
+        uploads,
         limits: Arc::new(Limits {
             max_body_bytes: options.max_body_bytes,
+            upload_session_timeout: options.upload_session_timeout,
             unpack: options.unpack.limits(),
             ..Limits::default()
         }),
@@ -95,6 +108,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     };
     apiserver::listener::serve_tls(listener, tls_setup, apiserver::router(state), stopping).await?;
     collector.abort();
+    sweeper.abort();
     // Cancelled jobs release their half-written revisions; Bundles left `Unpacking` resume at the
     // next start.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), reconciler).await;
@@ -116,4 +130,10 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term => {}
     }
+}
+
+/// Go-style durations, as `spec.pollInterval` takes them: `1h`, `30m`, `1h30m`, `500ms`.
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    apiserver::resources::bundle::parse_duration(text)
+        .ok_or_else(|| format!("invalid duration {text:?}: expected e.g. 1h, 30m, 90s, 500ms"))
 }

@@ -19,6 +19,7 @@ mod apply;
 mod auth;
 mod bad_input;
 mod big;
+mod chunked_upload;
 mod content;
 mod crash;
 mod delegated_auth;

@@ -28,6 +28,9 @@ pub async fn get_content(
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
+    if let Some(id) = params.get(super::upload_session::UPLOAD_PARAM) {
+        return super::upload_session::status(&app, &namespace, &resource, &name, id).await;
+    }
     let def = resource_def(&resource)?;
     let (revision, record) = resolve_revision(&app, def.plural, &namespace, &name).await?;
     let wants_listing = wants_listing(&headers);

@@ -1,9 +1,13 @@
 //! The `content` subresource: upload (PUT on bundles) and download (GET on bundles and
 //! bundlecontents) of a revision — the whole deterministic tar, one file, a subtree, or a JSON
-//! listing — with ETags and byte ranges, streamed both ways.
+//! listing — with ETags and byte ranges, streamed both ways — and chunked, resumable uploads
+//! (POST/PATCH/PUT/DELETE with `?uploads` / `?upload=ID`, see [`upload_session`]).
 
 mod download;
 mod upload;
+mod upload_session;
+pub mod upload_spool;
 
 pub use download::get_content;
 pub use upload::put_bundle_content;
+pub use upload_session::{delete_bundle_content, patch_bundle_content, post_bundle_content};

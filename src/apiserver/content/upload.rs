@@ -3,12 +3,16 @@
 //! and the Bundle's status — or reuses the BundleContent that already holds identical content.
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use std::collections::HashMap;
+use std::io::Read;
+
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use futures_util::TryStreamExt;
 use serde_json::Value;
 
+use super::upload_session;
 use crate::apiserver::handlers::{get_object, json_response, resource_def};
 use crate::apiserver::resources::bundle::BUNDLE;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
@@ -24,7 +28,7 @@ use crate::unpack::{Resolved, UnpackError};
 #[error("request body larger than the maximum of {0} bytes")]
 struct BodyTooLarge(u64);
 
-fn encoding(headers: &HeaderMap) -> ApiResult<Encoding> {
+pub(super) fn encoding(headers: &HeaderMap) -> ApiResult<Encoding> {
     let value = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok());
     Encoding::from_content_encoding(value).ok_or_else(|| {
         ApiError::unsupported_media_type(format!(
@@ -37,21 +41,16 @@ fn encoding(headers: &HeaderMap) -> ApiResult<Encoding> {
 pub async fn put_bundle_content(
     State(app): State<AppState>,
     Path((namespace, resource, name)): Path<(String, String, String)>,
+    Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    if resource != BUNDLE.plural {
-        resource_def(&resource)?;
-        return Err(ApiError::method_not_allowed(format!(
-            "{resource}/content is read-only: upload to bundles/NAME/content"
-        )));
+    writable(&resource)?;
+    if let Some(id) = params.get(upload_session::UPLOAD_PARAM) {
+        return upload_session::commit(&app, &namespace, &name, id, params.get("digest"), &headers, body).await;
     }
     let bundle = get_object(&app, &BUNDLE, &namespace, &name).await?;
-    let Some(upload) = upload_source(&bundle) else {
-        return Err(ApiError::bad_request(format!(
-            "Bundle {name:?} has no upload source: add `{{upload: {{}}}}` to spec.sources to accept content by PUT"
-        )));
-    };
+    let target = UploadTarget::of(&bundle, &namespace, &name)?;
     let limit = app.limits.max_body_bytes;
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
@@ -59,7 +58,6 @@ pub async fn put_bundle_content(
         return Err(ApiError::too_large(BodyTooLarge(limit).to_string()));
     }
     let encoding = encoding(&headers)?;
-    let destination = upload.get("destination").and_then(Value::as_str).unwrap_or("").to_string();
 
     // Count bytes as they arrive; past the limit the stream fails with BodyTooLarge.
     let mut seen = 0u64;
@@ -69,15 +67,78 @@ pub async fn put_bundle_content(
         std::future::ready(result)
     });
     let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
+    let written = ingest_and_commit(&app, target, reader, encoding, |_| Ok(())).await?;
+    Ok(json_response(StatusCode::OK, &written, &[]))
+}
+
+/// Only a Bundle's content takes uploads; other resources' content is read-only.
+pub(super) fn writable(resource: &str) -> ApiResult<()> {
+    if resource != BUNDLE.plural {
+        resource_def(resource)?;
+        return Err(ApiError::method_not_allowed(format!(
+            "{resource}/content is read-only: upload to bundles/NAME/content"
+        )));
+    }
+    Ok(())
+}
+
+/// The Bundle an upload goes to, and what of its spec the upload needs.
+pub(super) struct UploadTarget {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    destination: String,
+    declared_format: String,
+}
+
+impl UploadTarget {
+    /// The Bundle as an upload target: it must have an `upload` source.
+    pub fn of(bundle: &Value, namespace: &str, name: &str) -> ApiResult<UploadTarget> {
+        let Some(upload) = upload_source(bundle) else {
+            return Err(ApiError::bad_request(format!(
+                "Bundle {name:?} has no upload source: add `{{upload: {{}}}}` to spec.sources to accept content by PUT"
+            )));
+        };
+        Ok(UploadTarget {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid: bundle.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_string(),
+            destination: upload.get("destination").and_then(Value::as_str).unwrap_or("").to_string(),
+            declared_format: bundle.pointer("/spec/format").and_then(Value::as_str).unwrap_or("").to_string(),
+        })
+    }
+}
+
+/// Streams an archive from `reader` (on the blocking pool) through the tar validator into a new
+/// revision and commits it with a BundleContent and the Bundle's status; returns the Bundle.
+///
+/// `verify` sees the reader after the archive was read (whether or not ingest succeeded) and may
+/// refuse the upload (a digest check); its error wins over the ingest error, and nothing is
+/// committed unless it passes.
+pub(super) async fn ingest_and_commit<R, V>(
+    app: &AppState,
+    target: UploadTarget,
+    reader: R,
+    encoding: Encoding,
+    verify: V,
+) -> ApiResult<Value>
+where
+    R: Read + Send + 'static,
+    V: FnOnce(&mut R) -> ApiResult<()> + Send + 'static,
+{
     let limits = app.limits.unpack;
     let store = app.store.clone();
-    let bundle_name = name.clone();
-    let declared_format = bundle.pointer("/spec/format").and_then(Value::as_str).unwrap_or("").to_string();
+    let bundle_name = target.name.clone();
+    let destination = target.destination.clone();
+    let declared_format = target.declared_format.clone();
     let (pending, report) = tokio::task::spawn_blocking(move || {
+        let mut reader = reader;
         let mut writer = store.begin_revision().map_err(ApiError::from)?;
         let mut sink = TreeSink::new(&mut writer, limits, Default::default());
         sink.set_destination(&destination);
-        tar_ingest::ingest(reader, encoding, &limits.ingest(), &mut sink).map_err(|e| ingest_error(&bundle_name, e))?;
+        let ingested = tar_ingest::ingest(&mut reader, encoding, &limits.ingest(), &mut sink);
+        verify(&mut reader)?;
+        ingested.map_err(|e| ingest_error(&bundle_name, e))?;
         // Uploads bring their own tree: an undetected format is accepted, a declared one checked.
         let report = sink.finish(&declared_format, false).map_err(|e| unpack_error(&bundle_name, e))?;
         Ok::<_, ApiError>((writer.finalize().map_err(ApiError::from)?, report))
@@ -85,20 +146,14 @@ pub async fn put_bundle_content(
     .await
     .map_err(|e| ApiError::internal(format!("upload task failed: {e}")))??;
 
-    let expect = Expect {
-        namespace: namespace.clone(),
-        name: name.clone(),
-        uid: bundle.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_string(),
-        generation: None,
-    };
+    let expect = Expect { namespace: target.namespace, name: target.name, uid: target.uid, generation: None };
     let resolved = [Resolved::Upload { digest: pending.record().digest.clone() }];
-    let written = blocking(&app, move |store| match revisions::commit(store, &expect, pending, &report, &resolved) {
+    blocking(app, move |store| match revisions::commit(store, &expect, pending, &report, &resolved) {
         Ok(bundle) => Ok(bundle),
         Err(CommitError::Storage(e)) => Err(e),
         Err(other) => Err(StorageError::Conflict(other.to_string())),
     })
-    .await?;
-    Ok(json_response(StatusCode::OK, &written, &[]))
+    .await
 }
 
 fn upload_source(bundle: &Value) -> Option<Value> {

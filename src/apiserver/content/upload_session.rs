@@ -1,0 +1,340 @@
+//! Chunked, resumable uploads on `bundles/NAME/content`, in the shape of the OCI distribution
+//! chunked-upload protocol, so that no single request comes near the aggregator's 60 s cut:
+//!
+//! - `POST …/content?uploads` starts a session (202, `{"uploadID", "offset": 0}`, `Location`);
+//!   its `Content-Encoding` (gzip, zstd or none/sniffed) applies to the assembled archive.
+//! - `PATCH …/content?upload=ID` with `Content-Range: bytes START-END/*` (or none: at the current
+//!   offset) appends a piece; bytes before the offset (a re-sent piece) are skipped, a piece past
+//!   it is 416 with the offset. Answers 202 with the new offset (`Upload-Offset`, `Range: 0-LAST`).
+//! - `GET`/`HEAD …/content?upload=ID` reports the offset, to resume after a cut.
+//! - `PUT …/content?upload=ID&digest=sha256:HEX` (optionally with a last piece as its body)
+//!   checks the digest of all bytes and ingests them like a single PUT; returns the Bundle.
+//! - `DELETE …/content?upload=ID` aborts (204).
+//!
+//! The bytes live in the [`Spool`](super::upload_spool::Spool); a session belongs to one Bundle
+//! (namespace, name, uid) and is a 404 anywhere else.
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tokio::sync::OwnedMutexGuard;
+
+use super::upload::{encoding, ingest_and_commit, writable, UploadTarget};
+use super::upload_spool::{AppendError, Piece, SessionMeta, Spool};
+use crate::apiserver::handlers::{get_object, json_response};
+use crate::apiserver::resources::bundle::BUNDLE;
+use crate::apiserver::status::{ApiError, ApiResult};
+use crate::apiserver::{AppState, API_VERSION};
+use crate::unpack::tar_ingest::Encoding;
+
+/// `?uploads` starts a session.
+pub const START_PARAM: &str = "uploads";
+/// `?upload=ID` names one.
+pub const UPLOAD_PARAM: &str = "upload";
+const OFFSET_HEADER: &str = "upload-offset";
+
+/// `POST bundles/NAME/content?uploads`.
+pub async fn post_bundle_content(
+    State(app): State<AppState>,
+    Path((namespace, resource, name)): Path<(String, String, String)>,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    writable(&resource)?;
+    if !params.contains_key(START_PARAM) {
+        return Err(ApiError::method_not_allowed(
+            "POST on content starts a chunked upload: POST bundles/NAME/content?uploads",
+        ));
+    }
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > 0) {
+        return Err(ApiError::bad_request(
+            "start a chunked upload with an empty POST, then send the bytes with PATCH ?upload=ID",
+        ));
+    }
+    encoding(&headers)?;
+    let content_encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .unwrap_or_default();
+    let bundle = get_object(&app, &BUNDLE, &namespace, &name).await?;
+    let target = UploadTarget::of(&bundle, &namespace, &name)?;
+    let meta = SessionMeta::new(&namespace, &name, &target.uid, &content_encoding);
+    let spool = app.uploads.clone();
+    let id = tokio::task::spawn_blocking(move || spool.create(&meta))
+        .await
+        .map_err(|e| ApiError::internal(format!("upload task failed: {e}")))?
+        .map_err(|e| ApiError::internal(format!("starting an upload session: {e}")))?;
+    tracing::info!(upload = %id, bundle = %format!("{namespace}/{name}"), "upload session started");
+    Ok(session_response(StatusCode::ACCEPTED, &namespace, &name, &id, 0))
+}
+
+/// `PATCH bundles/NAME/content?upload=ID`: one piece.
+pub async fn patch_bundle_content(
+    State(app): State<AppState>,
+    Path((namespace, resource, name)): Path<(String, String, String)>,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    writable(&resource)?;
+    let id = upload_id(&params, "PATCH")?;
+    let mut session = Session::open(&app, &namespace, &name, id).await?;
+    let piece = piece(&headers, session.meta.offset)?;
+    if let Err(e) = session.append(&app, piece, body).await {
+        return Ok(e);
+    }
+    Ok(session_response(StatusCode::ACCEPTED, &namespace, &name, id, session.meta.offset))
+}
+
+/// `GET`/`HEAD bundles/NAME/content?upload=ID`: where the upload stands.
+pub async fn status(app: &AppState, namespace: &str, resource: &str, name: &str, id: &str) -> ApiResult<Response> {
+    writable(resource)?;
+    let session = Session::open(app, namespace, name, id).await?;
+    Ok(session_response(StatusCode::OK, namespace, name, id, session.meta.offset))
+}
+
+/// `DELETE bundles/NAME/content?upload=ID`.
+pub async fn delete_bundle_content(
+    State(app): State<AppState>,
+    Path((namespace, resource, name)): Path<(String, String, String)>,
+    Query(params): Query<HashMap<String, String>>,
+) -> ApiResult<Response> {
+    writable(&resource)?;
+    let id = upload_id(&params, "DELETE")?;
+    let session = Session::open(&app, &namespace, &name, id).await?;
+    session.remove(&app).await?;
+    tracing::info!(upload = %id, "upload session aborted");
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `PUT bundles/NAME/content?upload=ID&digest=sha256:HEX`: the body, if any, is a last piece.
+pub async fn commit(
+    app: &AppState,
+    namespace: &str,
+    name: &str,
+    id: &str,
+    digest: Option<&String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let Some(digest) = digest else {
+        return Err(ApiError::bad_request(
+            "committing an upload needs the sha256 of all its bytes: PUT …/content?upload=ID&digest=sha256:HEX",
+        ));
+    };
+    let expected = parse_digest(digest)?;
+    let mut session = Session::open(app, namespace, name, id).await?;
+    let piece = piece(headers, session.meta.offset)?;
+    if let Err(e) = session.append(app, piece, body).await {
+        return Ok(e);
+    }
+    let target = UploadTarget::of(&session.bundle, namespace, name)?;
+    let encoding = Encoding::from_content_encoding(Some(&session.meta.encoding)).unwrap_or(Encoding::Identity);
+    let file = app
+        .uploads
+        .open_data(id)
+        .map_err(|e| ApiError::internal(format!("opening the spool of upload {id:?}: {e}")))?;
+    let length = session.meta.offset;
+    let reader =
+        HashingReader { inner: io::BufReader::with_capacity(1 << 20, file).take(length), hasher: Sha256::new() };
+    let verify = move |reader: &mut HashingReader| {
+        io::copy(reader, &mut io::sink())
+            .map_err(|e| ApiError::internal(format!("reading the spool of the upload: {e}")))?;
+        let computed = hex::encode(reader.hasher.clone().finalize());
+        if computed != expected {
+            return Err(ApiError::bad_request(format!(
+                "digest mismatch: the {length} bytes received hash to sha256:{computed}, not sha256:{expected}; \
+                 nothing was committed and the upload session is kept"
+            )));
+        }
+        Ok(())
+    };
+    let written = ingest_and_commit(app, target, reader, encoding, verify).await?;
+    session.remove(app).await?;
+    tracing::info!(upload = %id, bytes = length, "upload session committed");
+    Ok(json_response(StatusCode::OK, &written, &[]))
+}
+
+/// A session, locked for the request, with the Bundle it belongs to.
+struct Session {
+    id: String,
+    meta: SessionMeta,
+    bundle: Value,
+    _guard: OwnedMutexGuard<()>,
+}
+
+impl Session {
+    async fn open(app: &AppState, namespace: &str, name: &str, id: &str) -> ApiResult<Session> {
+        let not_found =
+            || ApiError::not_found_message(format!("upload session {id:?} not found for bundles {namespace}/{name}"));
+        if !Spool::valid_id(id) {
+            return Err(not_found());
+        }
+        let guard = app.uploads.lock(id).lock_owned().await;
+        let (spool, owned_id) = (app.uploads.clone(), id.to_string());
+        let meta = tokio::task::spawn_blocking(move || spool.load(&owned_id))
+            .await
+            .map_err(|e| ApiError::internal(format!("upload task failed: {e}")))?
+            .map_err(|e| ApiError::internal(format!("reading upload session {id:?}: {e}")))?
+            .ok_or_else(not_found)?;
+        if meta.namespace != namespace || meta.name != name {
+            return Err(not_found());
+        }
+        let bundle = get_object(app, &BUNDLE, namespace, name).await?;
+        if bundle.pointer("/metadata/uid").and_then(Value::as_str) != Some(meta.uid.as_str()) {
+            return Err(not_found());
+        }
+        Ok(Session { id: id.to_string(), meta, bundle, _guard: guard })
+    }
+
+    /// Appends a piece; a refusal comes back as the response to send.
+    async fn append(&mut self, app: &AppState, piece: Piece, body: Body) -> Result<(), Response> {
+        let limit = app.limits.max_body_bytes;
+        let result = app.uploads.append(&self.id, &mut self.meta, piece, body.into_data_stream(), limit).await;
+        let error = match result {
+            Ok(()) => return Ok(()),
+            Err(AppendError::Gap { start, offset }) => {
+                let error = ApiError::range_not_satisfiable(format!(
+                    "the piece starts at byte {start} but upload {:?} has {offset} bytes: send from byte {offset}",
+                    self.id
+                ));
+                let mut response = error.into_response();
+                offset_headers(response.headers_mut(), offset);
+                return Err(response);
+            }
+            Err(e @ AppendError::TooLarge { .. }) => ApiError::too_large(format!("{e} (--max-body-bytes)")),
+            Err(e @ (AppendError::Short { .. } | AppendError::Body(_))) => ApiError::bad_request(e.to_string()),
+            Err(e @ AppendError::Io(_)) => ApiError::internal(e.to_string()),
+        };
+        Err(error.into_response())
+    }
+
+    async fn remove(self, app: &AppState) -> ApiResult<()> {
+        let (spool, id) = (app.uploads.clone(), self.id.clone());
+        tokio::task::spawn_blocking(move || spool.remove(&id))
+            .await
+            .map_err(|e| ApiError::internal(format!("upload task failed: {e}")))?
+            .map_err(|e| ApiError::internal(format!("removing upload session {:?}: {e}", self.id)))
+    }
+}
+
+fn upload_id<'p>(params: &'p HashMap<String, String>, method: &str) -> ApiResult<&'p str> {
+    params.get(UPLOAD_PARAM).map(String::as_str).ok_or_else(|| {
+        ApiError::method_not_allowed(format!(
+            "{method} on content is part of a chunked upload: {method} bundles/NAME/content?upload=ID"
+        ))
+    })
+}
+
+/// The piece a request carries: `Content-Range: bytes START-END/TOTAL` (`bytes ` and `/TOTAL`
+/// optional, `END` may be `*`); without one, the bytes go at the current offset.
+fn piece(headers: &HeaderMap, offset: u64) -> ApiResult<Piece> {
+    let Some(value) = headers.get(header::CONTENT_RANGE) else { return Ok(Piece { start: offset, end: None }) };
+    let invalid = || {
+        ApiError::bad_request(format!(
+            "invalid Content-Range {:?}: expected `bytes START-END/*` (END inclusive)",
+            String::from_utf8_lossy(value.as_bytes())
+        ))
+    };
+    let text = value.to_str().map_err(|_| invalid())?.trim();
+    let text = text.strip_prefix("bytes").map(|t| t.trim_start_matches([' ', '='])).unwrap_or(text);
+    let range = text.split('/').next().unwrap_or("");
+    let (start, end) = range.split_once('-').ok_or_else(invalid)?;
+    let start: u64 = start.trim().parse().map_err(|_| invalid())?;
+    let end = match end.trim() {
+        "" | "*" => None,
+        end => Some(end.parse::<u64>().map_err(|_| invalid())?),
+    };
+    if end.is_some_and(|end| end < start) {
+        return Err(invalid());
+    }
+    Ok(Piece { start, end })
+}
+
+fn parse_digest(digest: &str) -> ApiResult<String> {
+    let hex = digest.strip_prefix("sha256:").unwrap_or("");
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::bad_request(format!("invalid digest {digest:?}: expected sha256: and 64 hex digits")));
+    }
+    Ok(hex.to_ascii_lowercase())
+}
+
+fn location(namespace: &str, name: &str, id: &str) -> String {
+    format!("/apis/{API_VERSION}/namespaces/{namespace}/bundles/{name}/content?{UPLOAD_PARAM}={id}")
+}
+
+fn offset_headers(headers: &mut HeaderMap, offset: u64) {
+    headers.insert(OFFSET_HEADER, HeaderValue::from(offset));
+    if let Some(last) = offset.checked_sub(1) {
+        if let Ok(range) = HeaderValue::from_str(&format!("0-{last}")) {
+            headers.insert(header::RANGE, range);
+        }
+    }
+}
+
+fn session_response(code: StatusCode, namespace: &str, name: &str, id: &str, offset: u64) -> Response {
+    let body = json!({"uploadID": id, "offset": offset, "location": location(namespace, name, id)});
+    let mut response = json_response(code, &body, &[]);
+    offset_headers(response.headers_mut(), offset);
+    if let Ok(location) = HeaderValue::from_str(&location(namespace, name, id)) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
+}
+
+/// The spool's bytes on their way to the tar validator, hashed as they pass.
+struct HashingReader {
+    inner: io::Take<io::BufReader<std::fs::File>>,
+    hasher: Sha256,
+}
+
+impl Read for HashingReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_range(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_RANGE, HeaderValue::from_str(value).unwrap());
+        headers
+    }
+
+    #[test]
+    fn content_ranges() {
+        let p = piece(&with_range("bytes 10-19/*"), 0).unwrap();
+        assert_eq!((p.start, p.end), (10, Some(19)));
+        let p = piece(&with_range("5-9"), 0).unwrap();
+        assert_eq!((p.start, p.end), (5, Some(9)));
+        let p = piece(&with_range("bytes=7-*/100"), 0).unwrap();
+        assert_eq!((p.start, p.end), (7, None));
+        let p = piece(&HeaderMap::new(), 42).unwrap();
+        assert_eq!((p.start, p.end), (42, None));
+        for bad in ["bytes 9-3/*", "bytes x-3", "12", "bytes -3"] {
+            assert!(piece(&with_range(bad), 0).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn digests() {
+        let hex = "ab".repeat(32);
+        assert_eq!(parse_digest(&format!("sha256:{}", hex.to_uppercase())).unwrap(), hex);
+        assert!(parse_digest(&hex).is_err());
+        assert!(parse_digest("sha256:abc").is_err());
+    }
+}

@@ -1,0 +1,346 @@
+//! The disk side of chunked uploads: one spool file per session under `DATA_DIR/uploads/ID`
+//! beside a small JSON sidecar `ID.json` (the Bundle it belongs to, the encoding, timestamps and
+//! the durable offset). A piece is appended and fsynced, then the sidecar is replaced atomically
+//! (write, fsync, rename, fsync the directory) before the piece is acknowledged, so an
+//! acknowledged offset survives a crash; bytes past the sidecar's offset (a piece cut short) are
+//! cut off before the next append. Memory does not grow with the upload: bytes go straight to
+//! the file. Sessions idle longer than the timeout are removed by [`Spool::sweep`].
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
+
+/// What the sidecar of a session records.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionMeta {
+    pub namespace: String,
+    pub name: String,
+    /// The Bundle's uid: a re-created Bundle of the same name does not inherit the session.
+    pub uid: String,
+    /// `Content-Encoding` given when the session started (empty: sniffed at commit).
+    pub encoding: String,
+    /// Milliseconds since the Unix epoch.
+    pub created_ms: u64,
+    pub last_activity_ms: u64,
+    /// Bytes received and durable.
+    pub offset: u64,
+}
+
+impl SessionMeta {
+    pub fn new(namespace: &str, name: &str, uid: &str, encoding: &str) -> SessionMeta {
+        let now = now_ms();
+        SessionMeta {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+            encoding: encoding.into(),
+            created_ms: now,
+            last_activity_ms: now,
+            offset: 0,
+        }
+    }
+}
+
+/// Why a piece was not appended.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    #[error("the piece starts at byte {start}, past the {offset} bytes received so far")]
+    Gap { start: u64, offset: u64 },
+    #[error("the upload would exceed the maximum of {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error("the piece declared {declared} bytes but {received} arrived")]
+    Short { declared: u64, received: u64 },
+    #[error("reading the request body: {0}")]
+    Body(io::Error),
+    #[error("writing the upload spool: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// A piece: where it starts in the upload and, when the client said, where it ends (inclusive).
+#[derive(Clone, Copy, Debug)]
+pub struct Piece {
+    pub start: u64,
+    pub end: Option<u64>,
+}
+
+/// All upload sessions of one server.
+pub struct Spool {
+    dir: PathBuf,
+    timeout: Duration,
+    /// One lock per session in use: requests on one session run one after another.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Spool {
+    pub fn open(dir: &Path, timeout: Duration) -> io::Result<Spool> {
+        fs::create_dir_all(dir)?;
+        Ok(Spool { dir: dir.to_owned(), timeout, locks: Mutex::default() })
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Session IDs are UUIDs; anything else names no session (and never a path).
+    pub fn valid_id(id: &str) -> bool {
+        id.len() == 36 && uuid::Uuid::parse_str(id).is_ok()
+    }
+
+    fn data_path(&self, id: &str) -> PathBuf {
+        self.dir.join(id)
+    }
+
+    fn meta_path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    /// The lock of session `id` (callers hold it for the whole request).
+    pub fn lock(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        locks.entry(id.to_string()).or_default().clone()
+    }
+
+    /// Starts a session; returns its ID. Blocking.
+    pub fn create(&self, meta: &SessionMeta) -> io::Result<String> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let lock = self.lock(&id);
+        let _guard = lock.try_lock().map_err(io::Error::other)?;
+        File::create(self.data_path(&id))?.sync_all()?;
+        self.save(&id, meta)?;
+        Ok(id)
+    }
+
+    /// The session's sidecar, or `None` when there is no such session. Blocking.
+    pub fn load(&self, id: &str) -> io::Result<Option<SessionMeta>> {
+        if !Spool::valid_id(id) {
+            return Ok(None);
+        }
+        match fs::read(self.meta_path(id)) {
+            Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Replaces the sidecar atomically and durably. Blocking.
+    pub fn save(&self, id: &str, meta: &SessionMeta) -> io::Result<()> {
+        write_meta(&self.dir, id, meta)
+    }
+
+    /// The spool file, for reading at commit.
+    pub fn open_data(&self, id: &str) -> io::Result<File> {
+        File::open(self.data_path(id))
+    }
+
+    /// Removes a session's files (sidecar first: a spool file without one is no session).
+    /// Blocking.
+    pub fn remove(&self, id: &str) -> io::Result<()> {
+        for path in [self.meta_path(id), self.data_path(id), self.dir.join(format!("{id}.json.tmp"))] {
+            match fs::remove_file(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        self.locks.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        Ok(())
+    }
+
+    /// Appends `body` as `piece` to session `id` at `meta.offset`: bytes before the offset (a
+    /// re-sent piece) are skipped, a piece starting past it is refused. The bytes are fsynced and
+    /// `meta` saved before this returns. The caller holds the session's lock.
+    pub async fn append<S, E>(
+        &self,
+        id: &str,
+        meta: &mut SessionMeta,
+        piece: Piece,
+        body: S,
+        max_total: u64,
+    ) -> Result<(), AppendError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let offset = meta.offset;
+        if piece.start > offset {
+            return Err(AppendError::Gap { start: piece.start, offset });
+        }
+        if piece.end.is_some_and(|end| end >= max_total) {
+            return Err(AppendError::TooLarge { limit: max_total });
+        }
+        let file = OpenOptions::new().write(true).open(self.data_path(id))?;
+        // Whatever lies past the durable offset was never acknowledged.
+        file.set_len(offset)?;
+        let mut file = tokio::fs::File::from_std(file);
+        tokio::io::AsyncSeekExt::seek(&mut file, io::SeekFrom::Start(offset)).await?;
+        let mut skip = offset - piece.start;
+        let mut position = offset;
+        let mut received = 0u64;
+        let mut body = body;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| AppendError::Body(io::Error::other(e)))?;
+            received += chunk.len() as u64;
+            let fresh = match usize::try_from(skip) {
+                Ok(skip_now) if skip_now >= chunk.len() => {
+                    skip -= chunk.len() as u64;
+                    continue;
+                }
+                Ok(skip_now) => chunk.slice(skip_now..),
+                Err(_) => {
+                    skip -= chunk.len() as u64;
+                    continue;
+                }
+            };
+            skip = 0;
+            position += fresh.len() as u64;
+            if position > max_total {
+                return Err(AppendError::TooLarge { limit: max_total });
+            }
+            file.write_all(&fresh).await?;
+        }
+        if let Some(end) = piece.end {
+            let declared = end + 1 - piece.start;
+            if received != declared {
+                return Err(AppendError::Short { declared, received });
+            }
+        }
+        file.flush().await?;
+        file.sync_data().await?;
+        meta.offset = position;
+        meta.last_activity_ms = now_ms();
+        let (dir, id, saved) = (self.dir.clone(), id.to_string(), meta.clone());
+        tokio::task::spawn_blocking(move || write_meta(&dir, &id, &saved)).await.map_err(io::Error::other)??;
+        Ok(())
+    }
+
+    /// Removes sessions idle for longer than the timeout, and leftovers of sessions that never
+    /// got a sidecar; sessions in use are left alone. Returns how many were removed. Blocking.
+    pub fn sweep(&self) -> usize {
+        let Ok(entries) = fs::read_dir(&self.dir) else { return 0 };
+        let mut ids: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .filter_map(|name| name.split('.').next().map(str::to_owned))
+            .filter(|id| Spool::valid_id(id))
+            .collect();
+        ids.sort();
+        ids.dedup();
+        let now = now_ms();
+        let timeout = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
+        let mut removed = 0;
+        for id in ids {
+            let lock = self.lock(&id);
+            let Ok(_guard) = lock.try_lock() else { continue };
+            let expired = match self.load(&id) {
+                Ok(Some(meta)) => now.saturating_sub(meta.last_activity_ms) > timeout,
+                Ok(None) => true,
+                Err(_) => false,
+            };
+            if !expired {
+                continue;
+            }
+            match self.remove(&id) {
+                Ok(()) => {
+                    removed += 1;
+                    tracing::info!(upload = %id, "removed an expired upload session");
+                }
+                Err(e) => tracing::warn!(upload = %id, error = %e, "removing an expired upload session"),
+            }
+        }
+        // Locks of IDs that name no session (requests for unknown IDs) are dropped too.
+        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        locks.retain(|id, lock| lock.try_lock().is_err() || self.meta_path(id).exists());
+        removed
+    }
+}
+
+/// Replaces a sidecar atomically and durably: write, fsync, rename, fsync the directory.
+fn write_meta(dir: &Path, id: &str, meta: &SessionMeta) -> io::Result<()> {
+    let tmp = dir.join(format!("{id}.json.tmp"));
+    let mut file = File::create(&tmp)?;
+    file.write_all(&serde_json::to_vec(meta).map_err(io::Error::other)?)?;
+    file.sync_all()?;
+    fs::rename(&tmp, dir.join(format!("{id}.json")))?;
+    File::open(dir)?.sync_all()
+}
+
+/// Sweeps `spool` now and then every so often (a quarter of the timeout, between 1 s and 1 min)
+/// until shutdown.
+pub fn spawn_sweeper(spool: Arc<Spool>, shutdown: tokio_util::sync::CancellationToken) -> tokio::task::JoinHandle<()> {
+    let every = (spool.timeout() / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    tokio::spawn(async move {
+        let mut timer = tokio::time::interval(every);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = timer.tick() => {}
+            }
+            let spool = spool.clone();
+            let _ = tokio::task::spawn_blocking(move || spool.sweep()).await;
+        }
+    })
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(parts: &[&[u8]]) -> impl Stream<Item = Result<Bytes, io::Error>> + Unpin {
+        futures_util::stream::iter(parts.iter().map(|p| Ok(Bytes::copy_from_slice(p))).collect::<Vec<_>>())
+    }
+
+    #[tokio::test]
+    async fn append_skips_overlap_refuses_gaps_and_survives_reopen() {
+        let tmp = tempfile::tempdir().unwrap();
+        let spool = Spool::open(tmp.path(), Duration::from_secs(60)).unwrap();
+        let mut meta = SessionMeta::new("ns", "b", "uid", "");
+        let id = spool.create(&meta).unwrap();
+        spool.append(&id, &mut meta, Piece { start: 0, end: Some(4) }, body(&[b"he", b"llo"]), 100).await.unwrap();
+        // A re-sent piece overlapping the first two bytes.
+        spool.append(&id, &mut meta, Piece { start: 3, end: None }, body(&[b"lo", b" world"]), 100).await.unwrap();
+        assert_eq!(meta.offset, 11);
+        let gap = spool.append(&id, &mut meta, Piece { start: 12, end: None }, body(&[b"x"]), 100).await;
+        assert!(matches!(gap, Err(AppendError::Gap { start: 12, offset: 11 })), "{gap:?}");
+        let short = spool.append(&id, &mut meta, Piece { start: 11, end: Some(20) }, body(&[b"!"]), 100).await;
+        assert!(matches!(short, Err(AppendError::Short { .. })), "{short:?}");
+        let big = spool.append(&id, &mut meta, Piece { start: 11, end: None }, body(&[&[0u8; 90]]), 100).await;
+        assert!(matches!(big, Err(AppendError::TooLarge { limit: 100 })), "{big:?}");
+        // Reopened: the sidecar's offset holds, unacknowledged bytes are cut at the next append.
+        let spool = Spool::open(tmp.path(), Duration::from_secs(60)).unwrap();
+        let mut meta = spool.load(&id).unwrap().unwrap();
+        assert_eq!(meta.offset, 11);
+        spool.append(&id, &mut meta, Piece { start: 11, end: None }, body(&[b"!"]), 100).await.unwrap();
+        assert_eq!(fs::read(tmp.path().join(&id)).unwrap(), b"hello world!");
+        assert_eq!(spool.load("../etc/passwd").unwrap(), None);
+    }
+
+    #[test]
+    fn sweep_removes_idle_and_orphaned_sessions_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let spool = Spool::open(tmp.path(), Duration::from_secs(60)).unwrap();
+        let fresh = spool.create(&SessionMeta::new("ns", "b", "uid", "")).unwrap();
+        let mut old_meta = SessionMeta::new("ns", "b", "uid", "");
+        old_meta.last_activity_ms -= 120_000;
+        let old = spool.create(&old_meta).unwrap();
+        let orphan = uuid::Uuid::new_v4().to_string();
+        File::create(tmp.path().join(&orphan)).unwrap();
+        File::create(tmp.path().join("unrelated")).unwrap();
+        assert_eq!(spool.sweep(), 2);
+        assert!(spool.load(&fresh).unwrap().is_some());
+        assert!(spool.load(&old).unwrap().is_none());
+        assert!(!tmp.path().join(&old).exists() && !tmp.path().join(&orphan).exists());
+        assert!(tmp.path().join("unrelated").exists());
+    }
+}
