@@ -7,6 +7,7 @@
 
 pub mod apiserver;
 pub mod auth;
+pub mod certs;
 pub mod serve;
 pub mod storage;
 pub mod unpack;
