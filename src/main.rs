@@ -12,7 +12,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the API server (standalone: creates its data dir, certificates and an admin kubeconfig).
-    Serve(stowage::serve::ServeOptions),
+    Serve(Box<stowage::serve::ServeOptions>),
     /// Create (or keep, while valid) the CA and serving certificate of an in-cluster deployment,
     /// with the Secret and APIService caBundle manifests `deploy/apiservice` reads.
     Certs(stowage::certs::CertsOptions),
@@ -35,7 +35,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Serve(options) => runtime.block_on(stowage::serve::run(options)),
+        Command::Serve(options) => runtime.block_on(stowage::serve::run(*options)),
         Command::Certs(options) => certs(&options),
     };
     match result {
