@@ -7,6 +7,7 @@
 
 pub mod apiserver;
 pub mod auth;
+pub mod certs;
 pub mod client;
 pub mod plugin;
 pub mod serve;

@@ -13,6 +13,9 @@ struct Cli {
 enum Command {
     /// Run the API server (standalone: creates its data dir, certificates and an admin kubeconfig).
     Serve(Box<stowage::serve::ServeOptions>),
+    /// Create (or keep, while valid) the CA and serving certificate of an in-cluster deployment,
+    /// with the Secret and APIService caBundle manifests `deploy/apiservice` reads.
+    Certs(stowage::certs::CertsOptions),
     /// Client commands (also as `kubectl stowage …` when installed as `kubectl-stowage`).
     #[command(flatten)]
     Plugin(stowage::plugin::PluginCommand),
@@ -38,6 +41,7 @@ fn main() -> std::process::ExitCode {
     };
     let result = match cli.command {
         Command::Serve(options) => runtime.block_on(stowage::serve::run(*options)),
+        Command::Certs(options) => certs(&options),
         Command::Plugin(command) => runtime.block_on(stowage::plugin::run(command)),
     };
     match result {
@@ -47,6 +51,28 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn certs(options: &stowage::certs::CertsOptions) -> anyhow::Result<()> {
+    use stowage::certs::CaOutcome;
+    let summary = stowage::certs::run(options)?;
+    let dir = summary.out.display();
+    let ca = match summary.ca {
+        CaOutcome::Kept => "kept the existing CA",
+        CaOutcome::Created => "created a new CA",
+        CaOutcome::Rotated => "rotated the CA (the previous one stays in the caBundle: ca-previous.crt)",
+    };
+    println!("{dir}: {ca}");
+    match summary.serving_issued {
+        true => println!("{dir}: issued a serving certificate for {}", summary.dns_names.join(", ")),
+        false => println!("{dir}: kept the serving certificate for {}", summary.dns_names.join(", ")),
+    }
+    println!(
+        "{dir}: wrote secret.yaml (Secret {}), apiservice-cabundle.yaml ({} CA certificate(s)), kustomization.yaml",
+        stowage::certs::SECRET_NAME,
+        summary.ca_bundle_certs
+    );
+    Ok(())
 }
 
 /// glibc gives every thread that allocates its own arena and keeps each arena's high-water mark:

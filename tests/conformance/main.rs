@@ -24,6 +24,7 @@ mod content;
 mod crash;
 mod delegated_auth;
 mod delegated_server;
+mod deploy;
 mod discovery;
 mod kube_client;
 mod kubectl;
