@@ -328,9 +328,9 @@ fn apiservice_kustomization_renders_with_generated_certs() {
         &[
             ("bundles", &["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]),
             ("bundles/status", &read),
-            ("bundles/content", &["get", "list", "watch", "update"]),
+            ("bundles/content", &["get", "update", "create", "patch", "delete"]),
             ("bundlecontents", &read),
-            ("bundlecontents/content", &read),
+            ("bundlecontents/content", &["get"]),
         ],
     );
     let reader = find(&objects, "ClusterRole", "stowage-content-reader");
