@@ -15,8 +15,8 @@
 //! same hosts, and is not close to expiry); `--force` replaces both the CA and the serving
 //! certificate.
 
+use crate::auth::pki::{authority_key_id, key_matches, pem_der, subject_key_id, write_file_atomic};
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
@@ -369,29 +369,6 @@ fn set_validity(params: &mut CertificateParams, days: u32) {
     params.not_after = ymd(today + chrono::Duration::days(i64::from(days)));
 }
 
-fn pem_der(pem: &str) -> Option<Vec<u8>> {
-    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
-    (pem.label == "CERTIFICATE").then_some(pem.contents)
-}
-
-fn key_matches(cert: &X509Certificate<'_>, key: &KeyPair) -> bool {
-    cert.public_key().subject_public_key.data.as_ref() == key.public_key_raw()
-}
-
-fn subject_key_id(cert: &X509Certificate<'_>) -> Option<Vec<u8>> {
-    cert.extensions().iter().find_map(|ext| match ext.parsed_extension() {
-        ParsedExtension::SubjectKeyIdentifier(id) => Some(id.0.to_vec()),
-        _ => None,
-    })
-}
-
-fn authority_key_id(cert: &X509Certificate<'_>) -> Option<Vec<u8>> {
-    cert.extensions().iter().find_map(|ext| match ext.parsed_extension() {
-        ParsedExtension::AuthorityKeyIdentifier(aki) => aki.key_identifier.as_ref().map(|id| id.0.to_vec()),
-        _ => None,
-    })
-}
-
 fn create_dir(dir: &Path) -> Result<(), CertsError> {
     let mut builder = fs::DirBuilder::new();
     builder.recursive(true);
@@ -407,32 +384,8 @@ fn remove_if_present(path: &Path) -> Result<(), CertsError> {
     }
 }
 
-/// Writes through a temporary file and a rename, so a crash never leaves a partial file and the
-/// final file has `mode` from the moment it appears.
 fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), CertsError> {
-    let file_name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{file_name}.tmp.{}", std::process::id()));
-    let result = (|| {
-        let mut options = fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
-        #[cfg(not(unix))]
-        let _ = mode;
-        let mut file = options.open(&tmp)?;
-        #[cfg(unix)]
-        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
-        file.write_all(contents)?;
-        file.sync_all()
-    })();
-    if let Err(source) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(io_err("write", &tmp, source));
-    }
-    fs::rename(&tmp, path).map_err(|source| {
-        let _ = fs::remove_file(&tmp);
-        io_err("rename into place", path, source)
-    })
+    write_file_atomic(path, contents, mode).map_err(|(action, path, source)| CertsError::Io { action, path, source })
 }
 
 fn io_err(action: &'static str, path: &Path, source: std::io::Error) -> CertsError {

@@ -270,12 +270,12 @@ fn leaf_is_usable(leaf: &LeafSpec<'_>, ca_key_id: &[u8]) -> bool {
     key_matches(&cert, &key) && !expires_soon(&cert) && authority_key_id(&cert).is_some_and(|id| id == ca_key_id)
 }
 
-fn pem_der(pem: &str) -> Option<Vec<u8>> {
+pub(crate) fn pem_der(pem: &str) -> Option<Vec<u8>> {
     let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
     (pem.label == "CERTIFICATE").then_some(pem.contents)
 }
 
-fn key_matches(cert: &x509_parser::certificate::X509Certificate<'_>, key: &KeyPair) -> bool {
+pub(crate) fn key_matches(cert: &x509_parser::certificate::X509Certificate<'_>, key: &KeyPair) -> bool {
     cert.public_key().subject_public_key.data.as_ref() == key.public_key_raw()
 }
 
@@ -284,14 +284,14 @@ fn expires_soon(cert: &x509_parser::certificate::X509Certificate<'_>) -> bool {
     cert.validity().not_after.timestamp() < renew_at.timestamp()
 }
 
-fn subject_key_id(cert: &x509_parser::certificate::X509Certificate<'_>) -> Option<Vec<u8>> {
+pub(crate) fn subject_key_id(cert: &x509_parser::certificate::X509Certificate<'_>) -> Option<Vec<u8>> {
     cert.extensions().iter().find_map(|ext| match ext.parsed_extension() {
         ParsedExtension::SubjectKeyIdentifier(id) => Some(id.0.to_vec()),
         _ => None,
     })
 }
 
-fn authority_key_id(cert: &x509_parser::certificate::X509Certificate<'_>) -> Option<Vec<u8>> {
+pub(crate) fn authority_key_id(cert: &x509_parser::certificate::X509Certificate<'_>) -> Option<Vec<u8>> {
     cert.extensions().iter().find_map(|ext| match ext.parsed_extension() {
         ParsedExtension::AuthorityKeyIdentifier(aki) => aki.key_identifier.as_ref().map(|id| id.0.to_vec()),
         _ => None,
@@ -306,9 +306,17 @@ fn create_private_dir(dir: &Path) -> Result<(), PkiError> {
     builder.create(dir).map_err(|source| io_err("create directory", dir, source))
 }
 
-/// Writes through a temporary file and a rename, so readers (and a crash) never see a partial file,
-/// and the final file has `mode` from the moment it appears.
 fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), PkiError> {
+    write_file_atomic(path, contents, mode).map_err(|(action, path, source)| PkiError::Io { action, path, source })
+}
+
+/// Writes through a temporary file and a rename, so readers (and a crash) never see a partial file,
+/// and the final file has `mode` from the moment it appears. On failure: what failed, on which path.
+pub(crate) fn write_file_atomic(
+    path: &Path,
+    contents: &[u8],
+    mode: u32,
+) -> Result<(), (&'static str, PathBuf, std::io::Error)> {
     let file_name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{file_name}.tmp.{}", std::process::id()));
     let result = (|| {
@@ -327,11 +335,11 @@ fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), PkiError>
     })();
     if let Err(source) = result {
         let _ = fs::remove_file(&tmp);
-        return Err(io_err("write", &tmp, source));
+        return Err(("write", tmp, source));
     }
     fs::rename(&tmp, path).map_err(|source| {
         let _ = fs::remove_file(&tmp);
-        io_err("rename into place", path, source)
+        ("rename into place", path.to_owned(), source)
     })
 }
 
