@@ -127,6 +127,11 @@ impl ApiError {
             .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
     }
 
+    /// A 409 about something other than an object's version (a finished upload session).
+    pub fn conflict_message(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, "Conflict", message)
+    }
+
     pub fn conflict(resource: &str, name: &str) -> ApiError {
         ApiError::new(
             StatusCode::CONFLICT,

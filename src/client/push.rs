@@ -12,6 +12,10 @@ use sha2::{Digest, Sha256};
 
 use super::{ClientError, ContentClient, API};
 
+/// Times a commit is re-sent after a 5xx or a cut connection (each may wait up to the
+/// aggregator's 60 s for the server's running commit).
+const COMMIT_TRIES: u32 = 60;
+
 /// Called after every piece with (bytes sent, total bytes).
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 
@@ -65,8 +69,18 @@ impl ContentClient {
                 }
             }
         }
+        // The commit unpacks everything: behind the aggregator a large one is cut at 60 s (504)
+        // while the server carries on. Re-sending it waits for that work and gets the Bundle.
         let commit = format!("{session}&digest={digest}");
-        self.send_json("PUT", &commit, &[], Vec::new()).await
+        let mut tries = 0;
+        loop {
+            match self.send_json("PUT", &commit, &[], Vec::new()).await {
+                Err(ClientError::Status { status, .. }) if status >= 500 && tries < COMMIT_TRIES => tries += 1,
+                Err(ClientError::Request(_)) if tries < COMMIT_TRIES => tries += 1,
+                other => return other,
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     }
 
     async fn ensure_upload_bundle(&self, namespace: &str, name: &str) -> Result<(), ClientError> {

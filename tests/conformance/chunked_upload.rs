@@ -150,9 +150,21 @@ async fn pieces_commit_to_the_same_content_as_one_put() {
     let served = server.download(&bundle_content(NS, "chunked")).await;
     assert_eq!(digest_of(&served), digest);
     assert_trees_equal(&tree_from_dir(&dir), &parse_served_tar(&served), "chunked upload");
-    // Committed sessions are gone, and so are their files.
-    expect_status(patch(&server, "chunked", &id, 0, b"x").await, 404, "NotFound").await;
-    assert!(spool_files(&server).is_empty(), "{:?}", spool_files(&server));
+    // A committed session takes no more pieces and its bytes are gone; a re-sent commit (the
+    // first response lost, or cut by the aggregator while it ran) answers with the Bundle.
+    expect_status(patch(&server, "chunked", &id, 0, b"x").await, 409, "Conflict").await;
+    assert_eq!(spool_files(&server), vec![format!("{id}.json")], "only the sidecar stays until it expires");
+    let again = commit_ok(&server, "chunked", &id, &digest_of(&tar)).await;
+    assert_eq!(str_at(&again, "/status/digest"), digest);
+
+    // A commit whose client gives up at once still lands; re-sending it waits for it.
+    let id = start(&server, "chunked", None).await;
+    patch_ok(&server, "chunked", &id, 0, &tar).await;
+    let url = format!("{}&digest={}", session_url(&server, "chunked", &id), digest_of(&tar));
+    let cut = server.client().put(&url).timeout(std::time::Duration::from_millis(1)).send().await;
+    assert!(cut.is_err(), "the client gave up before the answer");
+    let b = commit_ok(&server, "chunked", &id, &digest_of(&tar)).await;
+    assert_eq!(str_at(&b, "/status/digest"), digest);
 
     // A gzip session: encoding given at the start, pieces of the compressed bytes.
     let gz = gzip(&tar);
@@ -184,6 +196,7 @@ async fn sessions_survive_kill9_and_can_be_aborted() {
         patch_ok(&server, "app", &id, s as u64, &tar[s..e]).await;
     }
     let b = commit_ok(&server, "app", &id, &digest_of(&tar)).await;
+    let committed = id.clone();
     let served = server.download(&bundle_content(NS, "app")).await;
     assert_eq!(digest_of(&served), str_at(&b, "/status/digest"));
     assert_trees_equal(&tree_from_dir(&dir), &parse_served_tar(&served), "resumed upload");
@@ -195,7 +208,7 @@ async fn sessions_survive_kill9_and_can_be_aborted() {
     let resp = server.client().delete(session_url(&server, "app", &id)).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::NO_CONTENT);
     expect_status(patch(&server, "app", &id, 1000, &tar[1000..2000]).await, 404, "NotFound").await;
-    assert!(spool_files(&server).is_empty(), "{:?}", spool_files(&server));
+    assert_eq!(spool_files(&server), vec![format!("{committed}.json")], "only the committed session's sidecar");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -88,6 +88,9 @@ pub async fn patch_bundle_content(
     writable(&resource)?;
     let id = upload_id(&params, "PATCH")?;
     let mut session = Session::open(&app, &namespace, &name, id).await?;
+    if session.meta.committed {
+        return Err(ApiError::conflict_message(format!("upload session {id:?} was already committed")));
+    }
     let piece = piece(&headers, session.meta.offset)?;
     if let Err(e) = session.append(&app, piece, body).await {
         return Ok(e);
@@ -133,34 +136,46 @@ pub async fn commit(
     };
     let expected = parse_digest(digest)?;
     let mut session = Session::open(app, namespace, name, id).await?;
+    if session.meta.committed {
+        // A re-sent commit (the first one's response was lost, or cut at 60 s while it ran).
+        return Ok(json_response(StatusCode::OK, &session.bundle, &[]));
+    }
     let piece = piece(headers, session.meta.offset)?;
     if let Err(e) = session.append(app, piece, body).await {
         return Ok(e);
     }
-    let target = UploadTarget::of(&session.bundle, namespace, name)?;
-    let encoding = Encoding::from_content_encoding(Some(&session.meta.encoding)).unwrap_or(Encoding::Identity);
-    let file = app
-        .uploads
-        .open_data(id)
-        .map_err(|e| ApiError::internal(format!("opening the spool of upload {id:?}: {e}")))?;
-    let length = session.meta.offset;
-    let reader =
-        HashingReader { inner: io::BufReader::with_capacity(1 << 20, file).take(length), hasher: Sha256::new() };
-    let verify = move |reader: &mut HashingReader| {
-        io::copy(reader, &mut io::sink())
-            .map_err(|e| ApiError::internal(format!("reading the spool of the upload: {e}")))?;
-        let computed = hex::encode(reader.hasher.clone().finalize());
-        if computed != expected {
-            return Err(ApiError::bad_request(format!(
-                "digest mismatch: the {length} bytes received hash to sha256:{computed}, not sha256:{expected}; \
-                 nothing was committed and the upload session is kept"
-            )));
-        }
-        Ok(())
-    };
-    let written = ingest_and_commit(app, target, reader, encoding, verify).await?;
-    session.remove(app).await?;
-    tracing::info!(upload = %id, bytes = length, "upload session committed");
+    // The commit runs to its end even if the client goes away (the aggregator cuts requests at
+    // 60 s): it holds the session's lock, so a re-sent commit waits for it and then answers from
+    // the committed session.
+    let (app, id) = (app.clone(), id.to_string());
+    let work = tokio::spawn(async move {
+        let target = UploadTarget::of(&session.bundle, &session.meta.namespace, &session.meta.name)?;
+        let encoding = Encoding::from_content_encoding(Some(&session.meta.encoding)).unwrap_or(Encoding::Identity);
+        let file = app
+            .uploads
+            .open_data(&id)
+            .map_err(|e| ApiError::internal(format!("opening the spool of upload {id:?}: {e}")))?;
+        let length = session.meta.offset;
+        let reader =
+            HashingReader { inner: io::BufReader::with_capacity(1 << 20, file).take(length), hasher: Sha256::new() };
+        let verify = move |reader: &mut HashingReader| {
+            io::copy(reader, &mut io::sink())
+                .map_err(|e| ApiError::internal(format!("reading the spool of the upload: {e}")))?;
+            let computed = hex::encode(reader.hasher.clone().finalize());
+            if computed != expected {
+                return Err(ApiError::bad_request(format!(
+                    "digest mismatch: the {length} bytes received hash to sha256:{computed}, not sha256:{expected}; \
+                     nothing was committed and the upload session is kept"
+                )));
+            }
+            Ok(())
+        };
+        let written = ingest_and_commit(&app, target, reader, encoding, verify).await?;
+        session.mark_committed(&app).await?;
+        tracing::info!(upload = %id, bytes = length, "upload session committed");
+        Ok::<_, ApiError>(written)
+    });
+    let written = work.await.map_err(|e| ApiError::internal(format!("upload commit task failed: {e}")))??;
     Ok(json_response(StatusCode::OK, &written, &[]))
 }
 
@@ -216,6 +231,17 @@ impl Session {
             Err(e @ AppendError::Io(_)) => ApiError::internal(e.to_string()),
         };
         Err(error.into_response())
+    }
+
+    async fn mark_committed(mut self, app: &AppState) -> ApiResult<()> {
+        let (spool, id) = (app.uploads.clone(), self.id.clone());
+        let mut meta = self.meta.clone();
+        tokio::task::spawn_blocking(move || spool.mark_committed(&id, &mut meta))
+            .await
+            .map_err(|e| ApiError::internal(format!("upload task failed: {e}")))?
+            .map_err(|e| ApiError::internal(format!("recording the commit of upload {:?}: {e}", self.id)))?;
+        self.meta.committed = true;
+        Ok(())
     }
 
     async fn remove(self, app: &AppState) -> ApiResult<()> {

@@ -33,6 +33,10 @@ pub struct SessionMeta {
     pub last_activity_ms: u64,
     /// Bytes received and durable.
     pub offset: u64,
+    /// The upload was committed (its bytes are gone; the sidecar stays until it expires so a
+    /// re-sent commit gets the Bundle instead of a 404).
+    #[serde(default)]
+    pub committed: bool,
 }
 
 impl SessionMeta {
@@ -46,6 +50,7 @@ impl SessionMeta {
             created_ms: now,
             last_activity_ms: now,
             offset: 0,
+            committed: false,
         }
     }
 }
@@ -139,6 +144,17 @@ impl Spool {
     /// The spool file, for reading at commit.
     pub fn open_data(&self, id: &str) -> io::Result<File> {
         File::open(self.data_path(id))
+    }
+
+    /// Records that session `id` was committed and drops its bytes. Blocking.
+    pub fn mark_committed(&self, id: &str, meta: &mut SessionMeta) -> io::Result<()> {
+        meta.committed = true;
+        meta.last_activity_ms = now_ms();
+        write_meta(&self.dir, id, meta)?;
+        match fs::remove_file(self.data_path(id)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Removes a session's files (sidecar first: a spool file without one is no session).
