@@ -38,6 +38,13 @@ async fn delegated_mode_authenticates_and_authorizes_through_the_cluster() {
     let kubeconfig = stub.kubeconfig().to_str().unwrap().to_owned();
     let server = Server::start_temp(&["--kubeconfig", &kubeconfig]);
     assert!(!server.data_dir().join("admin.kubeconfig").exists(), "no admin kubeconfig in a cluster");
+    // In-cluster start: the authentication ConfigMap was read, and the server reports ready.
+    assert!(
+        stub.requests(Endpoint::AuthenticationConfigMap) >= 1,
+        "reads kube-system/extension-apiserver-authentication"
+    );
+    let ready = client(&server, None).get(server.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200, "ready once serving");
 
     // A user certificate from the cluster's client CA; the SubjectAccessReview decides.
     let alice = client(&server, Some(identity(&stub.client_ca().client_cert("alice", &["devs"]))));
