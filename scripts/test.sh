@@ -46,4 +46,6 @@ fi
 export STOWAGE_CORPUS="$corpus"
 
 cargo fmt --all -- --check
+# The provisioner example is run by the conformance suite as the program a user would run.
+cargo build --locked --examples
 cargo test --locked --all-targets

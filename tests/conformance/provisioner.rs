@@ -17,11 +17,12 @@ use crate::tarutil::{assert_trees_equal, system_tar, tree_from_dir};
 
 const NS: &str = "prov";
 
-/// The example binary, built beside the test binary by `cargo test --all-targets`.
+/// The example binary, as `cargo build --examples` leaves it (scripts/test.sh builds it first;
+/// `cargo test` builds examples only as test harnesses).
 fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let path = exe.parent().and_then(Path::parent).map(|d| d.join("examples").join(name)).expect("target dir");
-    assert!(path.exists(), "{} missing: build it with `cargo test --all-targets`", path.display());
+    assert!(path.exists(), "{} missing: build it with `cargo build --examples`", path.display());
     path
 }
 
