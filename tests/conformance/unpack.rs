@@ -73,6 +73,28 @@ pub async fn merge_patch(server: &Server, name: &str, patch: Value) {
     assert_eq!(resp.status().as_u16(), 200, "patch {name}");
 }
 
+/// The plain corpus bundle plus 40 incompressible 4 MiB files (seeded from `seed`): big enough
+/// that an unpack can be caught halfway.
+fn big_tree(seed: u64) -> Tree {
+    let mut tree = corpus_tree("rukpak-testdata/plain-v0/valid");
+    for i in 0..40 {
+        tree.insert(format!("data/blob-{i:02}.bin"), file(tarutil::random_bytes(seed + i, 4 << 20)));
+    }
+    tree
+}
+
+/// Waits until the Bundle's unpack is under way.
+async fn wait_unpacking(server: &Server, name: &str) {
+    eventually(WAIT, &format!("{name}: unpack started"), || async {
+        let b = server.get_json(&bundle(NS, name)).await;
+        match b["status"]["phase"] == "Unpacking" {
+            true => Ok(()),
+            false => Err(format!("{}", b["status"])),
+        }
+    })
+    .await;
+}
+
 fn http_server_args(host: &str) -> Vec<String> {
     vec!["--insecure-source-host".into(), host.into()]
 }
@@ -257,21 +279,11 @@ async fn paused_bundles_are_not_fetched_and_limits_store_nothing() {
 async fn kill9_mid_unpack_resumes_after_restart() {
     let web = HttpServer::start(HttpAuth::None);
     // ~160 MB of incompressible files: long enough to be caught mid-unpack.
-    let mut tree = corpus_tree("rukpak-testdata/plain-v0/valid");
-    for i in 0..40 {
-        tree.insert(format!("data/blob-{i:02}.bin"), file(tarutil::random_bytes(i, 4 << 20)));
-    }
+    let tree = big_tree(0);
     web.put("big.tar", &build_tar(&tree));
     let mut server = start(&http_server_args(&web.host_port()));
     create(&server, "resumed", json!({"sources": [{"http": {"url": web.url("big.tar")}}]})).await;
-    eventually(WAIT, "unpack started", || async {
-        let b = server.get_json(&bundle(NS, "resumed")).await;
-        match b["status"]["phase"] == "Unpacking" {
-            true => Ok(()),
-            false => Err(format!("{}", b["status"])),
-        }
-    })
-    .await;
+    wait_unpacking(&server, "resumed").await;
     server.kill9();
     server.restart();
     let b = wait_reason(&server, "resumed", "Unpacked").await;
@@ -294,23 +306,13 @@ async fn kill9_mid_unpack_resumes_after_restart() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_spec_change_cancels_the_running_unpack_and_the_new_spec_wins() {
     let web = HttpServer::start(HttpAuth::None);
-    let mut big = corpus_tree("rukpak-testdata/plain-v0/valid");
-    for i in 0..40 {
-        big.insert(format!("data/blob-{i:02}.bin"), file(tarutil::random_bytes(100 + i, 4 << 20)));
-    }
+    let big = big_tree(100);
     web.put("big.tar", &build_tar(&big));
     let small = corpus_tree("rukpak-testdata/registry/valid");
     web.put("small.tar", &build_tar(&small));
     let server = start(&http_server_args(&web.host_port()));
     create(&server, "switch", json!({"sources": [{"http": {"url": web.url("big.tar")}}]})).await;
-    eventually(WAIT, "unpack started", || async {
-        let b = server.get_json(&bundle(NS, "switch")).await;
-        match b["status"]["phase"] == "Unpacking" {
-            true => Ok(()),
-            false => Err(format!("{}", b["status"])),
-        }
-    })
-    .await;
+    wait_unpacking(&server, "switch").await;
     merge_patch(&server, "switch", json!({"spec": {"sources": [{"http": {"url": web.url("small.tar")}}]}})).await;
     let b = wait_reason(&server, "switch", "Unpacked").await;
     assert_eq!(b["metadata"]["generation"], 2);
@@ -323,23 +325,13 @@ async fn a_spec_change_cancels_the_running_unpack_and_the_new_spec_wins() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_ends_watches_and_unpacks_promptly_and_the_unpack_resumes() {
     let web = HttpServer::start(HttpAuth::None);
-    let mut tree = corpus_tree("rukpak-testdata/plain-v0/valid");
-    for i in 0..40 {
-        tree.insert(format!("data/blob-{i:02}.bin"), file(tarutil::random_bytes(200 + i, 4 << 20)));
-    }
+    let tree = big_tree(200);
     web.put("big.tar", &build_tar(&tree));
     let mut server = start(&http_server_args(&web.host_port()));
     let mut watch = server.get(&format!("{}?watch=true", bundles(NS))).await;
     assert_eq!(watch.status().as_u16(), 200);
     create(&server, "term", json!({"sources": [{"http": {"url": web.url("big.tar")}}]})).await;
-    eventually(WAIT, "unpack started", || async {
-        let b = server.get_json(&bundle(NS, "term")).await;
-        match b["status"]["phase"] == "Unpacking" {
-            true => Ok(()),
-            false => Err(format!("{}", b["status"])),
-        }
-    })
-    .await;
+    wait_unpacking(&server, "term").await;
     let took = server.terminate(Duration::from_secs(15)).expect("the server exits on SIGTERM");
     report(&format!("SIGTERM with an open watch and a running unpack: exited in {took:?}"));
     assert!(took < Duration::from_secs(8), "exit within seconds, not a minute: {took:?}");
