@@ -49,6 +49,10 @@ struct Cli {
     /// measure the token + RBAC policy path).
     #[arg(long)]
     token: Option<String>,
+    /// Send the requests to this base URL instead of the kubeconfig's server (the same paths, the
+    /// same CA): `scripts/bench.sh api` points it at nginx serving the same JSON from files.
+    #[arg(long)]
+    server: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -111,7 +115,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let mut target = Target::from_kubeconfig(&cli.kubeconfig, &cli.namespace, cli.http1)?;
+    let mut target = Target::from_kubeconfig(&cli.kubeconfig, &cli.namespace, cli.http1, cli.server.as_deref())?;
     target.token = cli.token.clone();
     let result = runtime.block_on(async {
         match cli.command {
@@ -145,7 +149,7 @@ struct Target {
 }
 
 impl Target {
-    fn from_kubeconfig(path: &Path, namespace: &str, http1: bool) -> Result<Target> {
+    fn from_kubeconfig(path: &Path, namespace: &str, http1: bool, server: Option<&str>) -> Result<Target> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let config: Value = serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         let current = config["current-context"].as_str().context("kubeconfig without current-context")?;
@@ -168,7 +172,11 @@ impl Target {
             let file = section[key].as_str().ok_or_else(|| anyhow!("kubeconfig has neither {key} nor {key}-data"))?;
             std::fs::read(base.join(file)).with_context(|| format!("reading {file}"))
         };
-        let server = cluster["server"].as_str().context("cluster without server")?.trim_end_matches('/');
+        let server = match server {
+            Some(url) => url,
+            None => cluster["server"].as_str().context("cluster without server")?,
+        }
+        .trim_end_matches('/');
         let mut identity_pem = material(&user, "client-certificate")?;
         identity_pem.push(b'\n');
         identity_pem.extend(material(&user, "client-key")?);

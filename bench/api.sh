@@ -1,0 +1,106 @@
+# The Bundle API scenario of scripts/bench.sh (sourced), driven by examples/loadgen.rs.
+# shellcheck shell=bash
+
+# ------------------------------------------------------------------------------------------------
+# 4. The Bundle API under load (examples/loadgen.rs; one JSON line per measurement)
+
+# loadgen ARGS...: runs the load generator against the current server; fails on a non-zero exit.
+loadgen() {
+    "$LOADGEN" --kubeconfig "$SERVER_DIR/admin.kubeconfig" --namespace "$NS" "$@" \
+        || die "loadgen $* failed (server $(kill -0 "$SERVER_PID" 2>/dev/null && echo running || echo gone))"
+}
+
+# jfield JSON KEY: a top-level field of a loadgen result.
+jfield() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
+
+# record_requests SECTION LABEL JSON: throughput, latency and errors of a loadgen result.
+record_requests() {
+    record "$1" "$2: throughput" "req/s" "$(jfield "$3" rps)"
+    record "$1" "$2: p50 latency" ms "$(jfield "$3" p50_ms)"
+    record "$1" "$2: p99 latency" ms "$(jfield "$3" p99_ms)"
+    record "$1" "$2: errors" count "$(jfield "$3" errors)" "<=0"
+}
+
+scenario_api() {
+    local section="Bundle API: $API_OBJECTS Bundles stored, $API_WATCHERS watchers"
+    local secs="$API_SECONDS" run out
+    for run in $(seq 1 "$RUNS"); do
+        local data="$WORK/api-$run"
+        start_server "$data"
+        log "api: run $run/$RUNS: seed $API_OBJECTS Bundles"
+        out="$(loadgen seed "$API_OBJECTS" --concurrency 32)"
+        log "$out"
+        record_requests "$section" "seed: create (POST), 32 concurrent" "$out"
+        record "$section" "server RSS after seeding" MiB "$(calc "$(rss_kib) / 1024")"
+
+        log "api: GET"
+        out="$(loadgen get --concurrency 1 --duration "$secs")"
+        log "$out"
+        record_requests "$section" "GET bundle, 1 client" "$out"
+        out="$(loadgen get --concurrency 32 --duration "$secs")"
+        log "$out"
+        record_requests "$section" "**GET bundle, 32 concurrent**" "$out"
+        local get_rps list_rps
+        get_rps="$(jfield "$out" rps)"
+
+        log "api: watch fan-out ($API_WATCHERS watchers, $API_EVENTS writes)"
+        out="$(loadgen watch --watchers "$API_WATCHERS" --events "$API_EVENTS" --concurrency 16 --pid "$SERVER_PID")"
+        log "$out"
+        record "$section" "**watch: events delivered per second** (all watchers)" "events/s" "$(jfield "$out" events_per_s)"
+        record "$section" "watch: events missing" count "$(jfield "$out" missing)" "<=0"
+        record "$section" "watch: lag write→event p50" ms "$(jfield "$out" lag_p50_ms)"
+        record "$section" "watch: lag write→event p99" ms "$(jfield "$out" lag_p99_ms)"
+        record "$section" "watch: lag write→event max" ms "$(jfield "$out" lag_max_ms)"
+        record "$section" "watch: writes (merge PATCH, 16 concurrent) meanwhile" "req/s" "$(jfield "$out" write_rps)"
+        record "$section" "watch: server RSS with $API_WATCHERS watches open" MiB "$(jfield "$out" server_rss_mib_watches_open)"
+        record "$section" "server peak RSS (VmHWM) after seed, GETs and watch" MiB "$(calc "$(peak_rss_kib) / 1024")"
+
+        log "api: LIST"
+        out="$(loadgen list --limit 0 --concurrency 1 --duration "$secs")"
+        log "$out"
+        record_requests "$section" "LIST all $API_OBJECTS, 1 client" "$out"
+        record "$section" "LIST all: response size" bytes "$(jfield "$out" bytes_per_response)"
+        out="$(loadgen list --limit 0 --concurrency 4 --duration "$secs")"
+        log "$out"
+        record_requests "$section" "**LIST all $API_OBJECTS, 4 concurrent**" "$out"
+        list_rps="$(jfield "$out" rps)"
+        out="$(loadgen list --limit 500 --concurrency 4 --duration "$secs")"
+        log "$out"
+        record_requests "$section" "LIST ?limit=500, 4 concurrent" "$out"
+        record "$section" "LIST ?limit=500: items in the first page" count "$(jfield "$out" items_per_response)"
+        record "$section" "**server peak RSS (VmHWM), end of run**" MiB "$(calc "$(peak_rss_kib) / 1024")"
+        api_beside_nginx "$section" "$run" "$get_rps" "$list_rps"
+        stop_server
+        rm -rf "$data"
+    done
+}
+
+
+# api_beside_nginx SECTION RUN GET_RPS LIST_RPS: nginx serving the same JSON from files at the same
+# paths (one file per Bundle, the whole list as one file), driven by the same load generator with
+# the same concurrency; records stowage's throughput as a fraction of nginx's.
+api_beside_nginx() {
+    local section="$1" web="$WORK/api-web-$2" secs="$API_SECONDS" out
+    local dir="$web$API/namespaces/$NS/bundles"
+    mkdir -p "$dir"
+    api "$API/namespaces/$NS/bundles" >"$web/list.json"
+    python3 - "$web/list.json" "$dir" <<'PY'
+import json, sys
+for item in json.load(open(sys.argv[1]))["items"]:
+    with open(f"{sys.argv[2]}/{item['metadata']['name']}", "w") as f:
+        json.dump(item, f)
+PY
+    start_nginx "$web" "default_type application/json;
+        location = $API/namespaces/$NS/bundles { try_files /list.json =404; }"
+    log "api: the same GET and LIST from nginx"
+    out="$(loadgen --server "$NGINX_URL" get --concurrency 32 --duration "$secs")"
+    log "$out"
+    record_requests "$section" "nginx: GET bundle file, 32 concurrent" "$out"
+    record "$section" "**ratio stowage / nginx: GET, 32 concurrent** (throughput)" x "$(calc "$3 / $(jfield "$out" rps)")"
+    out="$(loadgen --server "$NGINX_URL" list --limit 0 --concurrency 4 --duration "$secs")"
+    log "$out"
+    record_requests "$section" "nginx: LIST file ($API_OBJECTS items), 4 concurrent" "$out"
+    record "$section" "**ratio stowage / nginx: LIST all, 4 concurrent** (throughput)" x "$(calc "$4 / $(jfield "$out" rps)")"
+    stop_nginx
+    rm -rf "$web"
+}

@@ -1,0 +1,72 @@
+# The download scenario of scripts/bench.sh (sourced): GET of a Bundle's content from stowage beside
+# nginx serving the very same tar from disk over TLS, with and without zstd on the wire.
+# shellcheck shell=bash
+
+# timed_gets TIMES URL [curl args...]: downloads URL TIMES times, one after another, to /dev/null;
+# prints the seconds all took and the bytes of one response as it came over the wire.
+timed_gets() {
+    local times="$1" url="$2" i out bytes total=0
+    shift 2
+    for i in $(seq "$times"); do
+        out="$(curl -sS --fail --cacert "$SERVER_DIR/pki/ca.crt" -o /dev/null \
+            -w '%{size_download} %{time_total}' "$@" "$url")" || die "GET $url failed"
+        read -r bytes secs <<<"$out"
+        total="$(calc "$total + $secs")"
+    done
+    echo "$total $bytes"
+}
+
+# download_tree NAME DIR TIMES: stores DIR as Bundle NAME, then, in alternation per run, downloads
+# its tar from stowage and from nginx, plain and zstd.
+download_tree() {
+    local name="$1" src="$2" times="$3"
+    local section="content download: $name ($times GETs per figure, one connection each, HTTP/2, TLS 1.3)"
+    local data="$WORK/download-$name" web="$WORK/web-$name"
+    start_server "$data"
+    upload_dir "$name" "$src"
+    local path="$API/namespaces/$NS/bundles/$name/content" tar_bytes
+    mkdir -p "$web"
+    # nginx serves the bytes stowage serves: the same tar, and that tar as zstd at zstd's default
+    # level, precompressed on disk (nginx has no zstd module; a file-based artifact store keeps
+    # the compressed file).
+    api -o "$web/content.tar" "$path"
+    zstd -q -f "$web/content.tar" -o "$web/content.tar.zst"
+    tar_bytes="$(stat -c %s "$web/content.tar")"
+    start_nginx "$web"
+    local admin=(--cert "$SERVER_DIR/pki/admin.crt" --key "$SERVER_DIR/pki/admin.key")
+    local run s n
+    for run in $(seq "$RUNS"); do
+        log "download $name: run $run/$RUNS"
+        read -r s _ < <(timed_gets "$times" "$URL$path" "${admin[@]}")
+        read -r n _ < <(timed_gets "$times" "$NGINX_URL/content.tar")
+        record "$section" "stowage, identity" MB/s "$(calc "$times * $tar_bytes / 1e6 / $s")"
+        record "$section" "nginx, the tar file" MB/s "$(calc "$times * $tar_bytes / 1e6 / $n")"
+        record "$section" "**ratio stowage / nginx, identity** (throughput)" x "$(calc "$n / $s")"
+        local sz nz sbytes nbytes
+        read -r sz sbytes < <(timed_gets "$times" "$URL$path" "${admin[@]}" -H 'Accept-Encoding: zstd')
+        read -r nz nbytes < <(timed_gets "$times" "$NGINX_URL/content.tar.zst")
+        record "$section" "stowage, Accept-Encoding: zstd (tar MB/s)" MB/s "$(calc "$times * $tar_bytes / 1e6 / $sz")"
+        record "$section" "nginx, the .tar.zst file (tar MB/s)" MB/s "$(calc "$times * $tar_bytes / 1e6 / $nz")"
+        record "$section" "**ratio stowage / nginx, zstd** (throughput)" x "$(calc "$nz / $sz")"
+        record "$section" "bytes on the wire, stowage zstd (level 1, on the fly)" bytes:"$tar_bytes" "$sbytes"
+        record "$section" "bytes on the wire, nginx .tar.zst (level 3, precompressed)" bytes:"$tar_bytes" "$nbytes"
+    done
+    record "$section" "stowage peak RSS (VmHWM)" MiB "$(calc "$(peak_rss_kib) / 1024")"
+    stop_nginx
+    stop_server
+    rm -rf "$data" "$web"
+}
+
+scenario_download() {
+    # The whole corpus as one tree: YAML, charts and bundles, compressible.
+    local tree="$WORK/corpus-tree"
+    mkdir -p "$tree"
+    cp -r "$corpus"/kube-prometheus-stack "$corpus"/operator-registry "$corpus"/rukpak-testdata "$tree"/
+    download_tree corpus "$tree" 10
+    rm -rf "$tree"
+    # 1 GiB, mostly incompressible (four random files and 5000 small text files).
+    tree="$WORK/gib-tree"
+    gib_tree "$tree"
+    download_tree gib "$tree" 2
+    rm -rf "$tree"
+}
