@@ -157,6 +157,8 @@ start_nginx() {
     local root="$1" extra="${2:-}" port prefix="$WORK/nginx"
     port="$(free_port)"
     mkdir -p "$prefix/tmp"
+    # Started as root, nginx's workers run as nobody: they must be able to reach ROOT.
+    chmod a+rx "$WORK"
     cat >"$prefix/nginx.conf" <<CONF
 daemon off;
 worker_processes auto;
