@@ -7,13 +7,13 @@
 
 mod access;
 mod body_rate;
+mod connection_activity;
 pub mod content;
 mod discovery;
 mod fieldmanager;
 pub mod garbage_collector;
 mod handlers;
 mod lifecycle;
-mod connection_activity;
 pub mod listener;
 pub mod meta;
 mod metrics;

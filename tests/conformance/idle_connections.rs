@@ -65,12 +65,16 @@ async fn thousands_of_idle_connections_are_closed_while_others_are_served() {
     let closing = tcp
         .into_iter()
         .map(|mut s| tokio::spawn(async move { read_until_closed(&mut s, limit).await.map(|(_, t)| t) }))
-        .chain(silent_tls.into_iter().map(|mut s| {
-            tokio::spawn(async move { read_until_closed(&mut s, limit).await.map(|(_, t)| t) })
-        }))
-        .chain(kept_alive.into_iter().map(|mut s| {
-            tokio::spawn(async move { read_until_closed(&mut s, limit).await.map(|(_, t)| t) })
-        }));
+        .chain(
+            silent_tls
+                .into_iter()
+                .map(|mut s| tokio::spawn(async move { read_until_closed(&mut s, limit).await.map(|(_, t)| t) })),
+        )
+        .chain(
+            kept_alive
+                .into_iter()
+                .map(|mut s| tokio::spawn(async move { read_until_closed(&mut s, limit).await.map(|(_, t)| t) })),
+        );
     let closed: Vec<Option<Duration>> = join_all(closing).await.into_iter().map(|r| r.expect("task")).collect();
     let still_open = closed.iter().filter(|c| c.is_none()).count();
     assert_eq!(still_open, 0, "{still_open} idle connections were still open after {limit:?}");
@@ -113,4 +117,27 @@ async fn connections_past_the_limit_are_closed_at_once() {
     served.await;
     report(&format!("connection limit: the 65th connection was refused in {took:?}"));
     drop(held);
+}
+
+/// Idle and header timeouts never cut a watch, however long it goes without events, on HTTP/1.1 or
+/// HTTP/2.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quiet_watch_outlives_the_idle_and_header_timeouts() {
+    let server = Server::start_temp(crate::slow_clients::SHORT_LIMITS);
+    let url = server.url(&format!("{}?watch=true&resourceVersion=0", bundles("quiet")));
+    let mut streams = Vec::new();
+    for client in [server.http1_client(), server.second_client()] {
+        let response = client.get(&url).send().await.expect("start the watch");
+        assert_eq!(response.status(), 200);
+        streams.push((response.version(), response.bytes_stream()));
+    }
+    // Three idle timeouts (3 s) without a single event.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    server.create_bundle("quiet", "late").await;
+    for (version, stream) in &mut streams {
+        let event = tokio::time::timeout(Duration::from_secs(10), stream.next()).await;
+        let Ok(Some(Ok(bytes))) = event else { panic!("the {version:?} watch was cut: {event:?}") };
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.contains(r#""type":"ADDED""#) && text.contains("late"), "{version:?}: {text}");
+    }
 }

@@ -162,7 +162,7 @@ impl BystanderProbe {
             while !*stopped.borrow() {
                 turn += 1;
                 let started = Instant::now();
-                let ok = if turn % 2 == 0 {
+                let ok = if turn.is_multiple_of(2) {
                     match kept.get(&url).timeout(Duration::from_secs(20)).send().await {
                         Ok(resp) => resp.status() == StatusCode::OK && resp.bytes().await.is_ok(),
                         Err(_) => false,
