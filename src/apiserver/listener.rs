@@ -6,31 +6,74 @@
 //! certificate. Nothing on the per-connection path may panic or end the loop: a misbehaving client
 //! costs one connection, never the server.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use axum::body::Body;
+use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
+use super::connection_activity::ConnectionActivity;
 use crate::auth::tls::TlsSetup;
 use crate::auth::trust::ClientTrust;
 
-/// Bounds how long a client may hold a socket without completing TLS (slowloris on the handshake).
+/// Bounds how long a client may hold a socket without completing TLS (slowloris on the handshake);
+/// never longer than the request-header timeout.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bounds how long an HTTP/1 client may take to send request headers.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long open connections may keep running after shutdown begins.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Pause after a failed accept; errors like EMFILE persist until connections close, and retrying at
 /// once would spin.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+/// Largest request head (request line and headers) on HTTP/1 and header list on HTTP/2; 431
+/// beyond. Generous for bearer tokens and front-proxy headers, small enough that thousands of
+/// connections cannot make the server hold much. On HTTP/1 it is the read buffer's ceiling (hyper's
+/// default is ~400 KiB per connection), which bounds the head; bodies stream through it.
+const MAX_HEADER_BYTES: usize = 64 << 10;
+/// HTTP/2 pings on a connection that has been quiet this long; a peer that does not answer within
+/// [`HTTP2_PING_TIMEOUT`] is gone, and its streams (watches) end instead of lingering.
+const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(30);
+const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+/// How often a refused connection is logged at most.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// What the listener allows each client; `stowage serve` flags set them.
+#[derive(Clone, Debug)]
+pub struct ListenerLimits {
+    /// Open connections at most; a connection past it is closed as soon as it is accepted, before
+    /// any TLS work.
+    pub max_connections: usize,
+    /// How long a new connection may take to send its first request's headers once TLS is done (the
+    /// handshake itself gets at most 10 s), and an HTTP/1 request its headers (hyper starts that clock as soon as the previous response is
+    /// sent, so it also ends idle HTTP/1 keep-alive connections).
+    pub request_header_timeout: Duration,
+    /// How long a connection may stay open with no request in flight. A watch or a download is in
+    /// flight until its response ends, so it is never cut.
+    pub idle_timeout: Duration,
+    /// Concurrent streams on one HTTP/2 connection (kube-apiserver's
+    /// `--http2-max-streams-per-connection`); more are refused by the protocol and clients queue.
+    pub http2_max_streams: u32,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        ListenerLimits {
+            max_connections: 10_000,
+            request_header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(90),
+            http2_max_streams: 1000,
+        }
+    }
+}
 
 /// Serves `app` over TLS on `listener` until `shutdown` resolves, then stops accepting and lets open
 /// connections finish (bounded by a grace period, e.g. 10 s).
@@ -38,14 +81,15 @@ pub async fn serve_tls(
     listener: TcpListener,
     tls: TlsSetup,
     app: axum::Router,
+    limits: ListenerLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let acceptor = TlsAcceptor::from(tls.config);
     let trust = tls.trust;
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
-    builder.http2().timer(TokioTimer::new());
-    let builder = Arc::new(builder);
+    let builder = Arc::new(protocol_builder(&limits));
+    let limits = Arc::new(limits);
+    let open_connections = Arc::new(Semaphore::new(limits.max_connections));
+    let mut last_refusal_logged: Option<Instant> = None;
 
     // Every connection task holds a receiver: the value flipping to `true` asks it to wind down,
     // and the sender's `closed()` resolves once the last task has dropped its receiver.
@@ -64,7 +108,23 @@ pub async fn serve_tls(
                 }
             },
         };
-        let connection = Connection { acceptor: acceptor.clone(), trust: trust.clone(), builder: builder.clone() };
+        // Refusing by closing at once costs a socket for a moment; leaving the connection in the
+        // backlog would let handshakes pile up behind the ones holding the limit.
+        let Ok(permit) = open_connections.clone().try_acquire_owned() else {
+            drop(stream);
+            if last_refusal_logged.is_none_or(|at| at.elapsed() >= REFUSAL_LOG_INTERVAL) {
+                last_refusal_logged = Some(Instant::now());
+                tracing::warn!(%peer, max = limits.max_connections, "connection limit reached; closing new connections");
+            }
+            continue;
+        };
+        let connection = Connection {
+            acceptor: acceptor.clone(),
+            trust: trust.clone(),
+            builder: builder.clone(),
+            limits: limits.clone(),
+            _permit: permit,
+        };
         tokio::spawn(serve_connection(stream, connection, app.clone(), shutdown_rx.clone()));
         tracing::trace!(%peer, "accepted connection");
     }
@@ -81,11 +141,31 @@ pub async fn serve_tls(
     Ok(())
 }
 
-/// What every connection shares.
+/// HTTP/1.1 and HTTP/2 with the header, buffer and stream limits.
+fn protocol_builder(limits: &ListenerLimits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.request_header_timeout)
+        .max_buf_size(MAX_HEADER_BYTES);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(MAX_HEADER_BYTES as u32)
+        .max_concurrent_streams(limits.http2_max_streams)
+        .keep_alive_interval(HTTP2_PING_INTERVAL)
+        .keep_alive_timeout(HTTP2_PING_TIMEOUT);
+    builder
+}
+
+/// What every connection shares, and the connection's place under the limit.
 struct Connection {
     acceptor: TlsAcceptor,
     trust: Arc<ClientTrust>,
     builder: Arc<auto::Builder<TokioExecutor>>,
+    limits: Arc<ListenerLimits>,
+    _permit: OwnedSemaphorePermit,
 }
 
 /// Handshakes, identifies the peer and serves one connection; every outcome is logged, never raised.
@@ -95,12 +175,13 @@ async fn serve_connection(
     app: axum::Router,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let Connection { acceptor, trust, builder } = connection;
+    let Connection { acceptor, trust, builder, limits, _permit } = connection;
     let peer = stream.peer_addr().ok();
     // Small request/response exchanges (kubectl, watches) suffer badly from Nagle's delay.
     let _ = stream.set_nodelay(true);
 
-    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+    let handshake_timeout = HANDSHAKE_TIMEOUT.min(limits.request_header_timeout);
+    let handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(stream));
     let tls = tokio::select! {
         result = handshake => match result {
             Ok(Ok(tls)) => tls,
@@ -121,15 +202,42 @@ async fn serve_connection(
     // which anchor vouched for it, and so what it proves.
     let peer_certificate = tls.get_ref().1.peer_certificates().map(|chain| trust.classify(chain)).unwrap_or_default();
 
-    let service = app.map_request(move |mut request: http::Request<Incoming>| {
-        request.extensions_mut().insert(peer_certificate.clone());
-        request
-    });
+    let activity = ConnectionActivity::new();
+    let service = {
+        let activity = activity.clone();
+        tower::service_fn(move |mut request: http::Request<Incoming>| {
+            let in_flight = activity.begin();
+            request.extensions_mut().insert(peer_certificate.clone());
+            let app = app.clone();
+            async move {
+                let response = app.oneshot(request).await?;
+                // The request stays in flight until its body is sent or dropped.
+                Ok::<_, Infallible>(response.map(|body| {
+                    Body::new(body.map_frame(move |frame| {
+                        let _in_flight = &in_flight;
+                        frame
+                    }))
+                }))
+            }
+        })
+    };
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), TowerToHyperService::new(service));
     tokio::pin!(conn);
 
+    // The first request gets the whole header timeout after the handshake, not what is left of it:
+    // a server slowed by a burst of handshakes must not count its own delay against the client.
     let result = tokio::select! {
         result = conn.as_mut() => result,
+        () = activity.idle_for(limits.request_header_timeout, limits.idle_timeout) => {
+            tracing::debug!(?peer, "closing an idle connection");
+            // Closes at once on HTTP/1; GOAWAY on HTTP/2, so a request racing it is not lost. A
+            // peer that then sends nothing more is cut after one more header timeout.
+            conn.as_mut().graceful_shutdown();
+            tokio::select! {
+                result = conn.as_mut() => result,
+                () = activity.idle_for(limits.request_header_timeout, limits.request_header_timeout) => Ok(()),
+            }
+        }
         _ = shutdown.changed() => {
             // Finish in-flight requests, refuse new ones (GOAWAY on HTTP/2, close after the
             // current response on HTTP/1).
@@ -182,7 +290,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let app = axum::Router::new().route("/whoami", get(whoami));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve_tls(listener, config, app, async {
+        let server = tokio::spawn(serve_tls(listener, config, app, ListenerLimits::default(), async {
             let _ = stop_rx.await;
         }));
 

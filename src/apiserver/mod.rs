@@ -6,6 +6,8 @@
 //! This module knows nothing of sled; the store knows nothing of HTTP.
 
 mod access;
+mod body_rate;
+mod connection_activity;
 pub mod content;
 mod discovery;
 mod fieldmanager;
@@ -56,6 +58,8 @@ pub struct Limits {
     pub unpack: crate::unpack::UnpackLimits,
     /// How long a chunked upload session may sit idle before it is removed.
     pub upload_session_timeout: std::time::Duration,
+    /// A request body must deliver [`body_rate::MIN_BYTES_PER_WINDOW`] within this much waiting.
+    pub request_body_timeout: std::time::Duration,
 }
 
 impl Default for Limits {
@@ -65,6 +69,7 @@ impl Default for Limits {
             max_object_bytes: 3 << 20,
             unpack: Default::default(),
             upload_session_timeout: std::time::Duration::from_secs(3600),
+            request_body_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -150,7 +155,8 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics::serve).with_state(request_metrics.clone()))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), access::gate))
-        .layer(middleware::from_fn(plain_errors_as_status));
+        .layer(middleware::from_fn(plain_errors_as_status))
+        .layer(middleware::from_fn_with_state(state.limits.request_body_timeout, body_rate::enforce));
     Router::new()
         .route("/healthz", get(ok))
         .route("/livez", get(ok))

@@ -99,6 +99,7 @@ impl ApiError {
             StatusCode::NOT_FOUND => "NotFound",
             StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowed",
             StatusCode::NOT_ACCEPTABLE => "NotAcceptable",
+            StatusCode::REQUEST_TIMEOUT => "Timeout",
             StatusCode::CONFLICT => "Conflict",
             StatusCode::PAYLOAD_TOO_LARGE => "RequestEntityTooLarge",
             StatusCode::UNSUPPORTED_MEDIA_TYPE => "UnsupportedMediaType",

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::apiserver::content::upload_spool::{self, Spool};
+use crate::apiserver::listener::ListenerLimits;
 use crate::apiserver::{self, AppState, Limits};
 use crate::auth::pki;
 use crate::storage::{Store, StoreOptions};
@@ -34,6 +35,26 @@ pub struct ServeOptions {
     /// before it and its spooled bytes are removed, e.g. `1h`, `30m`, `90s`, `500ms`.
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub upload_session_timeout: std::time::Duration,
+    /// Open client connections at most; more are closed as soon as they are accepted. Capped by
+    /// the open-file limit (raised to its hard limit at start).
+    #[arg(long, default_value_t = ListenerLimits::default().max_connections)]
+    pub max_connections: usize,
+    /// How long a new connection may take to send its first request's headers after TLS (and to
+    /// finish TLS, up to 10 s), and any HTTP/1 request its headers (which also ends idle HTTP/1
+    /// keep-alive connections).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub request_header_timeout: std::time::Duration,
+    /// How long a connection may stay open with no request in flight (watches and downloads are in
+    /// flight while they stream).
+    #[arg(long, default_value = "90s", value_parser = parse_duration)]
+    pub idle_connection_timeout: std::time::Duration,
+    /// A request body (an upload) that delivers less than 16 KiB within this much time spent
+    /// waiting for it ends with 408: stalled and trickling uploads do not hold the server.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub request_body_timeout: std::time::Duration,
+    /// Concurrent streams a client may open on one HTTP/2 connection.
+    #[arg(long, default_value_t = ListenerLimits::default().http2_max_streams)]
+    pub http2_max_streams_per_connection: u32,
     /// How many recent changes the store keeps for watches and paged lists: a watch or a list
     /// continuation from further back gets 410 Gone and re-lists.
     #[arg(long, default_value_t = StoreOptions::default().change_log_len)]
@@ -93,6 +114,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         limits: Arc::new(Limits {
             max_body_bytes: options.max_body_bytes,
             upload_session_timeout: options.upload_session_timeout,
+            request_body_timeout: options.request_body_timeout,
             unpack: options.unpack.limits(),
             ..Limits::default()
         }),
@@ -106,7 +128,13 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         tracing::info!("shutting down");
         shutdown.cancel();
     };
-    apiserver::listener::serve_tls(listener, tls_setup, apiserver::router(state), stopping).await?;
+    let listener_limits = ListenerLimits {
+        max_connections: connection_limit(options.max_connections),
+        request_header_timeout: options.request_header_timeout,
+        idle_timeout: options.idle_connection_timeout,
+        http2_max_streams: options.http2_max_streams_per_connection,
+    };
+    apiserver::listener::serve_tls(listener, tls_setup, apiserver::router(state), listener_limits, stopping).await?;
     collector.abort();
     sweeper.abort();
     // Cancelled jobs release their half-written revisions; Bundles left `Unpacking` resume at the
@@ -115,6 +143,35 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     drop(delegated);
     tracing::info!("stowage stopped");
     Ok(())
+}
+
+/// File descriptors kept for everything but client connections: the store, packs, spool files,
+/// outgoing connections to registries and the cluster.
+const RESERVED_FILES: u64 = 256;
+
+/// `requested`, capped so that connections alone cannot exhaust the open-file limit (an accept
+/// failing with EMFILE would refuse everyone, and the store could not open its files). The soft
+/// limit is raised to the hard one first, as Go programs do at start.
+fn connection_limit(requested: usize) -> usize {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    let files = unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return requested;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+        limit.rlim_cur
+    };
+    let allowed = usize::try_from(files.saturating_sub(RESERVED_FILES).max(1)).unwrap_or(usize::MAX);
+    if allowed < requested {
+        tracing::warn!(requested, allowed, open_files = files, "--max-connections capped by the open-file limit");
+    }
+    requested.min(allowed)
 }
 
 async fn shutdown_signal() {

@@ -476,6 +476,10 @@ impl Drop for Server {
 }
 
 fn client_for(data_dir: &Path, with_identity: bool) -> Client {
+    client_builder_for(data_dir, with_identity).build().expect("build HTTP client")
+}
+
+fn client_builder_for(data_dir: &Path, with_identity: bool) -> reqwest::ClientBuilder {
     let read = |p: &str| {
         std::fs::read(data_dir.join(p)).unwrap_or_else(|e| panic!("read {}: {e}", data_dir.join(p).display()))
     };
@@ -487,7 +491,7 @@ fn client_for(data_dir: &Path, with_identity: bool) -> Client {
         pem.extend(read("pki/admin.key"));
         builder = builder.identity(Identity::from_pem(&pem).expect("parse admin.crt + admin.key"));
     }
-    builder.build().expect("build HTTP client")
+    builder
 }
 
 fn append_log(log: &Mutex<String>, line: &str) {
@@ -613,4 +617,11 @@ fn parses_ready_line() {
     assert_eq!(m["stowage_chunks"], 12.0);
     assert_eq!(m["stowage_revisions{state=\"staging\"}"], 0.0);
     assert_eq!(m["stowage_revisions{state=\"committed\"}"], 3.0);
+}
+
+impl Server {
+    /// An admin client that speaks HTTP/1.1 only, on its own connections.
+    pub fn http1_client(&self) -> Client {
+        client_builder_for(&self.data_dir, true).http1_only().build().expect("build HTTP/1.1 client")
+    }
 }
