@@ -7,12 +7,15 @@
 //! Needs `kubectl` on PATH and the corpus at `../shared/corpus` (or `$STOWAGE_CORPUS`); a missing
 //! tool or corpus fails the tests, it never skips them.
 
+mod fault_ops;
 mod git_server;
 mod harness;
 mod http_server;
 mod registry;
+mod store_check;
 mod stub_apiserver;
 mod tarutil;
+mod tmpfs;
 
 mod api;
 mod apply;
@@ -26,6 +29,8 @@ mod delegated_auth;
 mod delegated_server;
 mod deploy;
 mod discovery;
+mod faults;
+mod full_disk;
 mod kube_client;
 mod kubectl;
 mod kubectl_conventions;
