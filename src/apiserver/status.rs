@@ -241,7 +241,9 @@ impl ApiError {
     /// An I/O failure outside the store (the upload spool): 507 on a full disk, else 500.
     pub fn io(context: &str, err: std::io::Error) -> ApiError {
         match StorageError::from(err) {
-            StorageError::InsufficientStorage(message) => ApiError::insufficient_storage(format!("{context}: {message}")),
+            StorageError::InsufficientStorage(message) => {
+                ApiError::insufficient_storage(format!("{context}: {message}"))
+            }
             other => ApiError::internal(format!("{context}: {other}")),
         }
     }

@@ -57,8 +57,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     let pki = pki::ensure_standalone(&options.data_dir).context("preparing certificates")?;
     let store = {
         let dir = options.data_dir.join("store");
-        let store_options =
-            StoreOptions {
+        let store_options = StoreOptions {
             change_log_len: options.change_log_length.max(1),
             min_free_bytes: options.min_free_bytes,
             ..StoreOptions::default()

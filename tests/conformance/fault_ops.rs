@@ -19,11 +19,26 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Clone, Debug)]
 pub enum Op {
     /// Creates the Bundle first when `create`.
-    Put { bundle: String, create: bool, tar: Vec<u8> },
-    Chunked { bundle: String, create: bool, tar: Vec<u8>, pieces: usize },
+    Put {
+        bundle: String,
+        create: bool,
+        tar: Vec<u8>,
+    },
+    Chunked {
+        bundle: String,
+        create: bool,
+        tar: Vec<u8>,
+        pieces: usize,
+    },
     /// A Bundle pulling the nginx file `file` (pinned by its sha256).
-    Http { bundle: String, url: String, sha256: String },
-    Delete { bundle: String },
+    Http {
+        bundle: String,
+        url: String,
+        sha256: String,
+    },
+    Delete {
+        bundle: String,
+    },
 }
 
 /// What the server acknowledged.
@@ -84,7 +99,8 @@ pub async fn run(conn: Conn, op: Op) -> Vec<Ack> {
                     None => return acks,
                 }
             }
-            let request = conn.client.put(conn.url(&bundle_content(NS, &bundle))).header("Content-Type", "application/x-tar");
+            let request =
+                conn.client.put(conn.url(&bundle_content(NS, &bundle))).header("Content-Type", "application/x-tar");
             if let Some((_, body)) = conn.send(request.body(tar)).await {
                 acks.push(Ack::Uploaded(parse_json(&body, "upload response")));
             }

@@ -194,7 +194,13 @@ async fn check_after_restart(
 }
 
 /// A seeded mix of 2–5 operations on distinct Bundles.
-fn plan(rng: &mut Rng, model: &mut Model, existing: &BTreeMap<String, Value>, sources: &[Source], cycle: u64) -> Vec<Op> {
+fn plan(
+    rng: &mut Rng,
+    model: &mut Model,
+    existing: &BTreeMap<String, Value>,
+    sources: &[Source],
+    cycle: u64,
+) -> Vec<Op> {
     let mut used = BTreeSet::new();
     let uploadable: Vec<String> = existing
         .iter()
@@ -206,7 +212,7 @@ fn plan(rng: &mut Rng, model: &mut Model, existing: &BTreeMap<String, Value>, so
     let count = 2 + rng.below(4);
     for i in 0..count {
         let fresh = format!("b{cycle}-{i}");
-        let tar = build_tar(&random_tree(rng.next(), 1 + rng.below(3), 32 << 10 << rng.below(4)));
+        let tar = build_tar(&random_tree(rng.next(), 1 + rng.below(4), 128 << 10 << rng.below(3)));
         let target = rng.pick(&uploadable).filter(|n| !used.contains(*n)).cloned();
         let roll = rng.below(100);
         let op = match (roll, target) {
@@ -224,13 +230,16 @@ fn plan(rng: &mut Rng, model: &mut Model, existing: &BTreeMap<String, Value>, so
             },
         };
         match &op {
-            Op::Put { bundle, .. } | Op::Chunked { bundle, .. } => *model.uploads.entry(bundle.clone()).or_insert(0) += 1,
+            Op::Put { bundle, .. } | Op::Chunked { bundle, .. } => {
+                *model.uploads.entry(bundle.clone()).or_insert(0) += 1
+            }
             Op::Delete { bundle } => {
                 model.delete_attempted.insert(bundle.clone());
             }
             Op::Http { .. } => {}
         }
-        let (Op::Put { bundle, .. } | Op::Chunked { bundle, .. } | Op::Http { bundle, .. } | Op::Delete { bundle }) = &op;
+        let (Op::Put { bundle, .. } | Op::Chunked { bundle, .. } | Op::Http { bundle, .. } | Op::Delete { bundle }) =
+            &op;
         used.insert(bundle.clone());
         ops.push(op);
     }
@@ -243,19 +252,29 @@ fn plan(rng: &mut Rng, model: &mut Model, existing: &BTreeMap<String, Value>, so
     ops
 }
 
-/// Runs the operations and kills the server at a seeded moment: before anything, somewhere in the
-/// middle, or right after the last answer.
+/// Runs the operations and kills the server at a seeded moment: before anything, inside the
+/// operations (uploads take tens of milliseconds here), once an unpack is under way, or right
+/// after the last answer.
 async fn run_and_kill(server: &mut Server, rng: &mut Rng, model: &mut Model, ops: Vec<Op>) {
     let conn = Conn { client: server.client().clone(), url: server.url.clone() };
+    let unpacking: Vec<String> = ops
+        .iter()
+        .filter_map(|op| if let Op::Http { bundle, .. } = op { Some(bundle.clone()) } else { None })
+        .collect();
     let tasks: Vec<_> = ops.into_iter().map(|op| tokio::spawn(fault_ops::run(conn.clone(), op))).collect();
-    let kill_at = match rng.below(100) {
+    let roll = rng.below(100);
+    let kill_at = match roll {
         0..=9 => Duration::ZERO,
-        10..=19 => Duration::from_secs(10), // after everything answered
-        _ => Duration::from_millis(rng.below(1200)),
+        10..=14 => Duration::from_secs(10), // after everything answered
+        _ => Duration::from_millis(rng.below(120)),
     };
     let started = Instant::now();
-    while started.elapsed() < kill_at && !tasks.iter().all(|t| t.is_finished()) {
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    if roll >= 60 && !unpacking.is_empty() {
+        wait_unpacking(server, &unpacking).await;
+    } else {
+        while started.elapsed() < kill_at && !tasks.iter().all(|t| t.is_finished()) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
     }
     model.stats.kills_mid_operation += u64::from(!tasks.iter().all(|t| t.is_finished()));
     server.kill9();
@@ -263,6 +282,23 @@ async fn run_and_kill(server: &mut Server, rng: &mut Rng, model: &mut Model, ops
         for ack in task.await.expect("operation task") {
             model.record(ack);
         }
+    }
+}
+
+/// Returns once one of the Bundles is `Unpacking` (or after 3 s).
+async fn wait_unpacking(server: &Server, names: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        for name in names {
+            let resp = server.get(&bundle(NS, name)).await;
+            if resp.status().is_success() {
+                let b: Value = resp.json().await.unwrap_or_default();
+                if b.pointer("/status/phase").and_then(Value::as_str) == Some("Unpacking") {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 
@@ -318,7 +354,7 @@ async fn kill9_at_random_points_loses_nothing_acknowledged() {
     let web = HttpServer::start(HttpAuth::None);
     let sources: Vec<Source> = (0..3)
         .map(|i| {
-            let tree = plain_bundle_tree(seed ^ (1000 + i), 4, 384 << 10);
+            let tree = plain_bundle_tree(seed ^ (1000 + i), 6, 512 << 10);
             let tgz = gzip(&build_tar(&tree));
             web.put(&format!("source-{i}.tar.gz"), &tgz);
             Source { url: web.url(&format!("source-{i}.tar.gz")), sha256: sha256_hex(&tgz), tree }

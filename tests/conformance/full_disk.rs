@@ -63,8 +63,10 @@ async fn a_full_disk_refuses_writes_keeps_reads_and_recovers_without_restart() {
     let pulled_tar = gzip(&build_tar(&plain_bundle_tree(900, 4, 4 << 20)));
     web.put("pulled.tar.gz", &pulled_tar);
     let reserve = RESERVE.to_string();
-    let mut server =
-        Server::start(&tmpfs.path().join("data"), &["--min-free-bytes", &reserve, "--insecure-source-host", &web.host_port()]);
+    let mut server = Server::start(
+        &tmpfs.path().join("data"),
+        &["--min-free-bytes", &reserve, "--insecure-source-host", &web.host_port()],
+    );
 
     // Stored before the disk fills.
     let mut ledger = Ledger::default();
@@ -104,7 +106,8 @@ async fn a_full_disk_refuses_writes_keeps_reads_and_recovers_without_restart() {
         .await
         .unwrap();
     expect_full(patch, "patch").await;
-    let session = server.client().post(server.url(&format!("{}?uploads", bundle_content(NS, "keep-0")))).send().await.unwrap();
+    let session =
+        server.client().post(server.url(&format!("{}?uploads", bundle_content(NS, "keep-0")))).send().await.unwrap();
     expect_full(session, "chunked upload session").await;
     assert_reads_work(&server, &ledger, &kept, "in the reserve").await;
     // Deleting is how space comes back: allowed in the reserve.

@@ -53,12 +53,7 @@ impl Ledger {
 /// Every BundleContent listed in `ns` downloads with a sha256 equal to its `spec.digest` (nothing
 /// half-written is visible), and every acknowledged one of the ledger is among them with the
 /// acknowledged digest. Returns the listed BundleContents: name → digest. `context` goes into every message.
-pub async fn verify_contents(
-    server: &Server,
-    ns: &str,
-    ledger: &Ledger,
-    context: &str,
-) -> BTreeMap<String, String> {
+pub async fn verify_contents(server: &Server, ns: &str, ledger: &Ledger, context: &str) -> BTreeMap<String, String> {
     let list = server.get_json(&bundlecontents(ns)).await;
     let items = list["items"].as_array().cloned().unwrap_or_default();
     let mut listed = BTreeMap::new();
@@ -66,7 +61,11 @@ pub async fn verify_contents(
         let name = str_at(item, "/metadata/name").to_owned();
         let digest = str_at(item, "/spec/digest").to_owned();
         let tar = server.download(&bundlecontent_content(ns, &name)).await;
-        assert_eq!(digest_of(&tar), digest, "{context}: BundleContent {ns}/{name} serves bytes that do not match its digest");
+        assert_eq!(
+            digest_of(&tar),
+            digest,
+            "{context}: BundleContent {ns}/{name} serves bytes that do not match its digest"
+        );
         parse_served_tar(&tar);
         listed.insert(name, digest);
     }
