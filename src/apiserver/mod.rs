@@ -10,6 +10,7 @@ mod body_rate;
 mod connection_activity;
 pub mod content;
 mod discovery;
+mod disk_space;
 mod fieldmanager;
 pub mod garbage_collector;
 mod handlers;
@@ -154,6 +155,8 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi/v3/apis/content.stowage.dev/v1alpha1", get(openapi::v3_group_version))
         .route("/metrics", get(metrics::serve).with_state(request_metrics.clone()))
         .fallback(not_found)
+        // Inside the gate: who may not write learns that first, not that the disk is full.
+        .layer(middleware::from_fn_with_state(state.clone(), disk_space::refuse_writes_when_full))
         .layer(middleware::from_fn_with_state(state.clone(), access::gate))
         .layer(middleware::from_fn(plain_errors_as_status))
         .layer(middleware::from_fn_with_state(state.limits.request_body_timeout, body_rate::enforce));

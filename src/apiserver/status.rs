@@ -107,6 +107,7 @@ impl ApiError {
             StatusCode::TOO_MANY_REQUESTS => "TooManyRequests",
             StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
             StatusCode::GATEWAY_TIMEOUT => "Timeout",
+            StatusCode::INSUFFICIENT_STORAGE => "InsufficientStorage",
             _ if code.is_server_error() => "InternalError",
             _ => "Unknown",
         };
@@ -231,6 +232,23 @@ impl ApiError {
         ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "RequestedRangeNotSatisfiable", message)
     }
 
+    /// 507: the data directory is (nearly) full. Reads keep working; writes succeed again once
+    /// space is freed, without a restart. `retryAfterSeconds` tells clients it is not permanent.
+    pub fn insufficient_storage(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "InsufficientStorage", message)
+            .with_details(json!({"retryAfterSeconds": 10}))
+    }
+
+    /// An I/O failure outside the store (the upload spool): 507 on a full disk, else 500.
+    pub fn io(context: &str, err: std::io::Error) -> ApiError {
+        match StorageError::from(err) {
+            StorageError::InsufficientStorage(message) => {
+                ApiError::insufficient_storage(format!("{context}: {message}"))
+            }
+            other => ApiError::internal(format!("{context}: {other}")),
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
     }
@@ -273,6 +291,10 @@ impl From<StorageError> for ApiError {
                 format!("invalid archive entry {path:?}: {reason}"),
             )
             .with_details(json!({"causes": [Cause { reason: "FieldValueInvalid".into(), message: reason, field: path }]})),
+            StorageError::InsufficientStorage(message) => {
+                tracing::warn!(%message, "write refused: out of space");
+                ApiError::insufficient_storage(message)
+            }
             other => {
                 tracing::error!(error = %other, "storage failure");
                 ApiError::internal(other.to_string())

@@ -59,6 +59,12 @@ pub struct ServeOptions {
     /// continuation from further back gets 410 Gone and re-lists.
     #[arg(long, default_value_t = StoreOptions::default().change_log_len)]
     pub change_log_length: u64,
+    /// Free bytes the data directory's filesystem must keep: below this, uploads, unpacks and
+    /// creating or changing objects fail with 507 InsufficientStorage (reads and deletes still
+    /// work); below a quarter of it every write stops, so the store never meets a full disk.
+    /// Writes succeed again as soon as space is freed.
+    #[arg(long, default_value_t = crate::storage::DEFAULT_MIN_FREE_BYTES)]
+    pub min_free_bytes: u64,
     #[command(flatten)]
     pub auth: AuthOptions,
     #[command(flatten)]
@@ -72,8 +78,11 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     let pki = pki::ensure_standalone(&options.data_dir).context("preparing certificates")?;
     let store = {
         let dir = options.data_dir.join("store");
-        let store_options =
-            StoreOptions { change_log_len: options.change_log_length.max(1), ..StoreOptions::default() };
+        let store_options = StoreOptions {
+            change_log_len: options.change_log_length.max(1),
+            min_free_bytes: options.min_free_bytes,
+            ..StoreOptions::default()
+        };
         tokio::task::spawn_blocking(move || Store::open(&dir, store_options)).await.context("opening the store")??
     };
     let uploads = {

@@ -258,6 +258,8 @@ impl Store {
         if builder.is_empty() {
             return Ok(());
         }
+        // Checked per block: an upload that crosses the reserve stops here, one block past it.
+        self.ensure_space(super::WriteKind::Content)?;
         let (codec, payload) = encode(&builder.raw, self.inner.options.zstd_level);
         let block = self.inner.packs.append(codec, builder.raw.len() as u32, &builder.members, &payload)?;
         let _pins = self.lock_pins();

@@ -25,6 +25,12 @@ const COMPACT_BELOW_LIVE: f64 = 0.5;
 
 impl Store {
     pub(super) fn recover(&self) -> Result<()> {
+        // On a disk at the floor even recovery's small writes could make sled fail for good; the
+        // staging revisions are unreachable anyway and are released at a later open.
+        if let Err(e) = self.ensure_space(super::WriteKind::Metadata) {
+            tracing::warn!(error = %e, "recovery postponed to the next start");
+            return Ok(());
+        }
         let mut batch = sled::Batch::default();
         for item in self.tree().scan_prefix(b"v") {
             let (k, v) = item?;
@@ -48,6 +54,7 @@ impl Store {
     /// Frees every `Deleting` revision, then sweeps unreferenced chunks.
     pub fn collect(&self) -> Result<GcReport> {
         let _guard = self.inner.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.ensure_space(super::WriteKind::Metadata)?;
         let mut report = GcReport::default();
         let deleting: Vec<RevisionId> = self
             .tree()
@@ -109,6 +116,10 @@ impl Store {
             let size = packs.size(id)?;
             let live_bytes = live.get(&id).copied().unwrap_or(0);
             if live_bytes == 0 || (live_bytes as f64) < size as f64 * COMPACT_BELOW_LIVE {
+                // Copying live chunks takes space before it frees any: not in the reserve.
+                if live_bytes > 0 && self.ensure_space(super::WriteKind::Content).is_err() {
+                    continue;
+                }
                 if live_bytes > 0 {
                     self.compact_pack(id)?;
                 }

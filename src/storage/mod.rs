@@ -29,6 +29,7 @@ mod objects;
 mod packs;
 mod read;
 mod revision;
+mod space;
 pub mod tarfmt;
 
 use std::path::Path;
@@ -41,6 +42,7 @@ pub use listing::{ListPage, ListQuery, ListSink};
 pub use objects::{ChangeEvent, ObjectKey, ObjectWrite, Precondition, StoredObject, WriteOutcome};
 pub use read::{FileListing, RangeSpec, Sink};
 pub use revision::{PendingRevision, RevisionWriter};
+pub use space::{is_out_of_space, WriteKind, DEFAULT_MIN_FREE_BYTES};
 
 /// Identifies one stored content revision.
 pub type RevisionId = u64;
@@ -49,9 +51,12 @@ pub type RevisionId = u64;
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     #[error("storage engine: {0}")]
-    Engine(#[from] sled::Error),
+    Engine(sled::Error),
     #[error("storage I/O: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+    /// The data directory's filesystem is (nearly) full: see [`space`]. Its message says so.
+    #[error("{0}")]
+    InsufficientStorage(String),
     #[error("corrupt store: {0}")]
     Corrupt(String),
     #[error("{0} not found")]
@@ -73,6 +78,26 @@ pub enum StorageError {
 }
 
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;
+
+/// A full disk is classified here, once, whichever layer met it.
+impl From<std::io::Error> for StorageError {
+    fn from(err: std::io::Error) -> StorageError {
+        if space::is_out_of_space(&err) {
+            StorageError::InsufficientStorage(format!("the data directory is out of space: {err}"))
+        } else {
+            StorageError::Io(err)
+        }
+    }
+}
+
+impl From<sled::Error> for StorageError {
+    fn from(err: sled::Error) -> StorageError {
+        match err {
+            sled::Error::Io(io) if space::is_out_of_space(&io) => io.into(),
+            other => StorageError::Engine(other),
+        }
+    }
+}
 
 /// Lifecycle of a revision: written while `Staging`, served once `Committed`, released while
 /// `Deleting`. Only `Committed` revisions are ever reachable from API objects.
@@ -233,11 +258,19 @@ pub struct StoreOptions {
     pub zstd_level: i32,
     /// Change-log entries kept for watches.
     pub change_log_len: u64,
+    /// Free bytes on the data directory's filesystem below which new content is refused
+    /// ([`space`]).
+    pub min_free_bytes: u64,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { cache_bytes: 32 << 20, zstd_level: 3, change_log_len: 100_000 }
+        StoreOptions {
+            cache_bytes: 32 << 20,
+            zstd_level: 3,
+            change_log_len: 100_000,
+            min_free_bytes: DEFAULT_MIN_FREE_BYTES,
+        }
     }
 }
 
@@ -263,6 +296,7 @@ struct Inner {
     gc_requests: std::sync::mpsc::SyncSender<()>,
     packs: packs::Packs,
     blocks: chunks::BlockCache,
+    space: space::SpaceGuard,
 }
 
 impl Store {
@@ -270,6 +304,7 @@ impl Store {
     /// staging revisions are released and unreferenced chunks collected.
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store> {
         std::fs::create_dir_all(dir)?;
+        let space = space::SpaceGuard::new(dir, options.min_free_bytes);
         let db = sled::Config::new()
             .path(dir.join("db"))
             .cache_capacity(options.cache_bytes)
@@ -292,6 +327,7 @@ impl Store {
                 gc_requests,
                 packs,
                 blocks: chunks::BlockCache::default(),
+                space,
             }),
         };
         store.recover()?;
@@ -305,6 +341,13 @@ impl Store {
         self.inner.packs.sync()?;
         self.inner.db.flush()?;
         Ok(())
+    }
+
+    /// `Err(InsufficientStorage)` when the data directory has too little free space for a write
+    /// of this kind to start (see [`space`]). Checked by the store's own writers; the API checks
+    /// it before requests that create or change anything.
+    pub fn ensure_space(&self, kind: WriteKind) -> Result<()> {
+        self.inner.space.check(kind)
     }
 
     /// Notified with the new resourceVersion after every object write.

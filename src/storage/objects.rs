@@ -152,6 +152,8 @@ impl Store {
 
     /// Applies `writes` atomically (all or nothing), durably, at one new resourceVersion.
     pub fn write_objects(&self, writes: Vec<ObjectWrite>) -> Result<WriteOutcome> {
+        // Refused only at the floor: deletes and status updates must work while content is refused.
+        self.ensure_space(super::WriteKind::Metadata)?;
         let guard = self.lock_objects();
         let rv = self.current_resource_version()? + 1;
         let mut batch = sled::Batch::default();

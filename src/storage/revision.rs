@@ -49,6 +49,7 @@ pub struct RevisionWriter {
 
 impl Store {
     pub fn begin_revision(&self) -> Result<RevisionWriter> {
+        self.ensure_space(super::WriteKind::Content)?;
         let id = self.inner.db.generate_id()?;
         let record = RevisionRecord {
             id,

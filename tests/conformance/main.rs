@@ -7,14 +7,17 @@
 //! Needs `kubectl` on PATH and the corpus at `../shared/corpus` (or `$STOWAGE_CORPUS`); a missing
 //! tool or corpus fails the tests, it never skips them.
 
+mod fault_ops;
 mod git_server;
 mod harness;
 mod http_server;
 mod load_workers;
 mod raw_client;
 mod registry;
+mod store_check;
 mod stub_apiserver;
 mod tarutil;
+mod tmpfs;
 
 mod api;
 mod apply;
@@ -28,6 +31,8 @@ mod delegated_auth;
 mod delegated_server;
 mod deploy;
 mod discovery;
+mod faults;
+mod full_disk;
 mod idle_connections;
 mod kube_client;
 mod kubectl;

@@ -12,7 +12,7 @@ use crate::harness::*;
 use crate::tarutil::*;
 
 /// Reads newline-delimited watch events until `count` arrived (or the stream ends / 20 s pass).
-async fn read_events(resp: reqwest::Response, count: usize) -> Vec<Value> {
+pub(crate) async fn read_events(resp: reqwest::Response, count: usize) -> Vec<Value> {
     let mut stream = resp.bytes_stream();
     let mut buffer = Vec::new();
     let mut events = Vec::new();

@@ -72,7 +72,7 @@ pub async fn post_bundle_content(
     let id = tokio::task::spawn_blocking(move || spool.create(&meta))
         .await
         .map_err(|e| ApiError::internal(format!("upload task failed: {e}")))?
-        .map_err(|e| ApiError::internal(format!("starting an upload session: {e}")))?;
+        .map_err(|e| ApiError::io("starting an upload session", e))?;
     tracing::info!(upload = %id, bundle = %format!("{namespace}/{name}"), "upload session started");
     Ok(session_response(StatusCode::ACCEPTED, &namespace, &name, &id, 0))
 }
@@ -228,7 +228,7 @@ impl Session {
             }
             Err(e @ AppendError::TooLarge { .. }) => ApiError::too_large(format!("{e} (--max-body-bytes)")),
             Err(e @ (AppendError::Short { .. } | AppendError::Body(_))) => ApiError::bad_request(e.to_string()),
-            Err(e @ AppendError::Io(_)) => ApiError::internal(e.to_string()),
+            Err(AppendError::Io(e)) => ApiError::io("writing the piece to the upload spool", e),
         };
         Err(error.into_response())
     }
@@ -239,7 +239,7 @@ impl Session {
         tokio::task::spawn_blocking(move || spool.mark_committed(&id, &mut meta))
             .await
             .map_err(|e| ApiError::internal(format!("upload task failed: {e}")))?
-            .map_err(|e| ApiError::internal(format!("recording the commit of upload {:?}: {e}", self.id)))?;
+            .map_err(|e| ApiError::io(&format!("recording the commit of upload {:?}", self.id), e))?;
         self.meta.committed = true;
         Ok(())
     }
