@@ -28,6 +28,7 @@ mod delegated_auth;
 mod delegated_server;
 mod deploy;
 mod discovery;
+mod http2_abuse;
 mod idle_connections;
 mod kube_client;
 mod kubectl;
