@@ -17,6 +17,8 @@ use crate::tarutil::*;
 const CLIENTS: usize = 200;
 /// Watchers among the clients: half watch one namespace, half all of them.
 const WATCHERS: usize = 16;
+/// Changes the server's watch cache keeps decoded (`watch_cache.rs`).
+const WATCH_RING_EVENTS: u64 = 4096;
 /// How long watchers get to deliver the last acknowledged writes once the load stops.
 const CATCH_UP: Duration = Duration::from_secs(30);
 
@@ -88,12 +90,14 @@ async fn two_hundred_clients_mixing_reads_writes_and_watches() {
     });
     tokio::time::sleep(duration / 2).await;
     let rss_warm = rss_kib(server.pid());
+    let rv_warm = store_version(&server).await;
     let mut reports = Vec::new();
     for worker in workers {
         reports.push(worker.await.expect("worker task"));
     }
     let elapsed = started.elapsed();
     let rss_end = rss_kib(server.pid());
+    let changes_since_warm = store_version(&server).await - rv_warm;
     report(&format!("load: RSS MiB every 2 s: {:?}", sampler.await.expect("sampler")));
 
     let mut latencies: BTreeMap<Kind, Vec<Duration>> = BTreeMap::new();
@@ -141,15 +145,24 @@ async fn two_hundred_clients_mixing_reads_writes_and_watches() {
     report(&format!("load: {} acknowledged writes; watchers saw {watched_events} events, none missing", acks.len()));
 
     // After warm-up the per-connection state is in place (200 connections' TLS and HTTP buffers,
-    // the block cache of 16 × 256 KiB); what may still fill are the bounded caches: the watch
-    // cache's ring (4096 decoded events, two Bundles each: up to ~64 MiB at these sizes) and sled's
-    // cache (32 MiB). Over a 60 s run RSS levels off (at ~290 MiB here); a leak of a response or
-    // connection buffer per request (~10 k requests) would exceed this.
-    let allowed_growth_kib = 96 * 1024;
+    // the block cache of 16 × 256 KiB); what may still fill are the bounded caches: sled's (32 MiB)
+    // and the watch cache's ring, which keeps the last 4096 changes decoded (the object and its
+    // previous state: ~20 KiB each for these Bundles as measured without watchers, 32 KiB
+    // allowed), plus 32 MiB for the allocator. Over a 60 s run RSS levels off once both are full
+    // (at ~290 MiB here); anything kept per request (~10 k) or per connection beyond that fails.
+    let ring_fill_kib = changes_since_warm.min(WATCH_RING_EVENTS) * 32;
+    let allowed_growth_kib = 32 * 1024 + ring_fill_kib + 32 * 1024;
     report(&format!(
-        "load: server RSS {rss_warm} KiB after warm-up (half time), {rss_end} KiB at the end (allowed growth {allowed_growth_kib} KiB)"
+        "load: server RSS {rss_warm} KiB after warm-up (half time), {rss_end} KiB at the end, \
+         {changes_since_warm} changes since (allowed growth {allowed_growth_kib} KiB)"
     ));
     assert!(rss_end <= rss_warm + allowed_growth_kib, "server RSS grew from {rss_warm} to {rss_end} KiB");
+}
+
+/// The store's current resourceVersion (of every resource: the change log is shared).
+async fn store_version(server: &Server) -> u64 {
+    let list = server.get_json(&format!("{API}/bundles?limit=1")).await;
+    str_at(&list, "/metadata/resourceVersion").parse().expect("numeric resourceVersion")
 }
 
 fn report_latencies(latencies: &BTreeMap<Kind, Vec<Duration>>, elapsed: Duration) {

@@ -16,7 +16,7 @@ use tokio_rustls::TlsConnector;
 
 use crate::harness::*;
 
-/// Opens TLS connections to the server as its admin (HTTP/1.1 offered by ALPN).
+/// Opens TLS connections to the server as its admin.
 pub struct RawTls {
     connector: TlsConnector,
     pub addr: SocketAddr,
@@ -24,6 +24,11 @@ pub struct RawTls {
 
 impl RawTls {
     pub fn new(server: &Server) -> RawTls {
+        RawTls::with_alpn(server, b"http/1.1")
+    }
+
+    /// Offering only `protocol` by ALPN (`h2` for raw HTTP/2).
+    pub fn with_alpn(server: &Server, protocol: &[u8]) -> RawTls {
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let pki = server.data_dir().join("pki");
         let mut roots = rustls::RootCertStore::empty();
@@ -39,7 +44,7 @@ impl RawTls {
             .with_root_certificates(roots)
             .with_client_auth_cert(chain, key)
             .expect("client TLS config");
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = vec![protocol.to_vec()];
         RawTls { connector: TlsConnector::from(Arc::new(config)), addr: server_addr(server) }
     }
 

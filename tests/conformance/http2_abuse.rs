@@ -1,0 +1,48 @@
+//! HTTP/2 abuse (issue 7): a client that opens streams and resets them at once, as fast as it can
+//! (the "rapid reset" attack). The server bounds the work (h2 ends such a connection with GOAWAY
+//! once too many streams were reset before it accepted them) and keeps serving others.
+
+use std::time::Duration;
+
+use crate::harness::*;
+use crate::raw_client::*;
+use crate::slow_clients::{BYSTANDER_BOUND, SHORT_LIMITS};
+
+const STREAMS: usize = 20_000;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rapid_reset_is_bounded_and_others_are_served() {
+    let server = Server::start_temp(SHORT_LIMITS);
+    let raw = RawTls::with_alpn(&server, b"h2");
+    let probe = BystanderProbe::start(&server, "/readyz", Duration::from_millis(100));
+    let rss_before = rss_kib(server.pid());
+
+    let tls = raw.connect().await.expect("TLS connection");
+    let (mut client, connection) = h2::client::handshake(tls).await.expect("HTTP/2 handshake");
+    let driver = tokio::spawn(connection);
+    // A watch: a request that would run until the client goes away, so each one left unreset would
+    // cost the server a stream and a task.
+    let uri = format!("https://localhost{}?watch=true", bundles("reset"));
+    let mut sent = 0;
+    for _ in 0..STREAMS {
+        let ready = match tokio::time::timeout(Duration::from_secs(5), client.clone().ready()).await {
+            Ok(Ok(ready)) => ready,
+            _ => break,
+        };
+        client = ready;
+        let request = http::Request::get(&uri).body(()).expect("request");
+        let Ok((_response, mut stream)) = client.send_request(request, true) else { break };
+        stream.send_reset(h2::Reason::CANCEL);
+        sent += 1;
+    }
+    drop(client);
+    let ended = tokio::time::timeout(Duration::from_secs(10), driver).await;
+    let rss_after = rss_kib(server.pid());
+    report(&format!(
+        "rapid reset: {sent} streams opened and reset; connection ended with {ended:?}; RSS {rss_before} -> {rss_after} KiB"
+    ));
+    assert!(sent < STREAMS, "the server let one connection open and reset {sent} streams");
+    assert!(ended.is_ok(), "the attacking connection was still open 10 s after the attack");
+    assert!(rss_after < rss_before + 32 * 1024, "RSS grew from {rss_before} to {rss_after} KiB");
+    probe.finish("rapid reset", BYSTANDER_BOUND).await;
+}
