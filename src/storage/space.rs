@@ -74,8 +74,13 @@ impl SpaceGuard {
 
     /// `Err(InsufficientStorage)` when the filesystem is below the threshold for `kind`.
     pub fn check(&self, kind: WriteKind) -> Result<()> {
+        self.check_room_for(kind, 0)
+    }
+
+    /// Like [`SpaceGuard::check`], for a write of `bytes` that must leave the threshold free.
+    pub fn check_room_for(&self, kind: WriteKind, bytes: u64) -> Result<()> {
         let free = free_bytes(&self.dir)?;
-        let needed = self.threshold(kind);
+        let needed = self.threshold(kind).saturating_add(bytes);
         if free < needed {
             return Err(StorageError::InsufficientStorage(format!(
                 "the data directory {} is out of space: {} free, {} must stay free (--min-free-bytes {})",
@@ -115,6 +120,45 @@ mod tests {
         }
         SpaceGuard::new(dir.path(), 0).check(WriteKind::Content).unwrap();
         assert!(SpaceGuard::new(dir.path(), u64::MAX).check(WriteKind::Metadata).is_err());
+    }
+
+    /// A write that failed (an unpack stopped by the reserve) must give its bytes back at once:
+    /// on a full disk nothing else would ever roll the active pack over.
+    #[test]
+    fn an_abandoned_write_gives_its_bytes_back_without_a_restart() {
+        use crate::storage::{ObjectKey, ObjectWrite, Precondition, Store, StoreOptions};
+        let noise = |seed: u64, len: usize| -> Vec<u8> {
+            let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions { min_free_bytes: 0, ..StoreOptions::default() }).unwrap();
+        let mut kept = store.begin_revision().unwrap();
+        kept.add_file("kept.bin", false, &mut &noise(1, 500_000)[..]).unwrap();
+        let mut pending = kept.finalize().unwrap();
+        let (key, id) = (ObjectKey::new("bundlecontents", "ns", "kept"), pending.record().id);
+        let put = ObjectWrite::Put {
+            key,
+            object: serde_json::json!({}),
+            precondition: Precondition::None,
+            revision: Some(id),
+        };
+        pending.commit(vec![put]).unwrap();
+        let mut abandoned = store.begin_revision().unwrap();
+        abandoned.add_file("big.bin", false, &mut &noise(2, 6_000_000)[..]).unwrap();
+        drop(abandoned);
+        store.collect().unwrap();
+        let disk = store.stats().unwrap().disk_bytes;
+        let packs: u64 =
+            std::fs::read_dir(dir.path().join("packs")).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+        assert!(packs < 1_500_000, "pack bytes {packs} (store {disk}): the abandoned 6 MB were not given back");
     }
 
     #[test]
