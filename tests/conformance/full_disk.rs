@@ -1,8 +1,8 @@
 //! A server whose data directory is a small tmpfs that fills up: writes fail with 507
 //! `InsufficientStorage` (uploads, creates, chunked sessions, and an unpack reports
 //! `StorageFailed` and is retried), nothing stored is lost, reads and watches keep working,
-//! deletes work while only the reserve is touched; once space is freed writes succeed again without
-//! a restart, and a restart finds everything intact.
+//! deletes work while only the reserve is touched, a restart on the full disk serves; once space is
+//! freed writes succeed again without a restart, and a restart finds everything intact.
 
 use std::time::{Duration, Instant};
 
@@ -129,6 +129,9 @@ async fn a_full_disk_refuses_writes_keeps_reads_and_recovers_without_restart() {
     let resp = server.delete(&bundle(NS, "keep-1")).await;
     expect_full(resp, "delete at the floor").await;
     assert_reads_work(&server, &ledger, kept, "at the floor").await;
+    // A restart on the full disk: the store opens (recovery waits for space) and serves.
+    server.restart();
+    assert_reads_work(&server, &ledger, kept, "restarted at the floor").await;
     // Let the unpack's retries meet the floor too.
     tokio::time::sleep(Duration::from_secs(6)).await;
 
