@@ -47,9 +47,12 @@ pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
     Ok((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
 }
 
-/// Whether an I/O error means the filesystem (or the user's quota) is full.
+/// Whether an I/O error means the filesystem (or the user's quota) is full. By kind too, not only
+/// by errno: sled hands out *copies* of the error that poisoned it, rebuilt from the kind and the
+/// message, without the OS code.
 pub fn is_out_of_space(err: &std::io::Error) -> bool {
     matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        || matches!(err.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
 }
 
 /// The free-space policy of one data directory.
@@ -170,5 +173,9 @@ mod tests {
         assert!(matches!(classified, StorageError::InsufficientStorage(_)), "{classified}");
         let sled_full: StorageError = sled::Error::Io(std::io::Error::from_raw_os_error(libc::ENOSPC)).into();
         assert!(matches!(sled_full, StorageError::InsufficientStorage(_)), "{sled_full}");
+        // What sled returns once poisoned: a clone, kind kept, OS code lost (seen on a full tmpfs).
+        let poisoned = sled::Error::Io(std::io::Error::from_raw_os_error(libc::ENOSPC)).clone();
+        let poisoned: StorageError = poisoned.into();
+        assert!(matches!(poisoned, StorageError::InsufficientStorage(_)), "{poisoned}");
     }
 }
