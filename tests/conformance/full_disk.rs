@@ -77,6 +77,16 @@ async fn a_full_disk_refuses_writes_keeps_reads_and_recovers_without_restart() {
         ledger.acknowledged(NS, &b);
     }
 
+    // An upload of 8 MiB with 3 MiB above the reserve: it crosses it and stops there, cleanly.
+    filler.leave_free(&tmpfs, RESERVE + 3 * MIB);
+    let crossing = server.try_upload(NS, "keep-0", build_tar(&random_tree(40, 4, 2 << 20)), None).await;
+    match crossing {
+        Ok(resp) => expect_full(resp, "an upload crossing the reserve").await,
+        // HTTP/1.1: the early answer may be lost when the server stops reading the body.
+        Err(e) => report(&format!("full disk: the upload crossing the reserve was cut: {e}")),
+    }
+    verify_contents(&server, NS, &ledger, "after an upload crossed the reserve").await;
+
     // An unpack that needs 16 MiB with 6 MiB above the reserve: it crosses it and stops there,
     // reported as a storage failure that says why, retried, with nothing half-written visible.
     filler.leave_free(&tmpfs, RESERVE + 6 * MIB);
