@@ -261,6 +261,7 @@ impl Store {
         // Checked per block: an upload that crosses the reserve stops here, one block past it.
         self.ensure_space(super::WriteKind::Content)?;
         let (codec, payload) = encode(&builder.raw, self.inner.options.zstd_level);
+        let _sealing = self.inner.sealing.read().unwrap_or_else(|e| e.into_inner());
         let block = self.inner.packs.append(codec, builder.raw.len() as u32, &builder.members, &payload)?;
         let _pins = self.lock_pins();
         let mut batch = sled::Batch::default();

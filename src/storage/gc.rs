@@ -22,6 +22,9 @@ pub struct GcReport {
 
 /// A pack is compacted once less than this fraction of it is still referenced.
 const COMPACT_BELOW_LIVE: f64 = 0.5;
+/// The active pack is sealed for compaction once this many of its bytes are dead (and it is
+/// mostly dead): small enough to matter on a nearly full disk, big enough not to litter small packs.
+const ROLL_ACTIVE_DEAD_BYTES: u64 = 4 << 20;
 
 impl Store {
     pub(super) fn recover(&self) -> Result<()> {
@@ -101,23 +104,28 @@ impl Store {
     /// pack (fsynced before the index points at the copies), then the old file is deleted.
     fn compact_packs(&self) -> Result<u64> {
         let packs = &self.inner.packs;
-        let mut live: HashMap<u64, u64> = HashMap::new();
-        for item in self.tree().scan_prefix(b"c") {
-            let (_, v) = item?;
-            let at = Location::decode(&v)?;
-            *live.entry(at.block.pack).or_insert(0) += at.stored_share();
+        let (mut active, mut ids) = self.sealed_packs(false)?;
+        let mut live = self.live_bytes_by_pack()?;
+        // Dead bytes in the active pack would stay until the next start or roll-over (128 MiB) —
+        // forever on a full disk, where nothing new is written: seal it once it is mostly dead.
+        if let Some(id) = active {
+            let (size, live_bytes) = (packs.size(id)?, live.get(&id).copied().unwrap_or(0));
+            if size.saturating_sub(live_bytes) >= ROLL_ACTIVE_DEAD_BYTES && mostly_dead(live_bytes, size) {
+                (active, ids) = self.sealed_packs(true)?;
+                live = self.live_bytes_by_pack()?;
+            }
         }
-        let active = packs.active_id();
         let mut compacted = 0;
-        for id in packs.list()? {
+        for id in ids {
             if Some(id) == active {
                 continue;
             }
             let size = packs.size(id)?;
             let live_bytes = live.get(&id).copied().unwrap_or(0);
-            if live_bytes == 0 || (live_bytes as f64) < size as f64 * COMPACT_BELOW_LIVE {
-                // Copying live chunks takes space before it frees any: not in the reserve.
-                if live_bytes > 0 && self.ensure_space(super::WriteKind::Content).is_err() {
+            if live_bytes == 0 || mostly_dead(live_bytes, size) {
+                // Copying live chunks takes space before it frees more: in the reserve (where it
+                // matters most) only if the copy leaves the floor free.
+                if live_bytes > 0 && self.ensure_room_for(super::WriteKind::Metadata, live_bytes).is_err() {
                     continue;
                 }
                 if live_bytes > 0 {
@@ -130,6 +138,28 @@ impl Store {
             }
         }
         Ok(compacted)
+    }
+
+    /// The active pack and all pack ids, taken while no writer is between appending a block and
+    /// indexing it: every pack but the active one then has its index complete, so a live count
+    /// scanned afterwards is exact for it. With `roll`, the active pack is sealed first.
+    fn sealed_packs(&self, roll: bool) -> Result<(Option<u64>, Vec<u64>)> {
+        let _sealing = self.inner.sealing.write().unwrap_or_else(|e| e.into_inner());
+        if roll {
+            self.inner.packs.roll();
+        }
+        Ok((self.inner.packs.active_id(), self.inner.packs.list()?))
+    }
+
+    /// Stored bytes of indexed chunks, per pack.
+    fn live_bytes_by_pack(&self) -> Result<HashMap<u64, u64>> {
+        let mut live: HashMap<u64, u64> = HashMap::new();
+        for item in self.tree().scan_prefix(b"c") {
+            let (_, v) = item?;
+            let at = Location::decode(&v)?;
+            *live.entry(at.block.pack).or_insert(0) += at.stored_share();
+        }
+        Ok(live)
     }
 
     fn compact_pack(&self, id: u64) -> Result<()> {
@@ -167,6 +197,10 @@ impl Store {
     pub fn request_gc(&self) {
         let _ = self.inner.gc_requests.try_send(());
     }
+}
+
+fn mostly_dead(live_bytes: u64, size: u64) -> bool {
+    (live_bytes as f64) < size as f64 * COMPACT_BELOW_LIVE
 }
 
 /// Runs collection passes on request until the store is dropped.

@@ -292,6 +292,9 @@ struct Inner {
     pins: Mutex<chunks::Pins>,
     /// Serialises garbage collection passes.
     gc_lock: Mutex<()>,
+    /// Held (shared) by a writer from appending a block until its chunks are indexed; rolling the
+    /// active pack takes it exclusively, so a rolled pack has no block whose index is still to come.
+    sealing: std::sync::RwLock<()>,
     events: tokio::sync::broadcast::Sender<u64>,
     gc_requests: std::sync::mpsc::SyncSender<()>,
     packs: packs::Packs,
@@ -323,6 +326,7 @@ impl Store {
                 object_lock: Mutex::new(()),
                 pins: Mutex::new(chunks::Pins::default()),
                 gc_lock: Mutex::new(()),
+                sealing: std::sync::RwLock::new(()),
                 events,
                 gc_requests,
                 packs,
@@ -348,6 +352,11 @@ impl Store {
     /// it before requests that create or change anything.
     pub fn ensure_space(&self, kind: WriteKind) -> Result<()> {
         self.inner.space.check(kind)
+    }
+
+    /// Like [`Store::ensure_space`] for a write of `bytes` that must leave the threshold free.
+    pub(crate) fn ensure_room_for(&self, kind: WriteKind, bytes: u64) -> Result<()> {
+        self.inner.space.check_room_for(kind, bytes)
     }
 
     /// Notified with the new resourceVersion after every object write.

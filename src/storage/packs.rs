@@ -114,6 +114,15 @@ impl Packs {
         lock(&self.active).as_ref().map(|a| a.id)
     }
 
+    /// Seals the active pack (the next append starts a new one), so compaction may reclaim it.
+    pub fn roll(&self) {
+        if let Some(old) = lock(&self.active).take() {
+            if old.dirty {
+                lock(&self.unsynced).push(old.file);
+            }
+        }
+    }
+
     fn path(&self, id: u64) -> PathBuf {
         self.dir.join(pack_name(id))
     }

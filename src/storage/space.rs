@@ -47,9 +47,12 @@ pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
     Ok((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
 }
 
-/// Whether an I/O error means the filesystem (or the user's quota) is full.
+/// Whether an I/O error means the filesystem (or the user's quota) is full. By kind too, not only
+/// by errno: sled hands out *copies* of the error that poisoned it, rebuilt from the kind and the
+/// message, without the OS code.
 pub fn is_out_of_space(err: &std::io::Error) -> bool {
     matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        || matches!(err.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
 }
 
 /// The free-space policy of one data directory.
@@ -74,8 +77,13 @@ impl SpaceGuard {
 
     /// `Err(InsufficientStorage)` when the filesystem is below the threshold for `kind`.
     pub fn check(&self, kind: WriteKind) -> Result<()> {
+        self.check_room_for(kind, 0)
+    }
+
+    /// Like [`SpaceGuard::check`], for a write of `bytes` that must leave the threshold free.
+    pub fn check_room_for(&self, kind: WriteKind, bytes: u64) -> Result<()> {
         let free = free_bytes(&self.dir)?;
-        let needed = self.threshold(kind);
+        let needed = self.threshold(kind).saturating_add(bytes);
         if free < needed {
             return Err(StorageError::InsufficientStorage(format!(
                 "the data directory {} is out of space: {} free, {} must stay free (--min-free-bytes {})",
@@ -117,6 +125,45 @@ mod tests {
         assert!(SpaceGuard::new(dir.path(), u64::MAX).check(WriteKind::Metadata).is_err());
     }
 
+    /// A write that failed (an unpack stopped by the reserve) must give its bytes back at once:
+    /// on a full disk nothing else would ever roll the active pack over.
+    #[test]
+    fn an_abandoned_write_gives_its_bytes_back_without_a_restart() {
+        use crate::storage::{ObjectKey, ObjectWrite, Precondition, Store, StoreOptions};
+        let noise = |seed: u64, len: usize| -> Vec<u8> {
+            let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions { min_free_bytes: 0, ..StoreOptions::default() }).unwrap();
+        let mut kept = store.begin_revision().unwrap();
+        kept.add_file("kept.bin", false, &mut &noise(1, 500_000)[..]).unwrap();
+        let mut pending = kept.finalize().unwrap();
+        let (key, id) = (ObjectKey::new("bundlecontents", "ns", "kept"), pending.record().id);
+        let put = ObjectWrite::Put {
+            key,
+            object: serde_json::json!({}),
+            precondition: Precondition::None,
+            revision: Some(id),
+        };
+        pending.commit(vec![put]).unwrap();
+        let mut abandoned = store.begin_revision().unwrap();
+        abandoned.add_file("big.bin", false, &mut &noise(2, 6_000_000)[..]).unwrap();
+        drop(abandoned);
+        store.collect().unwrap();
+        let disk = store.stats().unwrap().disk_bytes;
+        let packs: u64 =
+            std::fs::read_dir(dir.path().join("packs")).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+        assert!(packs < 1_500_000, "pack bytes {packs} (store {disk}): the abandoned 6 MB were not given back");
+    }
+
     #[test]
     fn out_of_space_errors_are_recognised() {
         assert!(is_out_of_space(&std::io::Error::from_raw_os_error(libc::ENOSPC)));
@@ -126,5 +173,9 @@ mod tests {
         assert!(matches!(classified, StorageError::InsufficientStorage(_)), "{classified}");
         let sled_full: StorageError = sled::Error::Io(std::io::Error::from_raw_os_error(libc::ENOSPC)).into();
         assert!(matches!(sled_full, StorageError::InsufficientStorage(_)), "{sled_full}");
+        // What sled returns once poisoned: a clone, kind kept, OS code lost (seen on a full tmpfs).
+        let poisoned = sled::Error::Io(std::io::Error::from_raw_os_error(libc::ENOSPC)).clone();
+        let poisoned: StorageError = poisoned.into();
+        assert!(matches!(poisoned, StorageError::InsufficientStorage(_)), "{poisoned}");
     }
 }

@@ -1,8 +1,8 @@
 //! A server whose data directory is a small tmpfs that fills up: writes fail with 507
 //! `InsufficientStorage` (uploads, creates, chunked sessions, and an unpack reports
 //! `StorageFailed` and is retried), nothing stored is lost, reads and watches keep working,
-//! deletes work while only the reserve is touched; once space is freed writes succeed again without
-//! a restart, and a restart finds everything intact.
+//! deletes work while only the reserve is touched, a restart on the full disk serves; once space is
+//! freed writes succeed again without a restart, and a restart finds everything intact.
 
 use std::time::{Duration, Instant};
 
@@ -77,6 +77,16 @@ async fn a_full_disk_refuses_writes_keeps_reads_and_recovers_without_restart() {
         ledger.acknowledged(NS, &b);
     }
 
+    // An upload of 8 MiB with 3 MiB above the reserve: it crosses it and stops there, cleanly.
+    filler.leave_free(&tmpfs, RESERVE + 3 * MIB);
+    let crossing = server.try_upload(NS, "keep-0", build_tar(&random_tree(40, 4, 2 << 20)), None).await;
+    match crossing {
+        Ok(resp) => expect_full(resp, "an upload crossing the reserve").await,
+        // HTTP/1.1: the early answer may be lost when the server stops reading the body.
+        Err(e) => report(&format!("full disk: the upload crossing the reserve was cut: {e}")),
+    }
+    verify_contents(&server, NS, &ledger, "after an upload crossed the reserve").await;
+
     // An unpack that needs 16 MiB with 6 MiB above the reserve: it crosses it and stops there,
     // reported as a storage failure that says why, retried, with nothing half-written visible.
     filler.leave_free(&tmpfs, RESERVE + 6 * MIB);
@@ -91,9 +101,17 @@ async fn a_full_disk_refuses_writes_keeps_reads_and_recovers_without_restart() {
     assert!(unpacked["message"].as_str().unwrap_or_default().contains("out of space"), "{failed:#}");
     assert!(failed.pointer("/status/digest").is_none(), "a failed unpack shows content: {failed:#}");
 
+    // What the failed unpack wrote is given back without a restart (its pack is compacted).
+    eventually(WAIT, "the failed unpack's bytes freed", || async {
+        match tmpfs.free() {
+            free if free >= RESERVE + 4 * MIB => Ok(()),
+            free => Err(format!("{} KiB free", free >> 10)),
+        }
+    })
+    .await;
+
     // Below the reserve: every way of writing content or objects is refused, up front.
-    let free = tmpfs.free();
-    assert!(free < RESERVE, "the unpack stopped at the reserve ({free} bytes free)");
+    filler.leave_free(&tmpfs, RESERVE - 4 * MIB);
     expect_full(server.upload(NS, "keep-0", build_tar(&random_tree(50, 1, 64 << 10)), None).await, "upload").await;
     let create = server.post_json(&bundles(NS), &upload_bundle(NS, "refused")).await;
     expect_full(create, "create").await;
@@ -121,6 +139,9 @@ async fn a_full_disk_refuses_writes_keeps_reads_and_recovers_without_restart() {
     let resp = server.delete(&bundle(NS, "keep-1")).await;
     expect_full(resp, "delete at the floor").await;
     assert_reads_work(&server, &ledger, kept, "at the floor").await;
+    // A restart on the full disk: the store opens (recovery waits for space) and serves.
+    server.restart();
+    assert_reads_work(&server, &ledger, kept, "restarted at the floor").await;
     // Let the unpack's retries meet the floor too.
     tokio::time::sleep(Duration::from_secs(6)).await;
 
