@@ -9,6 +9,8 @@ mod access;
 pub mod content;
 mod discovery;
 mod fieldmanager;
+#[doc(hidden)]
+pub(crate) mod fuzz_access;
 pub mod garbage_collector;
 mod handlers;
 mod lifecycle;
@@ -18,7 +20,7 @@ mod metrics;
 mod negotiation;
 mod openapi;
 mod patch;
-mod range;
+pub(crate) mod range;
 pub mod request_info;
 pub mod resources;
 mod schema;

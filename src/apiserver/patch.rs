@@ -6,6 +6,8 @@
 //! checks and rules of an update; a conflict with a concurrent writer is retried, as the
 //! kube-apiserver does, unless the patch itself pinned a resourceVersion.
 
+use std::collections::HashMap;
+
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -17,13 +19,14 @@ use super::handlers::{
     check_object, create_object, field_manager, json_response, replace, updatable_resource_def, Params, UpdateScope,
     WriteRequest,
 };
+use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult, Cause};
 use super::{blocking, fieldmanager, meta, AppState};
 use crate::storage::ObjectKey;
 
 const RETRIES: usize = 5;
 
-enum PatchKind {
+pub(crate) enum PatchKind {
     Merge(Value),
     Json(json_patch::Patch),
     Strategic(Value),
@@ -71,7 +74,8 @@ fn strategic_merge(target: &mut Value, patch: &Value) {
     }
 }
 
-fn parse(headers: &HeaderMap, body: &Bytes) -> ApiResult<PatchKind> {
+/// The patch a request body is, by its Content-Type.
+pub(crate) fn parse(headers: &HeaderMap, body: &Bytes) -> ApiResult<PatchKind> {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let media = content_type.split(';').next().unwrap_or("").trim();
     let invalid = |e: serde_json::Error| ApiError::bad_request(format!("invalid patch: {e}"));
@@ -89,6 +93,47 @@ fn parse(headers: &HeaderMap, body: &Bytes) -> ApiResult<PatchKind> {
              application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, \
              application/apply-patch+yaml"
         ))),
+    }
+}
+
+/// What `patch` makes of `live` (`None`: the object does not exist, which only an apply may
+/// create), checked like a request body: the object to write and the warnings to send.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn patched_object(
+    def: &'static ResourceDef,
+    patch: &PatchKind,
+    live: Option<&Value>,
+    params: &HashMap<String, String>,
+    manager: &str,
+    force: bool,
+    scope: UpdateScope,
+    name: &str,
+) -> ApiResult<(Value, Vec<String>)> {
+    match (patch, live) {
+        (PatchKind::Apply(applied), live) => {
+            let (applied, warnings) = check_object(def, applied.clone(), params)?;
+            let subresource = (scope == UpdateScope::Status).then_some("status");
+            if live.is_none() && scope == UpdateScope::Status {
+                return Err(ApiError::not_found(def.plural, name));
+            }
+            let schema = (def.schema)();
+            let now = meta::now_timestamp();
+            let result =
+                fieldmanager::apply(&schema, live, &applied, manager, force, subresource, &now).map_err(apply_error)?;
+            Ok((result, warnings))
+        }
+        (_, None) => Err(ApiError::not_found(def.plural, name)),
+        (other, Some(live)) => {
+            let mut patched = live.clone();
+            match other {
+                PatchKind::Merge(p) => json_patch::merge(&mut patched, p),
+                PatchKind::Strategic(p) => strategic_merge(&mut patched, p),
+                PatchKind::Json(p) => json_patch::patch(&mut patched, p)
+                    .map_err(|e| ApiError::new_unprocessable(format!("the JSON patch could not be applied: {e}")))?,
+                PatchKind::Apply(_) => {}
+            }
+            check_object(def, patched, params)
+        }
     }
 }
 
@@ -121,34 +166,8 @@ pub async fn patch(
         attempt += 1;
         let key = ObjectKey::new(def.plural, &namespace, &name);
         let stored = blocking(&app, move |store| store.get_object(&key)).await?;
-        let (patched, warnings) = match (&patch, &stored) {
-            (PatchKind::Apply(applied), live) => {
-                let (applied, warnings) = check_object(def, applied.clone(), &params)?;
-                let subresource = (scope == UpdateScope::Status).then_some("status");
-                let live = live.as_ref().map(|s| &s.value);
-                if live.is_none() && scope == UpdateScope::Status {
-                    return Err(ApiError::not_found(def.plural, &name));
-                }
-                let schema = (def.schema)();
-                let now = meta::now_timestamp();
-                let result = fieldmanager::apply(&schema, live, &applied, &manager, force, subresource, &now)
-                    .map_err(apply_error)?;
-                (result, warnings)
-            }
-            (_, None) => return Err(ApiError::not_found(def.plural, &name)),
-            (other, Some(stored)) => {
-                let mut patched = stored.value.clone();
-                match other {
-                    PatchKind::Merge(p) => json_patch::merge(&mut patched, p),
-                    PatchKind::Strategic(p) => strategic_merge(&mut patched, p),
-                    PatchKind::Json(p) => json_patch::patch(&mut patched, p).map_err(|e| {
-                        ApiError::new_unprocessable(format!("the JSON patch could not be applied: {e}"))
-                    })?,
-                    PatchKind::Apply(_) => {}
-                }
-                check_object(def, patched, &params)?
-            }
-        };
+        let live = stored.as_ref().map(|s| &s.value);
+        let (patched, warnings) = patched_object(def, &patch, live, &params, &manager, force, scope, &name)?;
         if patched.pointer("/metadata/name").and_then(Value::as_str) != Some(name.as_str()) {
             return Err(ApiError::bad_request("metadata.name cannot be changed by a patch"));
         }
