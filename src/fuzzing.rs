@@ -323,14 +323,14 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
-/// `Range`/`If-Range` of a download (first line: Range, second: If-Range, third: the size) and
-/// `Content-Range` of a chunked upload piece (fourth line).
+/// `Range`/`If-Range` of a download (first line: Range, second: If-Range, third: the size; an
+/// empty line is no header) and `Content-Range` of a chunked upload piece (fourth line).
 pub fn range_headers(data: &[u8]) -> Outcome {
     let text = String::from_utf8_lossy(data);
     let mut lines = text.split('\n');
     let mut headers = HeaderMap::new();
     for name in [header::RANGE, header::IF_RANGE] {
-        if let Some(value) = lines.next().and_then(|l| HeaderValue::from_str(l).ok()) {
+        if let Some(value) = lines.next().filter(|l| !l.is_empty()).and_then(|l| HeaderValue::from_str(l).ok()) {
             headers.insert(name, value);
         }
     }
