@@ -245,12 +245,21 @@ pub fn patch(data: &[u8]) -> Outcome {
     let user = UserInfo::default();
     let manager = (mode & 3 != 3).then_some("fuzz");
     let request = write_request(def, &params, scope, &user, manager);
-    match &live {
-        Some(live) => replacement(&request, patched, live).map(drop),
-        None => new_object(&request, patched).map(drop),
-    }
-    .map_err(client_error)
+    let written = match &live {
+        Some(live) => replacement(&request, patched, live),
+        None => new_object(&request, patched).map(|(_, obj)| obj),
+    };
+    let answer_bytes = match &written {
+        Ok(obj) => obj.to_string().len(),
+        Err(err) => err.message.len(),
+    };
+    assert!(answer_bytes <= MAX_PATCH_ANSWER_BYTES, "a {}-byte patch made a {answer_bytes}-byte answer", body.len());
+    written.map(drop).map_err(client_error)
 }
+
+/// What a patch of a small object may grow to: the JSON patch copy limit plus room for the
+/// object and error messages around it (a patch body itself is small here).
+const MAX_PATCH_ANSWER_BYTES: usize = 8 << 20;
 
 /// Label and field selectors: the first line is a label selector, the second a field selector
 /// (for either resource, mode bit 0); both are matched against the stored objects.

@@ -23,7 +23,7 @@ const TARGETS: &[Target] = &[
     Target { name: "tar_ingest", run: fuzzing::tar_ingest, has_regressions: false },
     Target { name: "oci_layers", run: fuzzing::oci_layers, has_regressions: false },
     Target { name: "object_decode", run: fuzzing::object_decode, has_regressions: false },
-    Target { name: "patch", run: fuzzing::patch, has_regressions: false },
+    Target { name: "patch", run: fuzzing::patch, has_regressions: true },
     Target { name: "selectors", run: fuzzing::selectors, has_regressions: false },
     Target { name: "docker_config", run: fuzzing::docker_config, has_regressions: false },
     Target { name: "kubeconfig", run: fuzzing::kubeconfig, has_regressions: false },
