@@ -9,6 +9,8 @@ pub mod apiserver;
 pub mod auth;
 pub mod certs;
 pub mod client;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod plugin;
 pub mod serve;
 pub mod storage;

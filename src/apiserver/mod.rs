@@ -12,6 +12,8 @@ pub mod content;
 mod discovery;
 mod disk_space;
 mod fieldmanager;
+#[doc(hidden)]
+pub(crate) mod fuzz_access;
 pub mod garbage_collector;
 mod handlers;
 mod lifecycle;
@@ -21,7 +23,7 @@ mod metrics;
 mod negotiation;
 mod openapi;
 mod patch;
-mod range;
+pub(crate) mod range;
 pub mod request_info;
 pub mod resources;
 mod schema;

@@ -58,7 +58,8 @@ pub fn parse(headers: &HeaderMap, etag: &str, size: u64) -> RangeRequest {
                 size
             } else {
                 match last.parse::<u64>() {
-                    Ok(l) if l >= start => (l + 1).min(size),
+                    // `last` is inclusive and may be u64::MAX ("to the end, whatever the size").
+                    Ok(l) if l >= start => l.saturating_add(1).min(size),
                     _ => return RangeRequest::Full,
                 }
             };
@@ -95,5 +96,16 @@ mod tests {
         assert_eq!(parse(&req("bytes=0-1,5-6", None), "\"e\"", 100), RangeRequest::Full);
         assert_eq!(parse(&req("bytes=0-9", Some("\"old\"")), "\"e\"", 100), RangeRequest::Full);
         assert_eq!(parse(&req("bytes=0-9", Some("\"e\"")), "\"e\"", 100), p(0, 10));
+    }
+
+    #[test]
+    fn a_last_byte_of_u64_max_means_to_the_end() {
+        // Found by fuzzing (fuzz/regressions/range_headers): `last + 1` overflowed.
+        let max = u64::MAX;
+        assert_eq!(
+            parse(&req(&format!("bytes=0-{max}"), None), "\"e\"", 100),
+            RangeRequest::Partial(RangeSpec { start: 0, end: 100 })
+        );
+        assert_eq!(parse(&req(&format!("bytes={max}-{max}"), None), "\"e\"", 100), RangeRequest::Unsatisfiable);
     }
 }

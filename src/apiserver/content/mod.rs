@@ -10,4 +10,5 @@ pub mod upload_spool;
 
 pub use download::get_content;
 pub use upload::put_bundle_content;
+pub(crate) use upload_session::piece as content_range_piece;
 pub use upload_session::{delete_bundle_content, patch_bundle_content, post_bundle_content};

@@ -263,7 +263,7 @@ fn upload_id<'p>(params: &'p HashMap<String, String>, method: &str) -> ApiResult
 
 /// The piece a request carries: `Content-Range: bytes START-END/TOTAL` (`bytes ` and `/TOTAL`
 /// optional, `END` may be `*`); without one, the bytes go at the current offset.
-fn piece(headers: &HeaderMap, offset: u64) -> ApiResult<Piece> {
+pub(crate) fn piece(headers: &HeaderMap, offset: u64) -> ApiResult<Piece> {
     let Some(value) = headers.get(header::CONTENT_RANGE) else { return Ok(Piece { start: offset, end: None }) };
     let invalid = || {
         ApiError::bad_request(format!(

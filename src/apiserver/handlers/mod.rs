@@ -8,9 +8,11 @@ mod read;
 mod write;
 
 pub use delete::{delete, delete_collection};
+pub(crate) use paging::parse as list_options;
 pub use read::{get, get_object, list_all, list_namespaced};
 pub use write::{create, update};
-pub(super) use write::{create_object, replace, WriteRequest};
+pub(super) use write::{create_object, replace};
+pub(crate) use write::{new_object, replacement, WriteRequest};
 
 use std::collections::HashMap;
 
@@ -90,7 +92,7 @@ fn render(def: &ResourceDef, obj: &Value, headers: &HeaderMap, params: &HashMap<
 }
 
 /// Fields a field selector may name, per resource.
-fn selectable_fields(def: &ResourceDef) -> Vec<(&'static str, &'static str)> {
+pub(crate) fn selectable_fields(def: &ResourceDef) -> Vec<(&'static str, &'static str)> {
     let mut fields = vec![("metadata.name", "/metadata/name"), ("metadata.namespace", "/metadata/namespace")];
     match def.plural {
         "bundles" => fields.push(("status.phase", "/status/phase")),
@@ -102,7 +104,11 @@ fn selectable_fields(def: &ResourceDef) -> Vec<(&'static str, &'static str)> {
 
 /// Parses a request body into an object of `def`'s kind: schema check, unknown-field handling per
 /// `fieldValidation`, pruning. Returns the object and any warnings.
-fn decode_body(def: &ResourceDef, body: &Bytes, params: &HashMap<String, String>) -> ApiResult<(Value, Vec<String>)> {
+pub(crate) fn decode_body(
+    def: &ResourceDef,
+    body: &Bytes,
+    params: &HashMap<String, String>,
+) -> ApiResult<(Value, Vec<String>)> {
     let obj: Value = serde_json::from_slice(body).map_err(|e| cannot_handle(def, e.to_string()))?;
     check_object(def, obj, params)
 }
@@ -114,7 +120,7 @@ fn cannot_handle(def: &ResourceDef, detail: String) -> ApiError {
 
 /// Checks a whole object (a request body, or the result of a patch) against the resource's
 /// schema: kind, unknown fields per `fieldValidation`, types; prunes undeclared fields.
-pub(super) fn check_object(
+pub(crate) fn check_object(
     def: &ResourceDef,
     mut obj: Value,
     params: &HashMap<String, String>,
@@ -209,7 +215,7 @@ pub(super) fn relabel(err: ApiError, def: &ResourceDef, name: &str) -> ApiError 
 
 /// Which part of the object an update may change: the `status` route changes only status.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum UpdateScope {
+pub(crate) enum UpdateScope {
     Main,
     Status,
 }

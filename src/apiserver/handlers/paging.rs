@@ -17,7 +17,7 @@ const FRESHNESS_WAIT: Duration = Duration::from_secs(3);
 
 /// A parsed list request.
 #[derive(Debug, Default, PartialEq)]
-pub(super) struct ListOptions {
+pub(crate) struct ListOptions {
     /// List at exactly this resourceVersion (`continue`, or `resourceVersionMatch=Exact`).
     pub at: Option<u64>,
     /// Continue after this object (`namespace/name`).
@@ -57,7 +57,7 @@ fn decode_token(text: &str) -> ApiResult<ContinueToken> {
     Ok(token)
 }
 
-pub(super) fn parse(params: &HashMap<String, String>) -> ApiResult<ListOptions> {
+pub(crate) fn parse(params: &HashMap<String, String>) -> ApiResult<ListOptions> {
     let get = |name: &str| params.get(name).map(String::as_str).filter(|v| !v.is_empty());
     let limit = match get("limit") {
         None => None,

@@ -30,7 +30,7 @@ fn random_suffix() -> String {
 
 /// How a write is made: its query parameters, which part of the object it may change, and who
 /// makes it.
-pub(in crate::apiserver) struct WriteRequest<'a> {
+pub(crate) struct WriteRequest<'a> {
     pub def: &'static ResourceDef,
     pub namespace: &'a str,
     pub params: &'a HashMap<String, String>,
@@ -81,13 +81,9 @@ pub async fn create(
     Ok(json_response(StatusCode::CREATED, &created, &warnings))
 }
 
-/// Creates an object from a checked body: name (or generateName), server-owned metadata, initial
-/// status, validation, then a write that fails if the name is taken.
-pub(in crate::apiserver) async fn create_object(
-    app: &AppState,
-    request: &WriteRequest<'_>,
-    mut obj: Value,
-) -> ApiResult<Value> {
+/// The object a create writes, and its name: server-owned metadata set, status initialised,
+/// validated. Everything but the Secret check and the write itself.
+pub(crate) fn new_object(request: &WriteRequest<'_>, mut obj: Value) -> ApiResult<(String, Value)> {
     let (def, namespace) = (request.def, request.namespace);
     let mut meta = take_metadata(&mut obj);
     match meta.get("namespace").and_then(Value::as_str) {
@@ -134,10 +130,22 @@ pub(in crate::apiserver) async fn create_object(
     }
     let mut obj = request.track(None, obj);
     validate(def, &obj, Vec::new())?;
-    check_secret_access(app, def, request.user, None, &obj).await?;
     if let Some(status) = (def.initial_status)(&obj) {
         obj["status"] = status;
     }
+    Ok((name, obj))
+}
+
+/// Creates an object from a checked body: name (or generateName), server-owned metadata, initial
+/// status, validation, then a write that fails if the name is taken.
+pub(in crate::apiserver) async fn create_object(
+    app: &AppState,
+    request: &WriteRequest<'_>,
+    obj: Value,
+) -> ApiResult<Value> {
+    let (def, namespace) = (request.def, request.namespace);
+    let (name, obj) = new_object(request, obj)?;
+    check_secret_access(app, def, request.user, None, &obj).await?;
     if dry_run(request.params)? {
         return Ok(obj);
     }
@@ -183,17 +191,11 @@ pub async fn update(
     Ok(json_response(StatusCode::OK, &updated, &warnings))
 }
 
-/// Writes `obj` over `old` (stored at resourceVersion `rv`), keeping what the scope protects:
-/// server-owned metadata always, status on the main resource, everything but status on `status`.
-pub(in crate::apiserver) async fn replace(
-    app: &AppState,
-    request: &WriteRequest<'_>,
-    name: &str,
-    mut obj: Value,
-    old: &Value,
-    rv: u64,
-) -> ApiResult<Value> {
-    let (def, namespace, scope) = (request.def, request.namespace, request.scope);
+/// What an update of `old` with `obj` writes: server-owned metadata kept, the scope's protected
+/// part carried over, deletion state carried, validated. Everything but the Secret check and the
+/// write itself.
+pub(crate) fn replacement(request: &WriteRequest<'_>, mut obj: Value, old: &Value) -> ApiResult<Value> {
+    let (def, scope) = (request.def, request.scope);
     // Server-owned metadata never changes through an update.
     let mut meta = take_metadata(&mut obj);
     for field in ["uid", "creationTimestamp", "namespace", "generation"] {
@@ -228,6 +230,21 @@ pub(in crate::apiserver) async fn replace(
         causes.push(Cause::invalid("spec", obj.get("spec").unwrap_or(&Value::Null), "field is immutable"));
     }
     validate(def, &obj, causes)?;
+    Ok(obj)
+}
+
+/// Writes `obj` over `old` (stored at resourceVersion `rv`), keeping what the scope protects:
+/// server-owned metadata always, status on the main resource, everything but status on `status`.
+pub(in crate::apiserver) async fn replace(
+    app: &AppState,
+    request: &WriteRequest<'_>,
+    name: &str,
+    obj: Value,
+    old: &Value,
+    rv: u64,
+) -> ApiResult<Value> {
+    let (def, namespace) = (request.def, request.namespace);
+    let obj = replacement(request, obj, old)?;
     check_secret_access(app, def, request.user, Some(old), &obj).await?;
     let dry = dry_run(request.params)?;
     let key = ObjectKey::new(def.plural, namespace, name);
