@@ -168,6 +168,9 @@ events { worker_connections 1024; }
 http {
     access_log off;
     sendfile on;
+    # nginx ends a connection after 1000 requests by default (a GOAWAY on HTTP/2, which stalled
+    # the load generator's multiplexed connection); stowage sets no such limit.
+    keepalive_requests 100000000;
     client_body_temp_path $prefix/tmp/body;
     proxy_temp_path $prefix/tmp/proxy;
     fastcgi_temp_path $prefix/tmp/fastcgi;
