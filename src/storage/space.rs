@@ -129,18 +129,8 @@ mod tests {
     /// on a full disk nothing else would ever roll the active pack over.
     #[test]
     fn an_abandoned_write_gives_its_bytes_back_without_a_restart() {
+        use crate::storage::tests::noise;
         use crate::storage::{ObjectKey, ObjectWrite, Precondition, Store, StoreOptions};
-        let noise = |seed: u64, len: usize| -> Vec<u8> {
-            let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect()
-        };
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), StoreOptions { min_free_bytes: 0, ..StoreOptions::default() }).unwrap();
         let mut kept = store.begin_revision().unwrap();

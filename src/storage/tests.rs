@@ -23,7 +23,7 @@ fn open(dir: &Path) -> Store {
 }
 
 /// Deterministic pseudo-random bytes (incompressible, no accidental dedup).
-fn noise(seed: u64, len: usize) -> Vec<u8> {
+pub(crate) fn noise(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
     (0..len)
         .map(|_| {
