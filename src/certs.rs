@@ -15,7 +15,9 @@
 //! same hosts, and is not close to expiry); `--force` replaces both the CA and the serving
 //! certificate.
 
-use crate::auth::pki::{authority_key_id, key_matches, pem_der, subject_key_id, write_file_atomic};
+use crate::auth::pki::{
+    authority_key_id, create_private_dir, io_err, key_matches, pem_der, subject_key_id, write_atomic, PkiError,
+};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -63,19 +65,9 @@ pub struct CertsOptions {
 pub enum CertsError {
     #[error("--{flag} {value:?} is not a DNS label (lowercase letters, digits and '-', at most 63)")]
     InvalidName { flag: &'static str, value: String },
-    #[error("cannot {action} {}", path.display())]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot generate the {what}")]
-    Generate {
-        what: &'static str,
-        #[source]
-        source: rcgen::Error,
-    },
+    /// Reading, writing or generating key material, as for the standalone PKI.
+    #[error(transparent)]
+    Pki(#[from] PkiError),
 }
 
 /// What happened to the CA.
@@ -141,7 +133,7 @@ struct Ca {
 pub fn run(options: &CertsOptions) -> Result<Summary, CertsError> {
     check_label("namespace", &options.namespace)?;
     check_label("service", &options.service)?;
-    create_dir(&options.out)?;
+    create_private_dir(&options.out)?;
     let files = Files::at(&options.out);
     let dns_names = dns_names(&options.service, &options.namespace);
     let leaf_days = options.days;
@@ -253,7 +245,7 @@ patches:
 ";
     write_atomic(&files.secret, secret.as_bytes(), 0o600)?;
     write_atomic(&files.patch, patch.as_bytes(), 0o644)?;
-    write_atomic(&files.kustomization, kustomization.as_bytes(), 0o644)
+    Ok(write_atomic(&files.kustomization, kustomization.as_bytes(), 0o644)?)
 }
 
 fn load_ca(cert_path: &Path, key_path: &Path) -> Option<Ca> {
@@ -282,7 +274,7 @@ fn ca_outlives(pem: &str, days: u32) -> bool {
 
 fn generate_ca(files: &Files, leaf_days: u32) -> Result<Ca, CertsError> {
     let what = "CA";
-    let gen = |source| CertsError::Generate { what, source };
+    let gen = |source| PkiError::Generate { what, source };
     let key = KeyPair::generate().map_err(gen)?;
     let mut params = CertificateParams::default();
     params.distinguished_name = dn(CA_COMMON_NAME);
@@ -299,7 +291,7 @@ fn generate_ca(files: &Files, leaf_days: u32) -> Result<Ca, CertsError> {
 }
 
 fn issue_serving(files: &Files, ca: &Ca, dns_names: &[String], days: u32) -> Result<(), CertsError> {
-    let gen = |source| CertsError::Generate { what: "serving certificate", source };
+    let gen = |source| PkiError::Generate { what: "serving certificate", source };
     let key = KeyPair::generate().map_err(gen)?;
     let mut params = CertificateParams::new(dns_names.to_vec()).map_err(gen)?;
     params.distinguished_name = dn(dns_names.first().map(String::as_str).unwrap_or("stowage"));
@@ -309,7 +301,7 @@ fn issue_serving(files: &Files, ca: &Ca, dns_names: &[String], days: u32) -> Res
     set_validity(&mut params, days);
     let cert = params.signed_by(&key, &ca.issuer).map_err(gen)?;
     write_atomic(&files.tls_key, key.serialize_pem().as_bytes(), 0o600)?;
-    write_atomic(&files.tls_cert, cert.pem().as_bytes(), 0o644)
+    Ok(write_atomic(&files.tls_cert, cert.pem().as_bytes(), 0o644)?)
 }
 
 /// Whether the existing serving certificate can be kept: key matches, signed by `ca_key_id`, names
@@ -369,27 +361,11 @@ fn set_validity(params: &mut CertificateParams, days: u32) {
     params.not_after = ymd(today + chrono::Duration::days(i64::from(days)));
 }
 
-fn create_dir(dir: &Path) -> Result<(), CertsError> {
-    let mut builder = fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder.create(dir).map_err(|source| io_err("create directory", dir, source))
-}
-
 fn remove_if_present(path: &Path) -> Result<(), CertsError> {
     match fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err("remove", path, e)),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err("remove", path, e).into()),
         _ => Ok(()),
     }
-}
-
-fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), CertsError> {
-    write_file_atomic(path, contents, mode).map_err(|(action, path, source)| CertsError::Io { action, path, source })
-}
-
-fn io_err(action: &'static str, path: &Path, source: std::io::Error) -> CertsError {
-    CertsError::Io { action, path: path.to_owned(), source }
 }
 
 #[cfg(test)]

@@ -298,7 +298,7 @@ pub(crate) fn authority_key_id(cert: &x509_parser::certificate::X509Certificate<
     })
 }
 
-fn create_private_dir(dir: &Path) -> Result<(), PkiError> {
+pub(crate) fn create_private_dir(dir: &Path) -> Result<(), PkiError> {
     let mut builder = fs::DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]
@@ -306,17 +306,13 @@ fn create_private_dir(dir: &Path) -> Result<(), PkiError> {
     builder.create(dir).map_err(|source| io_err("create directory", dir, source))
 }
 
-fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), PkiError> {
+pub(crate) fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), PkiError> {
     write_file_atomic(path, contents, mode).map_err(|(action, path, source)| PkiError::Io { action, path, source })
 }
 
 /// Writes through a temporary file and a rename, so readers (and a crash) never see a partial file,
 /// and the final file has `mode` from the moment it appears. On failure: what failed, on which path.
-pub(crate) fn write_file_atomic(
-    path: &Path,
-    contents: &[u8],
-    mode: u32,
-) -> Result<(), (&'static str, PathBuf, std::io::Error)> {
+fn write_file_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), (&'static str, PathBuf, std::io::Error)> {
     let file_name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{file_name}.tmp.{}", std::process::id()));
     let result = (|| {
@@ -343,7 +339,7 @@ pub(crate) fn write_file_atomic(
     })
 }
 
-fn io_err(action: &'static str, path: &Path, source: std::io::Error) -> PkiError {
+pub(crate) fn io_err(action: &'static str, path: &Path, source: std::io::Error) -> PkiError {
     PkiError::Io { action, path: path.to_owned(), source }
 }
 
