@@ -82,6 +82,18 @@ corpus_bundles() {
     done
 }
 
+# record_disk_vs_live SECTION LABEL DATA: the store's live bytes, its files and disk / live, from
+# the last `metrics` and DATA/store.
+record_disk_vs_live() {
+    local section="$1" label="$2" store="$3/store"
+    record "$section" "$label: live compressed chunk bytes" bytes "$M_STORED"
+    record "$section" "$label: stowage_disk_bytes (apparent)" bytes "$M_DISK"
+    record "$section" "$label: pack files (apparent)" bytes "$(file_bytes "$store/packs")"
+    record "$section" "$label: sled dir (apparent)" bytes "$(file_bytes "$store/db")"
+    record "$section" "**$label: disk / live**" x "$(calc "$M_DISK / $M_STORED")" "<=2"
+    record "$section" "$label: allocated (du) / live" x "$(calc "$(alloc_bytes "$store") / $M_STORED")"
+}
+
 scenario_churn() {
     local section="Space amplification: $ROUNDS rounds of upload-all-corpus / delete-previous-round"
     local bundles=()
@@ -106,23 +118,13 @@ scenario_churn() {
         settle
         record "$section" "uploads (bundles × rounds)" count "$((${#bundles[@]} * ROUNDS))"
         record "$section" "churn time" s "$churn_time"
-        record "$section" "after churn: live compressed chunk bytes" bytes "$M_STORED"
-        record "$section" "after churn: stowage_disk_bytes (apparent)" bytes "$M_DISK"
-        record "$section" "after churn: pack files (apparent)" bytes "$(file_bytes "$data/store/packs")"
-        record "$section" "after churn: sled dir (apparent)" bytes "$(file_bytes "$data/store/db")"
-        record "$section" "**after churn: disk / live**" x "$(calc "$M_DISK / $M_STORED")" "<=2"
-        record "$section" "after churn: allocated (du) / live" x "$(calc "$(alloc_bytes "$data/store") / $M_STORED")"
+        record_disk_vs_live "$section" "after churn" "$data"
 
         log "churn: restart"
         stop_server
         start_server "$data"
         settle
-        record "$section" "after restart: live compressed chunk bytes" bytes "$M_STORED"
-        record "$section" "after restart: stowage_disk_bytes (apparent)" bytes "$M_DISK"
-        record "$section" "after restart: pack files (apparent)" bytes "$(file_bytes "$data/store/packs")"
-        record "$section" "after restart: sled dir (apparent)" bytes "$(file_bytes "$data/store/db")"
-        record "$section" "**after restart: disk / live**" x "$(calc "$M_DISK / $M_STORED")" "<=2"
-        record "$section" "after restart: allocated (du) / live" x "$(calc "$(alloc_bytes "$data/store") / $M_STORED")"
+        record_disk_vs_live "$section" "after restart" "$data"
 
         log "churn: delete everything"
         for i in "${!bundles[@]}"; do delete_bundle "r$ROUNDS-b$i"; done
