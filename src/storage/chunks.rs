@@ -398,8 +398,14 @@ impl Store {
             let pins = self.lock_pins();
             let mut batch = sled::Batch::default();
             for hash in &group {
+                // A pinned chunk stays a candidate: its writer may still die (or the process
+                // crash) before its reference is recorded, and only the mark lets a later pass,
+                // or recovery, find it then.
+                if pins.is_pinned(hash) {
+                    continue;
+                }
                 batch.remove(candidate_key(hash));
-                if !pins.is_pinned(hash) && self.tree().get(ref_key(hash))?.is_none() {
+                if self.tree().get(ref_key(hash))?.is_none() {
                     batch.remove(chunk_key(hash));
                     removed += 1;
                 }

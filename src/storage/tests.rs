@@ -188,6 +188,27 @@ fn an_interrupted_write_leaves_nothing_after_reopen() {
 }
 
 #[test]
+fn a_chunk_sealed_before_its_reference_survives_no_sweep_after_a_crash() {
+    // A writer seals blocks before it records the segment that references their chunks; a pass in
+    // between must keep those chunks, and a crash before the segment must still free them.
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        let data = noise(11, 40_000);
+        let hash = *blake3::hash(&data).as_bytes();
+        assert!(!store.pin_and_check(hash).unwrap());
+        let mut block = chunks::BlockBuilder::default();
+        block.push(hash, &data);
+        store.seal_block(&mut block).unwrap();
+        store.collect().unwrap();
+        assert_eq!(store.stats().unwrap().chunks, 1, "a pinned chunk was swept");
+        store.flush().unwrap();
+    }
+    let store = open(dir.path());
+    assert_eq!(store.stats().unwrap().chunks, 0, "an unreferenced chunk outlived the crash");
+}
+
+#[test]
 fn a_damaged_chunk_is_an_error_not_wrong_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let rev = {
