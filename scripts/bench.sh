@@ -9,6 +9,7 @@
 #   footprint   five kube-prometheus-stack versions: dedup across versions
 #   churn       space amplification under upload/delete churn
 #   throughput  1 GiB upload/download and the server's peak memory
+#   writes      Bundle creates, 1 and 32 writers, on the local disk and with slow flushes
 #
 # Usage: scripts/bench.sh [SCENARIO...]   (arguments replace BENCH_SCENARIOS)
 #
@@ -20,6 +21,9 @@
 #   BENCH_API_EVENTS    api: writes each watcher must see (default 1000)
 #   BENCH_API_SECONDS   api: duration of every GET/LIST measurement (default 10)
 #   BENCH_ROUNDS    churn rounds (default 20)
+#   BENCH_WRITES_ONE / _MANY  writes: creates by 1 writer / by 32 writers (default 1000 / 4000)
+#   BENCH_SLOW_FSYNC_US  writes: delay added to every fsync on the "slow" disk (default 2000)
+#   BENCH_BEFORE_BIN     writes: also measure this stowage binary (an older build), side by side
 #   BENCH_TMPDIR    where the temporary files go (default: $TMPDIR or /tmp); needs ~5 GiB free
 #   BENCH_KEEP=1    keep the temporary directory
 #   STOWAGE_CORPUS  the corpus (default: ../shared/corpus beside the repository)
@@ -29,19 +33,21 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 
 RUNS="${BENCH_RUNS:-3}"
-SCENARIOS="${BENCH_SCENARIOS:-corpus download unpack api footprint churn throughput}"
+SCENARIOS="${BENCH_SCENARIOS:-corpus download unpack api footprint churn throughput writes}"
 if [ "$#" -gt 0 ]; then SCENARIOS="$*"; fi
 API_OBJECTS="${BENCH_API_OBJECTS:-10000}"
 API_WATCHERS="${BENCH_API_WATCHERS:-200}"
 API_EVENTS="${BENCH_API_EVENTS:-1000}"
 API_SECONDS="${BENCH_API_SECONDS:-10}"
 ROUNDS="${BENCH_ROUNDS:-20}"
+WRITES_ONE="${BENCH_WRITES_ONE:-1000}"
+WRITES_MANY="${BENCH_WRITES_MANY:-4000}"
 corpus="${STOWAGE_CORPUS:-$repo/../shared/corpus}"
 KPS_VERSIONS=(88.4.0 88.5.0 88.5.1 88.5.2 88.5.3)
 NS=bench
 API=/apis/content.stowage.dev/v1alpha1
 
-for part in lib store corpus download unpack api; do
+for part in lib store corpus download unpack api writes; do
     # shellcheck source=/dev/null
     source "$repo/bench/$part.sh"
 done
@@ -57,7 +63,8 @@ for s in $SCENARIOS; do
         unpack) scenario_unpack ;;
         corpus) scenario_corpus ;;
         download) scenario_download ;;
-        *) die "unknown scenario $s (corpus download unpack api footprint churn throughput)" ;;
+        writes) scenario_writes ;;
+        *) die "unknown scenario $s (corpus download unpack api footprint churn throughput writes)" ;;
     esac
 done
 log "done in $((SECONDS - started)) s"

@@ -23,6 +23,7 @@
 //! | `m` name | counters |
 
 mod chunks;
+mod commit;
 mod gc;
 mod listing;
 mod objects;
@@ -288,6 +289,9 @@ struct Inner {
     dir: std::path::PathBuf,
     /// Serialises object writes so resourceVersions are allocated in commit order.
     object_lock: Mutex<()>,
+    /// Serialises flushes of object writes, and the newest write they made durable ([`commit`]).
+    flush_lock: Mutex<()>,
+    durable_rv: std::sync::atomic::AtomicU64,
     /// Guards reference counts and chunk deletion; see [`chunks`].
     pins: Mutex<chunks::Pins>,
     /// Serialises garbage collection passes.
@@ -324,6 +328,8 @@ impl Store {
                 options,
                 dir: dir.to_path_buf(),
                 object_lock: Mutex::new(()),
+                flush_lock: Mutex::new(()),
+                durable_rv: std::sync::atomic::AtomicU64::new(0),
                 pins: Mutex::new(chunks::Pins::default()),
                 gc_lock: Mutex::new(()),
                 sealing: std::sync::RwLock::new(()),
@@ -334,6 +340,9 @@ impl Store {
                 space,
             }),
         };
+        // Whatever the database holds after a restart is on disk.
+        let recovered = store.current_resource_version()?;
+        store.inner.durable_rv.store(recovered, std::sync::atomic::Ordering::Release);
         store.recover()?;
         gc::spawn_collector(Arc::downgrade(&store.inner), gc_receiver);
         Ok(store)

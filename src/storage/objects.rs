@@ -2,7 +2,7 @@
 //!
 //! Every write takes one global lock, allocates the next resourceVersion, checks preconditions and
 //! applies all of its object changes, change-log entries, the counter and any revision-state
-//! changes in one atomic batch, then flushes before returning. An object may *own* a content
+//! changes in one atomic batch; it returns once that batch is durable ([`super::commit`]). An object may *own* a content
 //! revision: deleting the object releases it (the garbage collector does the rest).
 
 use serde::{Deserialize, Serialize};
@@ -205,9 +205,8 @@ impl Store {
         }
         batch.insert(RV_COUNTER, &be(rv)[..]);
         self.tree().apply_batch(batch)?;
-        self.flush()?;
         drop(guard);
-        let _ = self.inner.events.send(rv);
+        self.make_durable(rv)?;
         // Trim in steps (each is a range delete), often enough that the log stays near its length.
         let trim_every = (self.inner.options.change_log_len / 4).clamp(1, 1024);
         if rv % trim_every == 0 {
@@ -219,9 +218,11 @@ impl Store {
         Ok(WriteOutcome { resource_version: rv, objects })
     }
 
-    /// Change-log entries after `after` (exclusive), oldest first.
+    /// Durable change-log entries after `after` (exclusive), oldest first.
     pub fn changes_since(&self, after: u64) -> impl Iterator<Item = Result<(u64, ChangeEvent)>> + '_ {
-        self.tree().range(key(b'l', &[&be(after + 1)])..key(b'm', &[])).map(|item| {
+        let durable = self.durable_resource_version();
+        let end = key(b'l', &[&be(durable.saturating_add(1))]);
+        self.tree().range(key(b'l', &[&be(after.saturating_add(1))])..end).map(|item| {
             let (k, v) = item?;
             let rv = read_be(k.get(1..).unwrap_or_default())?;
             Ok((rv, decode_json(&v)?))
