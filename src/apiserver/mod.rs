@@ -173,13 +173,23 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Marks a content response whose stored content did not compress: it is sent as is whatever the
+/// client accepts (HTTP lets a server pick identity), since encoding it would only cost a core.
+#[derive(Clone, Copy)]
+pub struct Incompressible;
+
 /// `Accept-Encoding: zstd` or `gzip` on content downloads, at the fastest levels (bundles are mostly
 /// text; a level that costs more CPU than the network saves does not pay). Only whole (200)
-/// representations are encoded: a range applies to the identity bytes the ETag names.
+/// representations of content that compressed in the store are encoded: a range applies to the
+/// identity bytes the ETag names.
 fn content_compression() -> tower_http::compression::CompressionLayer<impl tower_http::compression::Predicate> {
     use axum::http::{Extensions, HeaderMap, StatusCode, Version};
-    let whole = |status: StatusCode, _: Version, _: &HeaderMap, _: &Extensions| status == StatusCode::OK;
-    tower_http::compression::CompressionLayer::new().quality(tower_http::CompressionLevel::Fastest).compress_when(whole)
+    let worth_it = |status: StatusCode, _: Version, _: &HeaderMap, extensions: &Extensions| {
+        status == StatusCode::OK && extensions.get::<Incompressible>().is_none()
+    };
+    tower_http::compression::CompressionLayer::new()
+        .quality(tower_http::CompressionLevel::Fastest)
+        .compress_when(worth_it)
 }
 
 /// Not ready once shutting down, so load balancers stop sending new requests while open ones end.

@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+pub use commit::CommitCounts;
 pub use gc::GcReport;
 pub use listing::{ListPage, ListQuery, ListSink};
 pub use objects::{ChangeEvent, ObjectKey, ObjectWrite, Precondition, StoredObject, WriteOutcome};
@@ -128,6 +129,14 @@ pub struct RevisionRecord {
     /// Compressed bytes of the chunks the revision references (before cross-revision dedup).
     #[serde(default)]
     pub stored_size: u64,
+}
+
+impl RevisionRecord {
+    /// Whether its content did not compress (stored at 90 % or more of its size): compressing a
+    /// download of it again would cost a core and save next to nothing.
+    pub fn compresses_poorly(&self) -> bool {
+        self.size > 0 && self.stored_size.saturating_mul(10) >= self.size.saturating_mul(9)
+    }
 }
 
 /// One entry (regular file or symlink) of a revision.
@@ -289,9 +298,8 @@ struct Inner {
     dir: std::path::PathBuf,
     /// Serialises object writes so resourceVersions are allocated in commit order.
     object_lock: Mutex<()>,
-    /// Serialises flushes of object writes, and the newest write they made durable ([`commit`]).
-    flush_lock: Mutex<()>,
-    durable_rv: std::sync::atomic::AtomicU64,
+    /// Flushes of object writes, shared by concurrent writers ([`commit`]).
+    commits: commit::Commits,
     /// Guards reference counts and chunk deletion; see [`chunks`].
     pins: Mutex<chunks::Pins>,
     /// Serialises garbage collection passes.
@@ -328,8 +336,7 @@ impl Store {
                 options,
                 dir: dir.to_path_buf(),
                 object_lock: Mutex::new(()),
-                flush_lock: Mutex::new(()),
-                durable_rv: std::sync::atomic::AtomicU64::new(0),
+                commits: commit::Commits::default(),
                 pins: Mutex::new(chunks::Pins::default()),
                 gc_lock: Mutex::new(()),
                 sealing: std::sync::RwLock::new(()),
@@ -340,9 +347,7 @@ impl Store {
                 space,
             }),
         };
-        // Whatever the database holds after a restart is on disk.
-        let recovered = store.current_resource_version()?;
-        store.inner.durable_rv.store(recovered, std::sync::atomic::Ordering::Release);
+        store.start_commits()?;
         store.recover()?;
         gc::spawn_collector(Arc::downgrade(&store.inner), gc_receiver);
         Ok(store)

@@ -154,6 +154,7 @@ impl Store {
     pub fn write_objects(&self, writes: Vec<ObjectWrite>) -> Result<WriteOutcome> {
         // Refused only at the floor: deletes and status updates must work while content is refused.
         self.ensure_space(super::WriteKind::Metadata)?;
+        let applying = self.applying();
         let guard = self.lock_objects();
         let rv = self.current_resource_version()? + 1;
         let mut batch = sled::Batch::default();
@@ -206,6 +207,7 @@ impl Store {
         batch.insert(RV_COUNTER, &be(rv)[..]);
         self.tree().apply_batch(batch)?;
         drop(guard);
+        drop(applying);
         self.make_durable(rv)?;
         // Trim in steps (each is a range delete), often enough that the log stays near its length.
         let trim_every = (self.inner.options.change_log_len / 4).clamp(1, 1024);

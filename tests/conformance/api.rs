@@ -106,6 +106,10 @@ async fn deleting_bundles_releases_their_storage() {
     let m = server.metrics().await;
     assert_eq!(gauge(&m, r#"stowage_revisions{state="committed"}"#), 2.0);
     assert_eq!(gauge(&m, r#"stowage_revisions{state="staging"}"#), 0.0);
+    // Two creates and two uploads (each attaching its content): four object writes at least, and
+    // never more flushes than writes.
+    let (writes, flushes) = (gauge(&m, "stowage_object_writes_total"), gauge(&m, "stowage_object_write_flushes_total"));
+    assert!(writes >= 4.0 && flushes >= 1.0 && flushes <= writes, "writes {writes}, flushes {flushes}");
     let chunks_both = gauge(&m, "stowage_chunks");
     let stored_both = gauge(&m, "stowage_chunk_stored_bytes");
     assert!(chunks_both > 0.0 && stored_both > 0.0, "{m:?}");

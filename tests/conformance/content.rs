@@ -255,4 +255,23 @@ async fn downloads_honour_accept_encoding() {
     assert_eq!(ranged.status(), StatusCode::PARTIAL_CONTENT);
     assert_eq!(header(ranged.headers(), "content-encoding"), None);
     assert_eq!(ranged.bytes().await.unwrap().len(), 100);
+
+    // Content the store could not compress is sent as is: compressing it again would only cost a
+    // core per download.
+    let mut noise = Tree::new();
+    noise.insert("blob.bin".into(), file(random_bytes(7, 3 << 20)));
+    server.create_bundle("enc", "noise").await;
+    let bundle = server.upload_ok("enc", "noise", build_tar(&noise), None).await;
+    let digest = str_at(&bundle, "/status/digest").to_owned();
+    let url = server.url(&bundle_content("enc", "noise"));
+    for query in ["", "?path=blob.bin"] {
+        let resp = server.client().get(format!("{url}{query}")).header("accept-encoding", "zstd").send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(header(resp.headers(), "content-encoding"), None, "{query}");
+        let body = resp.bytes().await.unwrap();
+        match query {
+            "" => assert_eq!(digest_of(&body), digest),
+            _ => assert!(body[..] == random_bytes(7, 3 << 20)[..], "the file's bytes"),
+        }
+    }
 }

@@ -38,30 +38,32 @@ pub async fn get_content(
     if wants_listing {
         return listing(&app, revision, record, path).await;
     }
-    if path.is_empty() {
-        return serve_ranged(
-            &app,
-            &headers,
-            &record.digest,
-            record.tar_size,
-            "application/x-tar",
-            move |store, range, out| store.read_tar(revision, record.tar_size, range, out),
-        );
-    }
-    let entry = {
-        let path = path.clone();
-        blocking(&app, move |store| resolve_file(store, revision, &path)).await?
-    };
-    match entry {
-        Some(entry) => {
-            let etag = format!("sha256:{}", entry.sha256);
-            let size = entry.size;
-            serve_ranged(&app, &headers, &etag, size, "application/octet-stream", move |store, range, out| {
-                store.read_file(revision, &entry, range, out)
-            })
+    let incompressible = record.compresses_poorly();
+    let mut response = if path.is_empty() {
+        let tar_size = record.tar_size;
+        serve_ranged(&app, &headers, &record.digest, tar_size, "application/x-tar", move |store, range, out| {
+            store.read_tar(revision, tar_size, range, out)
+        })?
+    } else {
+        let entry = {
+            let path = path.clone();
+            blocking(&app, move |store| resolve_file(store, revision, &path)).await?
+        };
+        match entry {
+            Some(entry) => {
+                let etag = format!("sha256:{}", entry.sha256);
+                let size = entry.size;
+                serve_ranged(&app, &headers, &etag, size, "application/octet-stream", move |store, range, out| {
+                    store.read_file(revision, &entry, range, out)
+                })?
+            }
+            None => subtree(&app, revision, &path).await?,
         }
-        None => subtree(&app, revision, &path).await,
+    };
+    if incompressible {
+        response.extensions_mut().insert(crate::apiserver::Incompressible);
     }
+    Ok(response)
 }
 
 /// The JSON listing is served only to clients that ask for JSON and nothing else: kubectl and

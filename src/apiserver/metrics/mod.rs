@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt as _;
 
 use super::status::{ApiError, ApiResult};
-use crate::storage::{StorageError, Store, StoreStats};
+use crate::storage::{CommitCounts, StorageError, Store, StoreStats};
 use request_labels::RequestLabels;
 
 /// kube-apiserver's buckets for `apiserver_request_duration_seconds`.
@@ -198,6 +198,15 @@ fn write_store_gauges(out: &mut String, gauges: &StoreGauges) -> fmt::Result {
     gauge("stowage_resource_version", "Current resourceVersion.", &[("", gauges.resource_version)])
 }
 
+/// How well object writes share their flushes (group commit): writes per flush is their ratio.
+fn write_commit_counters(out: &mut String, counts: CommitCounts) -> fmt::Result {
+    let mut counter = |name: &str, help: &str, value: u64| {
+        writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}")
+    };
+    counter("stowage_object_writes_total", "Object writes acknowledged durable.", counts.writes)?;
+    counter("stowage_object_write_flushes_total", "Flushes the object writes took.", counts.flushes)
+}
+
 /// Middleware: counts every request by its labels and status code; times the others, keeps
 /// long-running ones in the gauge until their body ends.
 pub async fn record_request(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
@@ -234,6 +243,7 @@ pub async fn serve(State(metrics): State<Arc<Metrics>>) -> ApiResult<Response> {
     metrics
         .write_requests(&mut text)
         .and_then(|()| write_store_gauges(&mut text, &gauges))
+        .and_then(|()| write_commit_counters(&mut text, metrics.store.commit_counts()))
         .map_err(|_| ApiError::internal("formatting metrics failed"))?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
