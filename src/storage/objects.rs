@@ -2,8 +2,9 @@
 //!
 //! Every write takes one global lock, allocates the next resourceVersion, checks preconditions and
 //! applies all of its object changes, change-log entries, the counter and any revision-state
-//! changes in one atomic batch; it returns once that batch is durable ([`super::commit`]). An object may *own* a content
-//! revision: deleting the object releases it (the garbage collector does the rest).
+//! changes in one atomic batch; it returns once that batch is durable ([`super::commit`]). An
+//! object may *own* a content revision: deleting the object releases it (the garbage collector
+//! does the rest).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -222,7 +223,8 @@ impl Store {
 
     /// Durable change-log entries after `after` (exclusive), oldest first.
     pub fn changes_since(&self, after: u64) -> impl Iterator<Item = Result<(u64, ChangeEvent)>> + '_ {
-        let durable = self.durable_resource_version();
+        // A reader may already be past the durable end (it listed a write still being flushed).
+        let durable = self.durable_resource_version().max(after);
         let end = key(b'l', &[&be(durable.saturating_add(1))]);
         self.tree().range(key(b'l', &[&be(after.saturating_add(1))])..end).map(|item| {
             let (k, v) = item?;
