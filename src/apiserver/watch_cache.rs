@@ -137,9 +137,11 @@ impl WatchCache {
 
     /// Adds every change the log holds after the ring's end.
     fn catch_up(&self, store: &Store) -> Result<(), StorageError> {
+        // The ring starts where the log's durable end is, never at a write still being flushed:
+        // that write's event would then lie before the ring and its flush would add nothing to it,
+        // so no watcher would be woken to read it from the log.
         if self.lock().start == u64::MAX {
-            let current = store.current_resource_version()?;
-            self.reset(current);
+            self.reset(store.durable_resource_version());
         }
         loop {
             let end = self.lock().end;
@@ -147,7 +149,7 @@ impl WatchCache {
             if !store.log_covers(end)? {
                 // The log moved on without us: start afresh where it is now (watchers still behind
                 // read the log and get 410 Expired).
-                self.reset(store.current_resource_version()?);
+                self.reset(store.durable_resource_version());
                 continue;
             }
             let Some(&(new_end, _)) = changes.last() else { return Ok(()) };

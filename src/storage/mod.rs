@@ -293,6 +293,8 @@ pub struct Store {
 
 struct Inner {
     db: sled::Db,
+    /// sled's log file, opened to fdatasync it after sled's own flush.
+    db_log: std::fs::File,
     tree: sled::Tree,
     options: StoreOptions,
     dir: std::path::PathBuf,
@@ -326,12 +328,15 @@ impl Store {
             .mode(sled::Mode::LowSpace)
             .open()?;
         let tree = (*db).clone();
+        // sled's log file (sled::Config's path joined with "db"); see [`Store::flush`].
+        let db_log = std::fs::File::open(dir.join("db").join("db"))?;
         let packs = packs::Packs::open(&dir.join("packs"))?;
         let (events, _) = tokio::sync::broadcast::channel(1024);
         let (gc_requests, gc_receiver) = std::sync::mpsc::sync_channel(1);
         let store = Store {
             inner: Arc::new(Inner {
                 db,
+                db_log,
                 tree,
                 options,
                 dir: dir.to_path_buf(),
@@ -358,6 +363,10 @@ impl Store {
         // Pack data first: an index entry must never be durable before the bytes it points at.
         self.inner.packs.sync()?;
         self.inner.db.flush()?;
+        // sled 0.34 ends its flush with sync_file_range, which writes the log's pages but neither
+        // flushes the drive's cache nor records the file's new blocks: enough for a killed
+        // process, not for a power cut. fdatasync of the log makes it durable.
+        self.inner.db_log.sync_data()?;
         Ok(())
     }
 
