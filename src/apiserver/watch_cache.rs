@@ -246,6 +246,48 @@ mod tests {
     }
 
     #[test]
+    fn a_cache_started_while_a_write_is_flushed_still_delivers_that_write() {
+        use crate::storage::{ObjectKey, ObjectWrite, Precondition, StoreOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let create = |name: &str| ObjectWrite::Put {
+            key: ObjectKey::new("bundles", "ns", name),
+            object: json!({"metadata": {"name": name}}),
+            precondition: Precondition::MustNotExist,
+            revision: None,
+        };
+        store.write_objects(vec![create("first")]).unwrap();
+        // The second write is applied (a list sees it) but its flush has not happened yet when the
+        // first watch starts the cache; a watcher at the first write must still get it.
+        let held = store.hold_flushes();
+        let writer = {
+            let store = store.clone();
+            std::thread::spawn(move || store.write_objects(vec![create("second")]).map(|o| o.resource_version))
+        };
+        while store.current_resource_version().unwrap() < 2 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let cache = shared(&store).unwrap();
+        while cache.lock().start == u64::MAX {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(window(&cache, 1, 10).is_some_and(|events| events.is_empty()), "nothing durable after 1 yet");
+        drop(held);
+        assert_eq!(writer.join().unwrap().unwrap(), 2);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match window(&cache, 1, 10) {
+                Some(events) if !events.is_empty() => break assert_eq!(events, vec![(2, "second".to_string())]),
+                other => assert!(
+                    std::time::Instant::now() < deadline,
+                    "the flushed write never reached the cache: {other:?}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
     fn the_ring_evicts_whole_resource_versions_and_sends_older_positions_to_the_log() {
         let mut ring = Ring::new(10, (3, usize::MAX));
         ring.append(vec![event(11, "a"), event(12, "b"), event(12, "c"), event(13, "d")], 13);

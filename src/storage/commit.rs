@@ -103,6 +103,13 @@ impl Store {
         self.inner.commits.durable_rv.load(Ordering::Acquire)
     }
 
+    /// Holds every object write between applying its batch and its flush until the guard is
+    /// dropped: the window a slow disk opens, for tests of what readers see in it.
+    #[cfg(test)]
+    pub(crate) fn hold_flushes(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.inner.commits.flush_lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Object writes acknowledged, and the flushes they took, since the store was opened.
     pub fn commit_counts(&self) -> CommitCounts {
         let commits = &self.inner.commits;
