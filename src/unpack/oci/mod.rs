@@ -5,13 +5,14 @@
 //! the platform's manifest when it is an index, then every layer streamed through the validating
 //! tar reader, topmost first, through [`layers::LayerSink`] which applies OCI whiteouts. Every
 //! byte is checked against its descriptor's sha256 and size as it flows; nothing is buffered
-//! whole except manifests.
+//! whole except manifests, which are refused past 4 MiB ([`manifest_fetch`]).
 
 mod blob;
 mod client;
 pub mod docker_config;
 pub mod layers;
 mod manifest;
+mod manifest_fetch;
 
 use oci_client::Reference;
 
@@ -129,13 +130,8 @@ impl Puller<'_> {
             self.reference.repository().to_owned(),
             digest.to_owned(),
         );
-        let (bytes, _) = block_on(self.ctx, async {
-            self.client
-                .pull_manifest_raw(&reference, self.auth, manifest::ACCEPTED_MANIFESTS)
-                .await
-                .map_err(|e| map_error(&what, e))
-        })?;
-        // oci-client checks too; this check does not depend on how it does.
+        let bytes =
+            block_on(self.ctx, manifest_fetch::pull_bounded(self.ctx, self.client, &reference, self.auth, &what))?;
         let actual = format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes)));
         if actual != digest {
             return Err(UnpackError::DigestMismatch { what, expected: digest.to_owned(), actual });
