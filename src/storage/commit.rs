@@ -48,7 +48,7 @@ impl Drop for Applying<'_> {
     }
 }
 
-/// How many flushes the object writes took: `(writes, flushes)`.
+/// Object writes acknowledged durable, and the flushes they took.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CommitCounts {
     pub writes: u64,
@@ -73,12 +73,17 @@ impl Store {
     /// Returns once every object write up to resourceVersion `rv` is durable, flushing if no
     /// concurrent writer's flush already covered it. Notifies followers of the log after a flush.
     pub(super) fn make_durable(&self, rv: u64) -> Result<()> {
+        self.flush_covering(rv)?;
+        self.inner.commits.writes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn flush_covering(&self, rv: u64) -> Result<()> {
         let commits = &self.inner.commits;
-        commits.writes.fetch_add(1, Ordering::Relaxed);
         if self.durable_resource_version() >= rv {
             return Ok(());
         }
-        let _flushing = commits.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _flushing = self.lock_flushes();
         if self.durable_resource_version() >= rv {
             return Ok(()); // the flush we queued behind covered it
         }
@@ -107,6 +112,11 @@ impl Store {
     /// dropped: the window a slow disk opens, for tests of what readers see in it.
     #[cfg(test)]
     pub(crate) fn hold_flushes(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.lock_flushes()
+    }
+
+    fn lock_flushes(&self) -> std::sync::MutexGuard<'_, ()> {
+        // A poisoned lock guards no data: the flush state is in atomics.
         self.inner.commits.flush_lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -119,6 +129,7 @@ impl Store {
         }
     }
 }
+
 #[cfg(test)]
 mod tests {
     use crate::storage::{ObjectKey, ObjectWrite, Precondition, Store, StoreOptions};
