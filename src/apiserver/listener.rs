@@ -23,6 +23,7 @@ use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
 use super::connection_activity::ConnectionActivity;
+use super::content::stream::ConnectionCut;
 use crate::auth::tls::TlsSetup;
 use crate::auth::trust::ClientTrust;
 
@@ -203,11 +204,15 @@ async fn serve_connection(
     let peer_certificate = tls.get_ref().1.peer_certificates().map(|chain| trust.classify(chain)).unwrap_or_default();
 
     let activity = ConnectionActivity::new();
+    // A download whose client stopped taking bytes closes the connection through this.
+    let cut = ConnectionCut::default();
     let service = {
         let activity = activity.clone();
+        let cut = cut.clone();
         tower::service_fn(move |mut request: http::Request<Incoming>| {
             let in_flight = activity.begin();
             request.extensions_mut().insert(peer_certificate.clone());
+            request.extensions_mut().insert(cut.clone());
             let app = app.clone();
             async move {
                 let response = app.oneshot(request).await?;
@@ -228,6 +233,10 @@ async fn serve_connection(
     // a server slowed by a burst of handshakes must not count its own delay against the client.
     let result = tokio::select! {
         result = conn.as_mut() => result,
+        () = cut.0.cancelled() => {
+            tracing::debug!(?peer, "closing a connection whose download stalled");
+            Ok(())
+        }
         () = activity.idle_for(limits.request_header_timeout, limits.idle_timeout) => {
             tracing::debug!(?peer, "closing an idle connection");
             // Closes at once on HTTP/1; GOAWAY on HTTP/2, so a request racing it is not lost. A

@@ -11,6 +11,7 @@ mod connection_activity;
 pub mod content;
 mod discovery;
 mod disk_space;
+pub mod fairness;
 mod fieldmanager;
 #[doc(hidden)]
 pub(crate) mod fuzz_access;
@@ -63,6 +64,10 @@ pub struct Limits {
     pub upload_session_timeout: std::time::Duration,
     /// A request body must deliver [`body_rate::MIN_BYTES_PER_WINDOW`] within this much waiting.
     pub request_body_timeout: std::time::Duration,
+    /// Requests and content streams at once, in total and per user.
+    pub fairness: fairness::FairnessLimits,
+    /// A download whose client takes nothing for this long is cut.
+    pub stream_stall_timeout: std::time::Duration,
 }
 
 impl Default for Limits {
@@ -73,6 +78,8 @@ impl Default for Limits {
             unpack: Default::default(),
             upload_session_timeout: std::time::Duration::from_secs(3600),
             request_body_timeout: std::time::Duration::from_secs(30),
+            fairness: Default::default(),
+            stream_stall_timeout: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -121,7 +128,8 @@ where
 /// The whole HTTP API.
 pub fn router(state: AppState) -> Router {
     let object_limit = state.limits.max_object_bytes;
-    let request_metrics = Arc::new(Metrics::new(state.store.clone()));
+    let fairness = fairness::Fairness::new(state.limits.fairness);
+    let request_metrics = Arc::new(Metrics::new(state.store.clone(), fairness.clone()));
     let base = "/apis/content.stowage.dev/v1alpha1";
     let api = Router::new()
         .route("/api", get(discovery::core_versions))
@@ -159,6 +167,8 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         // Inside the gate: who may not write learns that first, not that the disk is full.
         .layer(middleware::from_fn_with_state(state.clone(), disk_space::refuse_writes_when_full))
+        // Inside the gate, which names the user: seats are per user.
+        .layer(middleware::from_fn_with_state(fairness, fairness::admit))
         .layer(middleware::from_fn_with_state(state.clone(), access::gate))
         .layer(middleware::from_fn(plain_errors_as_status))
         .layer(middleware::from_fn_with_state(state.limits.request_body_timeout, body_rate::enforce));

@@ -249,6 +249,13 @@ impl ApiError {
         }
     }
 
+    /// 429 from admission control; `retryAfterSeconds` (and the `Retry-After` header the caller
+    /// sets) tell clients to come back, as kube-apiserver's flow control does.
+    pub fn too_many_requests(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests", message)
+            .with_details(json!({"retryAfterSeconds": 1}))
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
     }

@@ -1,8 +1,10 @@
 //! `stowage serve`: open the store, prepare TLS identities, serve the API until SIGTERM/SIGINT.
 
+mod admission;
 mod auth;
 mod unpack;
 
+pub use admission::AdmissionOptions;
 pub use auth::AuthOptions;
 pub use unpack::UnpackOptions;
 
@@ -66,6 +68,8 @@ pub struct ServeOptions {
     #[arg(long, default_value_t = crate::storage::DEFAULT_MIN_FREE_BYTES)]
     pub min_free_bytes: u64,
     #[command(flatten)]
+    pub admission: AdmissionOptions,
+    #[command(flatten)]
     pub auth: AuthOptions,
     #[command(flatten)]
     pub unpack: UnpackOptions,
@@ -125,6 +129,8 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
             upload_session_timeout: options.upload_session_timeout,
             request_body_timeout: options.request_body_timeout,
             unpack: options.unpack.limits(),
+            fairness: options.admission.limits(),
+            stream_stall_timeout: options.admission.stream_stall_timeout,
             ..Limits::default()
         }),
     };

@@ -146,6 +146,50 @@ impl Store {
         out(&[0u8; tarfmt::TRAILER_LEN as usize])
     }
 
+    /// Entries under `prefix` whose path sorts after `after` (all of them for `None`), in path
+    /// order: a listing resumed where an earlier step stopped.
+    pub fn files_after(
+        &self,
+        rev: RevisionId,
+        prefix: &str,
+        after: Option<&str>,
+    ) -> impl Iterator<Item = Result<FileEntry>> + '_ {
+        let prefix_key = file_key(rev, prefix);
+        let start = match after {
+            // The smallest key past `after`'s: its own key with a zero byte appended.
+            Some(after) => {
+                let mut start = file_key(rev, after);
+                start.push(0);
+                start.max(prefix_key.clone())
+            }
+            None => prefix_key.clone(),
+        };
+        self.tree()
+            .range(start..)
+            .take_while(move |item| item.as_ref().map_or(true, |(k, _)| k.starts_with(&prefix_key)))
+            .map(|item| item.map_err(StorageError::from).and_then(|(k, v)| FileEntry::decode(&k, &v)))
+    }
+
+    /// Length of `entry` in a tar (header, data, padding).
+    pub fn entry_tar_len(entry: &FileEntry) -> u64 {
+        tarfmt::header_len(&entry.header_spec()) + entry.tar_data_len()
+    }
+
+    /// Streams bytes `[from, to)` of `entry`'s tar form as if it started at offset 0: a subtree
+    /// tar is these, one after the other, then [`tarfmt::TRAILER_LEN`] zero bytes.
+    pub fn read_entry_tar(
+        &self,
+        rev: RevisionId,
+        entry: &FileEntry,
+        from: u64,
+        to: u64,
+        out: &mut Sink<'_>,
+    ) -> Result<()> {
+        let mut relocated = entry.clone();
+        relocated.tar_offset = 0;
+        self.emit_entry(rev, &relocated, from, to, out).map(|_| ())
+    }
+
     fn entries_from(&self, rev: RevisionId, path: &str) -> impl Iterator<Item = Result<FileEntry>> + '_ {
         self.tree()
             .range(file_key(rev, path)..key(b'f', &[&be(rev + 1)]))

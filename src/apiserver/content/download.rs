@@ -1,33 +1,48 @@
 //! Downloads: the revision an object serves, as the whole tar (with ETag, If-None-Match, Range and
-//! If-Range), one file, a subtree tar, or a streamed JSON listing. Bodies are fed by a blocking
-//! producer through a small bounded channel, so memory does not grow with content size.
+//! If-Range), one file, a subtree tar, or a streamed JSON listing. Bodies are produced in short
+//! steps ([`super::stream`]), so memory does not grow with content size and a slow client holds no
+//! thread.
 
 use std::collections::HashMap;
 
-use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
 use crate::apiserver::handlers::{get_object, resource_def};
 use crate::apiserver::range::{self, RangeRequest};
 use crate::apiserver::resources::bundle::BUNDLE;
 use crate::apiserver::resources::bundlecontent::BUNDLE_CONTENT;
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::{blocking, AppState, ChannelStream, API_VERSION};
-use crate::storage::{FileEntry, ObjectKey, RangeSpec, RevisionId, RevisionRecord, Sink, StorageError, Store};
+use crate::apiserver::{blocking, AppState, API_VERSION};
+use crate::storage::{tarfmt, FileEntry, ObjectKey, RangeSpec, RevisionId, RevisionRecord, StorageError, Store};
 
-/// Output buffer size for streamed responses.
-const OUT_CHUNK: usize = 256 * 1024;
+use super::stream::{self, ConnectionCut, Producer};
+
+/// How a download body is streamed: the store, when to cut a stalled client, and how.
+#[derive(Clone)]
+struct Streaming {
+    store: Store,
+    stall: std::time::Duration,
+    cut: Option<ConnectionCut>,
+}
+
+impl Streaming {
+    fn body(&self, producer: impl Producer) -> axum::body::Body {
+        stream::body(self.store.clone(), producer, self.stall, self.cut.clone())
+    }
+}
 
 pub async fn get_content(
     State(app): State<AppState>,
     Path((namespace, resource, name)): Path<(String, String, String)>,
     Query(params): Query<HashMap<String, String>>,
+    cut: Option<Extension<ConnectionCut>>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
+    let streaming =
+        Streaming { store: app.store.clone(), stall: app.limits.stream_stall_timeout, cut: cut.map(|Extension(c)| c) };
     if let Some(id) = params.get(super::upload_session::UPLOAD_PARAM) {
         return super::upload_session::status(&app, &namespace, &resource, &name, id).await;
     }
@@ -36,13 +51,13 @@ pub async fn get_content(
     let wants_listing = wants_listing(&headers);
     let path = params.get("path").map(|p| p.trim_start_matches('/').to_string()).unwrap_or_default();
     if wants_listing {
-        return listing(&app, revision, record, path).await;
+        return Ok(listing(&streaming, revision, record, path));
     }
     let incompressible = record.compresses_poorly();
     let mut response = if path.is_empty() {
         let tar_size = record.tar_size;
-        serve_ranged(&app, &headers, &record.digest, tar_size, "application/x-tar", move |store, range, out| {
-            store.read_tar(revision, tar_size, range, out)
+        serve_ranged(&streaming, &headers, &record.digest, tar_size, "application/x-tar", move |store, range, out| {
+            store.read_tar(revision, tar_size, range, &mut |bytes| Ok(out.extend_from_slice(bytes)))
         })?
     } else {
         let entry = {
@@ -53,11 +68,18 @@ pub async fn get_content(
             Some(entry) => {
                 let etag = format!("sha256:{}", entry.sha256);
                 let size = entry.size;
-                serve_ranged(&app, &headers, &etag, size, "application/octet-stream", move |store, range, out| {
-                    store.read_file(revision, &entry, range, out)
-                })?
+                serve_ranged(
+                    &streaming,
+                    &headers,
+                    &etag,
+                    size,
+                    "application/octet-stream",
+                    move |store, range, out| {
+                        store.read_file(revision, &entry, range, &mut |bytes| Ok(out.extend_from_slice(bytes)))
+                    },
+                )?
             }
-            None => subtree(&app, revision, &path).await?,
+            None => subtree(&app, &streaming, revision, &path).await?,
         }
     };
     if incompressible {
@@ -130,7 +152,7 @@ fn resolve_file(store: &Store, revision: RevisionId, path: &str) -> Result<Optio
     Ok(None)
 }
 
-async fn subtree(app: &AppState, revision: RevisionId, path: &str) -> ApiResult<Response> {
+async fn subtree(app: &AppState, streaming: &Streaming, revision: RevisionId, path: &str) -> ApiResult<Response> {
     let prefix = format!("{}/", path.trim_end_matches('/'));
     let exists = {
         let prefix = prefix.clone();
@@ -139,19 +161,52 @@ async fn subtree(app: &AppState, revision: RevisionId, path: &str) -> ApiResult<
     if !exists {
         return Err(ApiError::not_found_message(format!("path {path:?} not found in the content")));
     }
-    let body = stream_body(app.store.clone(), move |store, out| store.write_subtree_tar(revision, &prefix, out));
-    Ok(([(header::CONTENT_TYPE, "application/x-tar")], body).into_response())
+    Ok(([(header::CONTENT_TYPE, "application/x-tar")], streaming.body(subtree_tar(revision, prefix))).into_response())
 }
 
-async fn listing(app: &AppState, revision: RevisionId, record: RevisionRecord, path: String) -> ApiResult<Response> {
-    let body = stream_body(app.store.clone(), move |store, out| {
-        let head = json!({"kind": "BundleContentFileList", "apiVersion": API_VERSION, "digest": record.digest});
-        let head = head.to_string();
-        // Stream `{"kind":…,"digest":…,"files":[…]}` without holding the list.
-        out(&head.as_bytes()[..head.len() - 1])?;
-        out(b",\"files\":[")?;
-        let mut first = true;
-        for entry in store.files(revision, &path) {
+/// The tar of the entries under `prefix` (paths kept whole), a step at a time: whole small entries,
+/// a big one in pieces, then the trailer.
+fn subtree_tar(revision: RevisionId, prefix: String) -> impl Producer {
+    // The last entry finished, and how far into the current one the previous step got.
+    let mut after: Option<String> = None;
+    let mut current: Option<(FileEntry, u64)> = None;
+    move |store: &Store, out: &mut Vec<u8>| {
+        while out.len() < stream::STEP {
+            let (entry, from) = match current.take() {
+                Some(partial) => partial,
+                None => match store.files_after(revision, &prefix, after.as_deref()).next().transpose()? {
+                    Some(entry) => (entry, 0),
+                    None => {
+                        out.resize(out.len() + tarfmt::TRAILER_LEN as usize, 0);
+                        return Ok(false);
+                    }
+                },
+            };
+            let len = Store::entry_tar_len(&entry);
+            let to = len.min(from.saturating_add((stream::STEP - out.len()) as u64));
+            store.read_entry_tar(revision, &entry, from, to, &mut |bytes| Ok(out.extend_from_slice(bytes)))?;
+            if to < len {
+                current = Some((entry, to));
+            } else {
+                after = Some(entry.path);
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// `{"kind":…,"digest":…,"files":[…]}`, a step's worth of entries at a time.
+fn listing(streaming: &Streaming, revision: RevisionId, record: RevisionRecord, path: String) -> Response {
+    let mut after: Option<String> = None;
+    let mut started = false;
+    let producer = move |store: &Store, out: &mut Vec<u8>| -> Result<bool, StorageError> {
+        if !started {
+            let head = json!({"kind": "BundleContentFileList", "apiVersion": API_VERSION, "digest": record.digest});
+            let head = head.to_string();
+            out.extend_from_slice(head.strip_suffix('}').unwrap_or(&head).as_bytes());
+            out.extend_from_slice(b",\"files\":[");
+        }
+        for entry in store.files_after(revision, &path, after.as_deref()) {
             let entry = entry?;
             let mut item = json!({
                 "path": entry.path,
@@ -163,21 +218,27 @@ async fn listing(app: &AppState, revision: RevisionId, record: RevisionRecord, p
             if let Some(target) = &entry.target {
                 item["target"] = json!(target);
             }
-            if !first {
-                out(b",")?;
+            if started {
+                out.push(b',');
             }
-            first = false;
-            out(item.to_string().as_bytes())?;
+            started = true;
+            out.extend_from_slice(item.to_string().as_bytes());
+            after = Some(entry.path);
+            if out.len() >= stream::STEP {
+                return Ok(true);
+            }
         }
-        out(b"]}")
-    });
-    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+        started = true;
+        out.extend_from_slice(b"]}");
+        Ok(false)
+    };
+    ([(header::CONTENT_TYPE, "application/json")], streaming.body(producer)).into_response()
 }
 
 /// Serves a representation of `size` bytes identified by `etag`, honouring `If-None-Match`,
 /// `Range` and `If-Range`; `read` streams the chosen byte range.
 fn serve_ranged<F>(
-    app: &AppState,
+    streaming: &Streaming,
     headers: &HeaderMap,
     etag: &str,
     size: u64,
@@ -185,7 +246,7 @@ fn serve_ranged<F>(
     read: F,
 ) -> ApiResult<Response>
 where
-    F: FnOnce(&Store, RangeSpec, &mut Sink<'_>) -> Result<(), StorageError> + Send + 'static,
+    F: FnMut(&Store, RangeSpec, &mut Vec<u8>) -> Result<(), StorageError> + Send + 'static,
 {
     let quoted = format!("\"{etag}\"");
     let etag_value = HeaderValue::from_str(&quoted).map_err(|e| ApiError::internal(e.to_string()))?;
@@ -205,7 +266,10 @@ where
             return Ok(response);
         }
     };
-    let body = stream_body(app.store.clone(), move |store, out| read(store, spec, out));
+    let mut read = read;
+    let body = streaming.body(stream::ranged(spec.start, spec.end, move |store, start, end, out| {
+        read(store, RangeSpec { start, end }, out)
+    }));
     let mut response = Response::new(body);
     *response.status_mut() = code;
     let h = response.headers_mut();
@@ -219,40 +283,4 @@ where
         }
     }
     Ok(response)
-}
-
-/// A response body fed by a blocking producer through a small bounded channel: memory stays
-/// constant whatever the size, and a client that goes away stops the producer.
-fn stream_body<F>(store: Store, produce: F) -> Body
-where
-    F: FnOnce(&Store, &mut Sink<'_>) -> Result<(), StorageError> + Send + 'static,
-{
-    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
-    tokio::task::spawn_blocking(move || {
-        let mut buffer = Vec::with_capacity(OUT_CHUNK);
-        let mut out = |bytes: &[u8]| -> Result<(), StorageError> {
-            buffer.extend_from_slice(bytes);
-            if buffer.len() >= OUT_CHUNK {
-                let full = std::mem::replace(&mut buffer, Vec::with_capacity(OUT_CHUNK));
-                tx.blocking_send(Ok(Bytes::from(full))).map_err(|_| StorageError::Cancelled)?;
-            }
-            Ok(())
-        };
-        let result = produce(&store, &mut out);
-        match result {
-            Ok(()) => {
-                if !buffer.is_empty() {
-                    let _ = tx.blocking_send(Ok(Bytes::from(buffer)));
-                }
-            }
-            Err(StorageError::Cancelled) => {}
-            Err(e) => {
-                // Headers are gone already: abort the body so the client sees a truncated transfer
-                // (and a digest mismatch), never wrong bytes.
-                tracing::error!(error = %e, "content read failed mid-stream");
-                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
-            }
-        }
-    });
-    Body::from_stream(ChannelStream(rx))
 }

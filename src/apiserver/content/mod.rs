@@ -4,6 +4,7 @@
 //! (POST/PATCH/PUT/DELETE with `?uploads` / `?upload=ID`, see [`upload_session`]).
 
 mod download;
+pub mod stream;
 mod upload;
 mod upload_session;
 pub mod upload_spool;

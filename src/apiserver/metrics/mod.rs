@@ -23,6 +23,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt as _;
 
+use super::fairness::Fairness;
 use super::status::{ApiError, ApiResult};
 use crate::storage::{CommitCounts, StorageError, Store, StoreStats};
 use request_labels::RequestLabels;
@@ -67,6 +68,7 @@ pub struct Metrics {
     long_running: RwLock<HashMap<RequestLabels, AtomicI64>>,
     store: Store,
     store_gauges: tokio::sync::Mutex<Option<StoreGauges>>,
+    fairness: Arc<Fairness>,
 }
 
 /// Runs `update` on the series of `key`, creating it (under the write lock) the first time.
@@ -101,13 +103,14 @@ impl Drop for LongRunning {
 }
 
 impl Metrics {
-    pub fn new(store: Store) -> Metrics {
+    pub fn new(store: Store, fairness: Arc<Fairness>) -> Metrics {
         Metrics {
             requests: RwLock::default(),
             durations: RwLock::default(),
             long_running: RwLock::default(),
             store,
             store_gauges: tokio::sync::Mutex::new(None),
+            fairness,
         }
     }
 
@@ -244,6 +247,7 @@ pub async fn serve(State(metrics): State<Arc<Metrics>>) -> ApiResult<Response> {
         .write_requests(&mut text)
         .and_then(|()| write_store_gauges(&mut text, &gauges))
         .and_then(|()| write_commit_counters(&mut text, metrics.store.commit_counts()))
+        .and_then(|()| metrics.fairness.write_metrics(&mut text))
         .map_err(|_| ApiError::internal("formatting metrics failed"))?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }

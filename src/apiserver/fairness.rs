@@ -1,0 +1,448 @@
+//! Admission control in the spirit of kube-apiserver's max-in-flight filter and API Priority and
+//! Fairness: a bounded number of requests and of content streams run at once, in total and per
+//! user; a request past a bound waits briefly in a bounded queue, then gets `429 TooManyRequests`
+//! with `Retry-After`. One user can thus fill only their own share: others' reads, writes and
+//! downloads keep being served.
+//!
+//! Classes: read-only requests (get, list, watch) and mutating ones hold a seat until their
+//! response head is ready (a watch, like kube's, only while it starts); `content` subresource
+//! requests (downloads, uploads, upload pieces) hold a content seat for as long as their bodies
+//! flow, since each pins buffers (and an upload a thread). Non-resource requests — discovery,
+//! OpenAPI, `/version`, `/metrics`, health — are served from memory and are exempt, so kubectl
+//! keeps discovering while a user is being throttled.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt as _;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::access::Identity;
+use super::request_info::RequestInfo;
+use super::status::ApiError;
+
+/// The configured bounds (`stowage serve` flags).
+#[derive(Clone, Copy, Debug)]
+pub struct FairnessLimits {
+    /// Read-only requests at once (`--max-requests-inflight`, kube's flag and default).
+    pub max_read_only: usize,
+    /// Mutating requests at once (`--max-mutating-requests-inflight`, kube's flag and default).
+    pub max_mutating: usize,
+    /// Read-only plus mutating requests of one user at once.
+    pub max_per_user: usize,
+    /// Content downloads and uploads at once.
+    pub max_content_streams: usize,
+    /// Content downloads and uploads of one user at once.
+    pub max_content_streams_per_user: usize,
+    /// How long a request past a bound may wait for a seat before it gets 429.
+    pub queue_wait: Duration,
+}
+
+impl Default for FairnessLimits {
+    fn default() -> Self {
+        FairnessLimits {
+            max_read_only: 400,
+            max_mutating: 200,
+            max_per_user: 100,
+            max_content_streams: 128,
+            max_content_streams_per_user: 16,
+            queue_wait: Duration::from_secs(2),
+        }
+    }
+}
+
+/// How a request is admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Class {
+    ReadOnly,
+    Mutating,
+    Content,
+}
+
+impl Class {
+    const ALL: [Class; 3] = [Class::ReadOnly, Class::Mutating, Class::Content];
+
+    /// The class of a request, or `None` for an exempt one.
+    pub fn of(info: &RequestInfo) -> Option<Class> {
+        if !info.is_resource_request {
+            return None;
+        }
+        if info.subresource == "content" {
+            return Some(Class::Content);
+        }
+        Some(match info.verb.as_str() {
+            "get" | "list" | "watch" => Class::ReadOnly,
+            _ => Class::Mutating,
+        })
+    }
+
+    /// The label kube-apiserver uses (`request_kind`), plus `content`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Class::ReadOnly => "readOnly",
+            Class::Mutating => "mutating",
+            Class::Content => "content",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Requests and content streams are counted per user separately.
+    fn user_pool(self) -> UserPool {
+        match self {
+            Class::Content => UserPool::Content,
+            _ => UserPool::Requests,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum UserPool {
+    Requests,
+    Content,
+}
+
+/// Why a request was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// The queue for the bound was already full.
+    QueueFull,
+    /// No seat came free within the queue wait.
+    TimedOut,
+}
+
+impl Rejection {
+    fn label(self) -> &'static str {
+        match self {
+            Rejection::QueueFull => "queue-full",
+            Rejection::TimedOut => "time-out",
+        }
+    }
+}
+
+/// One user's seats in one pool; dropped from the map once nobody holds or waits for a seat.
+struct UserSeats {
+    seats: Arc<Semaphore>,
+    waiting: AtomicI64,
+}
+
+/// Counters for `/metrics`, per class.
+#[derive(Default)]
+struct ClassCounters {
+    inflight: AtomicI64,
+    waiting: AtomicI64,
+    rejected_queue_full: AtomicU64,
+    rejected_timed_out: AtomicU64,
+}
+
+/// The admission state shared by every request.
+pub struct Fairness {
+    limits: FairnessLimits,
+    total: [Arc<Semaphore>; 3],
+    total_waiting: [AtomicI64; 3],
+    users: Mutex<HashMap<(UserPool, String), Arc<UserSeats>>>,
+    counters: [ClassCounters; 3],
+}
+
+/// A granted seat; dropping it frees the seat.
+pub struct Seat {
+    fairness: Arc<Fairness>,
+    class: Class,
+    user_key: (UserPool, String),
+    user: Arc<UserSeats>,
+    _user_permit: OwnedSemaphorePermit,
+    _total_permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.fairness.counters[self.class.index()].inflight.fetch_sub(1, Ordering::Relaxed);
+        self.fairness.forget_idle_user(&self.user_key, &self.user);
+    }
+}
+
+impl Fairness {
+    pub fn new(limits: FairnessLimits) -> Arc<Fairness> {
+        let limits = FairnessLimits {
+            max_read_only: limits.max_read_only.max(1),
+            max_mutating: limits.max_mutating.max(1),
+            max_per_user: limits.max_per_user.max(1),
+            max_content_streams: limits.max_content_streams.max(1),
+            max_content_streams_per_user: limits.max_content_streams_per_user.max(1),
+            queue_wait: limits.queue_wait,
+        };
+        Arc::new(Fairness {
+            total: [
+                Arc::new(Semaphore::new(limits.max_read_only)),
+                Arc::new(Semaphore::new(limits.max_mutating)),
+                Arc::new(Semaphore::new(limits.max_content_streams)),
+            ],
+            total_waiting: Default::default(),
+            users: Mutex::default(),
+            counters: Default::default(),
+            limits,
+        })
+    }
+
+    fn total_limit(&self, class: Class) -> usize {
+        match class {
+            Class::ReadOnly => self.limits.max_read_only,
+            Class::Mutating => self.limits.max_mutating,
+            Class::Content => self.limits.max_content_streams,
+        }
+    }
+
+    fn user_limit(&self, pool: UserPool) -> usize {
+        match pool {
+            UserPool::Requests => self.limits.max_per_user,
+            UserPool::Content => self.limits.max_content_streams_per_user,
+        }
+    }
+
+    fn user_seats(&self, key: &(UserPool, String)) -> Arc<UserSeats> {
+        let mut users = self.users.lock().unwrap_or_else(PoisonError::into_inner);
+        users
+            .entry(key.clone())
+            .or_insert_with(|| {
+                Arc::new(UserSeats {
+                    seats: Arc::new(Semaphore::new(self.user_limit(key.0))),
+                    waiting: AtomicI64::new(0),
+                })
+            })
+            .clone()
+    }
+
+    /// Removes a user's entry once nobody else refers to it, so the map holds only active users.
+    fn forget_idle_user(&self, key: &(UserPool, String), user: &Arc<UserSeats>) {
+        let mut users = self.users.lock().unwrap_or_else(PoisonError::into_inner);
+        // The map's reference and the caller's: nobody holds, nor waits for, a seat.
+        if Arc::strong_count(user) == 2 && users.get(key).is_some_and(|u| Arc::ptr_eq(u, user)) {
+            users.remove(key);
+        }
+    }
+
+    /// Takes a seat of `class` for `user`: at once if free, else after waiting in a bounded queue
+    /// (as many waiters as seats) for at most the queue wait.
+    pub async fn admit(self: &Arc<Self>, class: Class, user: &str) -> Result<Seat, Rejection> {
+        let key = (class.user_pool(), user.to_string());
+        let seats = self.user_seats(&key);
+        let deadline = tokio::time::Instant::now() + self.limits.queue_wait;
+        let user_limit = self.user_limit(key.0);
+        let counters = &self.counters[class.index()];
+        let result = async {
+            let user_permit = acquire(&seats.seats, &seats.waiting, user_limit, deadline, &counters.waiting).await?;
+            let total = &self.total[class.index()];
+            let total_waiting = &self.total_waiting[class.index()];
+            let total_permit =
+                acquire(total, total_waiting, self.total_limit(class), deadline, &counters.waiting).await?;
+            Ok((user_permit, total_permit))
+        }
+        .await;
+        match result {
+            Ok((user_permit, total_permit)) => {
+                counters.inflight.fetch_add(1, Ordering::Relaxed);
+                Ok(Seat {
+                    fairness: self.clone(),
+                    class,
+                    user_key: key,
+                    user: seats,
+                    _user_permit: user_permit,
+                    _total_permit: total_permit,
+                })
+            }
+            Err(rejection) => {
+                let counter = match rejection {
+                    Rejection::QueueFull => &counters.rejected_queue_full,
+                    Rejection::TimedOut => &counters.rejected_timed_out,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                self.forget_idle_user(&key, &seats);
+                Err(rejection)
+            }
+        }
+    }
+
+    /// The Prometheus exposition of the admission state.
+    pub fn write_metrics(&self, out: &mut String) -> std::fmt::Result {
+        use std::fmt::Write as _;
+        let classes = Class::ALL.iter().map(|c| (c.label(), &self.counters[c.index()]));
+        writeln!(out, "# HELP apiserver_current_inflight_requests Requests holding a seat, by kind (content: downloads and uploads).")?;
+        writeln!(out, "# TYPE apiserver_current_inflight_requests gauge")?;
+        for (kind, c) in classes.clone() {
+            let n = c.inflight.load(Ordering::Relaxed);
+            writeln!(out, "apiserver_current_inflight_requests{{request_kind=\"{kind}\"}} {n}")?;
+        }
+        writeln!(out, "# HELP apiserver_current_inqueue_requests Requests waiting for a seat, by kind.")?;
+        writeln!(out, "# TYPE apiserver_current_inqueue_requests gauge")?;
+        for (kind, c) in classes.clone() {
+            let n = c.waiting.load(Ordering::Relaxed);
+            writeln!(out, "apiserver_current_inqueue_requests{{request_kind=\"{kind}\"}} {n}")?;
+        }
+        writeln!(
+            out,
+            "# HELP stowage_rejected_requests_total Requests answered 429, by kind and reason (queue-full, time-out)."
+        )?;
+        writeln!(out, "# TYPE stowage_rejected_requests_total counter")?;
+        for (kind, c) in classes {
+            for (reason, n) in [
+                (Rejection::QueueFull.label(), c.rejected_queue_full.load(Ordering::Relaxed)),
+                (Rejection::TimedOut.label(), c.rejected_timed_out.load(Ordering::Relaxed)),
+            ] {
+                writeln!(out, "stowage_rejected_requests_total{{request_kind=\"{kind}\",reason=\"{reason}\"}} {n}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A permit of `seats`, waiting until `deadline` behind at most `queue` other waiters.
+async fn acquire(
+    seats: &Arc<Semaphore>,
+    waiting: &AtomicI64,
+    queue: usize,
+    deadline: tokio::time::Instant,
+    class_waiting: &AtomicI64,
+) -> Result<OwnedSemaphorePermit, Rejection> {
+    if let Ok(permit) = seats.clone().try_acquire_owned() {
+        return Ok(permit);
+    }
+    let queued = waiting.fetch_add(1, Ordering::Relaxed);
+    let _leave = Leave(waiting);
+    if usize::try_from(queued).unwrap_or(usize::MAX) >= queue {
+        return Err(Rejection::QueueFull);
+    }
+    class_waiting.fetch_add(1, Ordering::Relaxed);
+    let _leave_class = Leave(class_waiting);
+    match tokio::time::timeout_at(deadline, seats.clone().acquire_owned()).await {
+        Ok(Ok(permit)) => Ok(permit),
+        // A semaphore is closed only if we closed it, which we never do; treat it as a timeout.
+        Ok(Err(_)) | Err(_) => Err(Rejection::TimedOut),
+    }
+}
+
+/// Decrements a waiter count when the waiting ends, however it ends (a client that goes away
+/// drops the future).
+struct Leave<'a>(&'a AtomicI64);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Middleware (inside the access gate, which put the identity and request info in place): admits
+/// the request or answers 429; a content seat lives as long as the response body.
+pub async fn admit(State(fairness): State<Arc<Fairness>>, request: Request, next: Next) -> Response {
+    let class = request.extensions().get::<RequestInfo>().and_then(Class::of);
+    let user = request.extensions().get::<Identity>().map(|i| i.0.name.clone());
+    let (Some(class), Some(user)) = (class, user) else {
+        return next.run(request).await;
+    };
+    let seat = match fairness.admit(class, &user).await {
+        Ok(seat) => seat,
+        Err(rejection) => {
+            tracing::debug!(%user, kind = class.label(), reason = rejection.label(), "request throttled");
+            return too_many_requests(class);
+        }
+    };
+    let response = next.run(request).await;
+    if class != Class::Content {
+        return response;
+    }
+    response.map(|body| {
+        Body::new(body.map_frame(move |frame| {
+            let _seat = &seat;
+            frame
+        }))
+    })
+}
+
+/// 429 as kube-apiserver's flow control answers it.
+fn too_many_requests(class: Class) -> Response {
+    let what = match class {
+        Class::Content => "too many content downloads and uploads at once",
+        _ => "too many requests at once",
+    };
+    let mut response = ApiError::too_many_requests(format!("{what}, please try again later")).into_response();
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(per_user: usize, total: usize) -> FairnessLimits {
+        FairnessLimits {
+            max_read_only: total,
+            max_mutating: total,
+            max_per_user: per_user,
+            max_content_streams: total,
+            max_content_streams_per_user: per_user,
+            queue_wait: Duration::from_millis(50),
+        }
+    }
+
+    #[tokio::test]
+    async fn one_user_fills_only_their_share() {
+        let fairness = Fairness::new(limits(2, 3));
+        let a1 = fairness.admit(Class::Content, "attacker").await.unwrap();
+        let _a2 = fairness.admit(Class::Content, "attacker").await.unwrap();
+        // The third waits in the queue and times out.
+        assert_eq!(fairness.admit(Class::Content, "attacker").await.err(), Some(Rejection::TimedOut));
+        let _victim = fairness.admit(Class::Content, "victim").await.unwrap();
+        // The total is reached: another user waits for a seat and gets it when one frees.
+        let waiter = {
+            let fairness = fairness.clone();
+            tokio::spawn(async move { fairness.admit(Class::Content, "third").await.is_ok() })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        drop(a1);
+        assert!(waiter.await.unwrap());
+        // Other classes are not affected.
+        assert!(fairness.admit(Class::ReadOnly, "attacker").await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_at_once_and_idle_users_are_forgotten() {
+        let fairness = Fairness::new(FairnessLimits { queue_wait: Duration::from_secs(5), ..limits(1, 10) });
+        let seat = fairness.admit(Class::Mutating, "u").await.unwrap();
+        let queued = {
+            let fairness = fairness.clone();
+            tokio::spawn(async move { fairness.admit(Class::Mutating, "u").await.is_ok() })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let started = std::time::Instant::now();
+        assert_eq!(fairness.admit(Class::Mutating, "u").await.err(), Some(Rejection::QueueFull));
+        assert!(started.elapsed() < Duration::from_secs(1));
+        drop(seat);
+        assert!(queued.await.unwrap());
+        assert!(fairness.users.lock().unwrap().is_empty());
+        let mut text = String::new();
+        fairness.write_metrics(&mut text).unwrap();
+        assert!(text.contains("stowage_rejected_requests_total{request_kind=\"mutating\",reason=\"queue-full\"} 1"));
+        assert!(text.contains("apiserver_current_inflight_requests{request_kind=\"mutating\"} 0"));
+    }
+
+    #[test]
+    fn classes() {
+        let info =
+            |method: &str, path: &str, query: Option<&str>| RequestInfo::new(&method.parse().unwrap(), path, query);
+        let base = "/apis/content.stowage.dev/v1alpha1/namespaces/ns/bundles";
+        assert_eq!(Class::of(&info("GET", "/apis", None)), None);
+        assert_eq!(Class::of(&info("GET", "/apis/content.stowage.dev/v1alpha1", None)), None);
+        assert_eq!(Class::of(&info("GET", base, Some("watch=1"))), Some(Class::ReadOnly));
+        assert_eq!(Class::of(&info("POST", base, None)), Some(Class::Mutating));
+        assert_eq!(Class::of(&info("GET", &format!("{base}/b/content"), None)), Some(Class::Content));
+        assert_eq!(Class::of(&info("PUT", &format!("{base}/b/content"), None)), Some(Class::Content));
+    }
+}
