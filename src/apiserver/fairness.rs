@@ -9,7 +9,9 @@
 //! requests (downloads, uploads, upload pieces) hold a content seat for as long as their bodies
 //! flow, since each pins buffers (and an upload a thread). Non-resource requests — discovery,
 //! OpenAPI, `/version`, `/metrics`, health — are served from memory and are exempt, so kubectl
-//! keeps discovering while a user is being throttled.
+//! keeps discovering while a user is being throttled. Members of `system:masters` (the admin) are
+//! not held to a per-user share, as kube-apiserver's flow control exempts them; the totals still
+//! bound them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -27,6 +29,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::access::Identity;
 use super::request_info::RequestInfo;
 use super::status::ApiError;
+
+/// The group kube-apiserver's flow control exempts (cluster admins).
+const MASTERS: &str = "system:masters";
 
 /// The configured bounds (`stowage serve` flags).
 #[derive(Clone, Copy, Debug)]
@@ -158,15 +163,17 @@ pub struct Seat {
     fairness: Arc<Fairness>,
     class: Class,
     user_key: (UserPool, String),
-    user: Arc<UserSeats>,
-    _user_permit: OwnedSemaphorePermit,
+    user: Option<Arc<UserSeats>>,
+    _user_permit: Option<OwnedSemaphorePermit>,
     _total_permit: OwnedSemaphorePermit,
 }
 
 impl Drop for Seat {
     fn drop(&mut self) {
         self.fairness.counters[self.class.index()].inflight.fetch_sub(1, Ordering::Relaxed);
-        self.fairness.forget_idle_user(&self.user_key, &self.user);
+        if let Some(user) = &self.user {
+            self.fairness.forget_idle_user(&self.user_key, user);
+        }
     }
 }
 
@@ -230,16 +237,21 @@ impl Fairness {
         }
     }
 
-    /// Takes a seat of `class` for `user`: at once if free, else after waiting in a bounded queue
-    /// (as many waiters as seats) for at most the queue wait.
-    pub async fn admit(self: &Arc<Self>, class: Class, user: &str) -> Result<Seat, Rejection> {
-        let key = (class.user_pool(), user.to_string());
-        let seats = self.user_seats(&key);
+    /// Takes a seat of `class` for `user` (`None`: a user with no per-user share): at once if free,
+    /// else after waiting in a bounded queue (as many waiters as seats) for at most the queue wait.
+    pub async fn admit(self: &Arc<Self>, class: Class, user: Option<&str>) -> Result<Seat, Rejection> {
+        let key = (class.user_pool(), user.unwrap_or_default().to_string());
+        let seats = user.map(|_| self.user_seats(&key));
         let deadline = tokio::time::Instant::now() + self.limits.queue_wait;
         let user_limit = self.user_limit(key.0);
         let counters = &self.counters[class.index()];
         let result = async {
-            let user_permit = acquire(&seats.seats, &seats.waiting, user_limit, deadline, &counters.waiting).await?;
+            let user_permit = match &seats {
+                Some(seats) => {
+                    Some(acquire(&seats.seats, &seats.waiting, user_limit, deadline, &counters.waiting).await?)
+                }
+                None => None,
+            };
             let total = &self.total[class.index()];
             let total_waiting = &self.total_waiting[class.index()];
             let total_permit =
@@ -265,7 +277,9 @@ impl Fairness {
                     Rejection::TimedOut => &counters.rejected_timed_out,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
-                self.forget_idle_user(&key, &seats);
+                if let Some(seats) = &seats {
+                    self.forget_idle_user(&key, seats);
+                }
                 Err(rejection)
             }
         }
@@ -343,11 +357,13 @@ impl Drop for Leave<'_> {
 /// the request or answers 429; a content seat lives as long as the response body.
 pub async fn admit(State(fairness): State<Arc<Fairness>>, request: Request, next: Next) -> Response {
     let class = request.extensions().get::<RequestInfo>().and_then(Class::of);
-    let user = request.extensions().get::<Identity>().map(|i| i.0.name.clone());
+    let user = request.extensions().get::<Identity>().map(|i| &i.0);
     let (Some(class), Some(user)) = (class, user) else {
         return next.run(request).await;
     };
-    let seat = match fairness.admit(class, &user).await {
+    let share = (!user.groups.iter().any(|g| g == MASTERS)).then_some(user.name.as_str());
+    let user = user.name.clone();
+    let seat = match fairness.admit(class, share).await {
         Ok(seat) => seat,
         Err(rejection) => {
             tracing::debug!(%user, kind = class.label(), reason = rejection.label(), "request throttled");
@@ -395,34 +411,36 @@ mod tests {
     #[tokio::test]
     async fn one_user_fills_only_their_share() {
         let fairness = Fairness::new(limits(2, 3));
-        let a1 = fairness.admit(Class::Content, "attacker").await.unwrap();
-        let _a2 = fairness.admit(Class::Content, "attacker").await.unwrap();
+        let a1 = fairness.admit(Class::Content, Some("attacker")).await.unwrap();
+        let _a2 = fairness.admit(Class::Content, Some("attacker")).await.unwrap();
         // The third waits in the queue and times out.
-        assert_eq!(fairness.admit(Class::Content, "attacker").await.err(), Some(Rejection::TimedOut));
-        let _victim = fairness.admit(Class::Content, "victim").await.unwrap();
+        assert_eq!(fairness.admit(Class::Content, Some("attacker")).await.err(), Some(Rejection::TimedOut));
+        let _victim = fairness.admit(Class::Content, Some("victim")).await.unwrap();
         // The total is reached: another user waits for a seat and gets it when one frees.
         let waiter = {
             let fairness = fairness.clone();
-            tokio::spawn(async move { fairness.admit(Class::Content, "third").await.is_ok() })
+            tokio::spawn(async move { fairness.admit(Class::Content, Some("third")).await.is_ok() })
         };
         tokio::time::sleep(Duration::from_millis(10)).await;
         drop(a1);
         assert!(waiter.await.unwrap());
+        // The admin has no per-user share, only the total.
+        assert!(fairness.admit(Class::ReadOnly, None).await.is_ok());
         // Other classes are not affected.
-        assert!(fairness.admit(Class::ReadOnly, "attacker").await.is_ok());
+        assert!(fairness.admit(Class::ReadOnly, Some("attacker")).await.is_ok());
     }
 
     #[tokio::test]
     async fn a_full_queue_refuses_at_once_and_idle_users_are_forgotten() {
         let fairness = Fairness::new(FairnessLimits { queue_wait: Duration::from_secs(5), ..limits(1, 10) });
-        let seat = fairness.admit(Class::Mutating, "u").await.unwrap();
+        let seat = fairness.admit(Class::Mutating, Some("u")).await.unwrap();
         let queued = {
             let fairness = fairness.clone();
-            tokio::spawn(async move { fairness.admit(Class::Mutating, "u").await.is_ok() })
+            tokio::spawn(async move { fairness.admit(Class::Mutating, Some("u")).await.is_ok() })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         let started = std::time::Instant::now();
-        assert_eq!(fairness.admit(Class::Mutating, "u").await.err(), Some(Rejection::QueueFull));
+        assert_eq!(fairness.admit(Class::Mutating, Some("u")).await.err(), Some(Rejection::QueueFull));
         assert!(started.elapsed() < Duration::from_secs(1));
         drop(seat);
         assert!(queued.await.unwrap());
