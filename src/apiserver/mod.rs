@@ -23,6 +23,7 @@ pub mod meta;
 mod metrics;
 mod negotiation;
 mod openapi;
+mod panic_status;
 mod patch;
 pub(crate) mod range;
 pub mod request_info;
@@ -119,10 +120,7 @@ where
     F: FnOnce(&Store) -> Result<T, StorageError> + Send + 'static,
 {
     let store = app.store.clone();
-    tokio::task::spawn_blocking(move || f(&store))
-        .await
-        .map_err(|e| ApiError::internal(format!("store task failed: {e}")))?
-        .map_err(ApiError::from)
+    tokio::task::spawn_blocking(move || f(&store)).await.map_err(panic_status::task_failed)?.map_err(ApiError::from)
 }
 
 /// The whole HTTP API.
@@ -179,6 +177,7 @@ pub fn router(state: AppState) -> Router {
         // Public, as kube's bootstrap policy (system:public-info-viewer) makes it.
         .route("/version", get(discovery::version))
         .merge(api)
+        .layer(middleware::from_fn(panic_status::catch))
         .layer(middleware::from_fn_with_state(request_metrics, metrics::record_request))
         .with_state(state)
 }

@@ -35,6 +35,10 @@ const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
 /// Longest watch when the client sets no `timeoutSeconds` (kube-apiserver picks 30–60 min).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
+/// The longest `timeoutSeconds` taken as asked: about 30 years, tokio's own "never" for timers
+/// (a longer one overflowed the deadline arithmetic and killed the watch).
+const LONGEST_TIMEOUT: Duration = Duration::from_secs(30 * 365 * 86_400);
+
 type Sender = mpsc::Sender<Result<Bytes, std::io::Error>>;
 
 /// What one watch sends.
@@ -137,11 +141,7 @@ pub async fn serve(
 ) -> ApiResult<Response> {
     let representation = table::negotiate(headers, params.get("includeObject").map(String::as_str));
     let filter = Arc::new(Filter { def, namespace, labels, fields, representation });
-    let timeout = params
-        .get("timeoutSeconds")
-        .and_then(|t| t.parse::<u64>().ok())
-        .map(Duration::from_secs)
-        .unwrap_or(DEFAULT_TIMEOUT);
+    let timeout = timeout(params.get("timeoutSeconds").map(String::as_str))?;
     let bookmarks = params.get("allowWatchBookmarks").is_some_and(|v| v == "true");
     let cache = watch_cache::shared(&app.store)
         .map_err(|e| ApiError::internal(format!("cannot start the watch cache: {e}")))?;
@@ -165,8 +165,14 @@ pub async fn serve(
         text => {
             let rv: u64 =
                 text.parse().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {text:?}")))?;
-            if !blocking(app, move |store| store.log_covers(rv)).await? {
-                let current = blocking(app, |store| store.current_resource_version()).await?;
+            // A resourceVersion the store has not reached yet waits for the changes after it, as
+            // kube-apiserver's watch cache does; only a past one can have left the log.
+            let (current, covered) = blocking(app, move |store| {
+                let current = store.current_resource_version()?;
+                Ok((current, rv >= current || store.log_covers(rv)?))
+            })
+            .await?;
+            if !covered {
                 return Err(ApiError::gone(format!("too old resource version: {rv} ({current})")));
             }
             (Vec::new(), rv)
@@ -187,6 +193,20 @@ pub async fn serve(
     *response.status_mut() = StatusCode::OK;
     response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
     Ok(response)
+}
+
+/// `timeoutSeconds` as kube-apiserver reads it: an int64 (anything else is a 400), 0 or absent
+/// for the default, a negative one ends the watch at once. Any larger one is taken, up to
+/// [`LONGEST_TIMEOUT`] (kube multiplies it into a Go duration, which wraps past 292 years).
+fn timeout(text: Option<&str>) -> ApiResult<Duration> {
+    let Some(text) = text.filter(|t| !t.is_empty()) else { return Ok(DEFAULT_TIMEOUT) };
+    let seconds: i64 = text.parse().map_err(|_| {
+        ApiError::bad_request(format!("invalid timeoutSeconds {text:?}: must be a whole number of seconds"))
+    })?;
+    Ok(match seconds {
+        0 => DEFAULT_TIMEOUT,
+        s => Duration::from_secs(s.max(0).unsigned_abs()).min(LONGEST_TIMEOUT),
+    })
 }
 
 /// ADDED events rendered as a list reads the objects.

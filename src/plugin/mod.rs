@@ -5,6 +5,7 @@
 
 mod diff;
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -70,7 +71,8 @@ pub enum PluginCommand {
     },
 }
 
-/// Runs one plugin command; prints to stdout.
+/// Runs one plugin command; prints to stdout. A reader that stops reading (`| head`) ends the
+/// output quietly, as with other command-line tools.
 pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
     let flags = match &command {
         PluginCommand::Push { kube, .. }
@@ -84,16 +86,17 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
         PluginCommand::Push { dir, name, piece_bytes, .. } => {
             let mut bar = progress_bar();
             let bundle = content.push(&namespace, &name, &dir, piece_bytes, &mut bar).await?;
-            eprintln!();
+            let _ = writeln!(std::io::stderr());
             let text = |p: &str| bundle.pointer(p).and_then(serde_json::Value::as_str).unwrap_or("").to_string();
-            println!("{namespace}/{name}: {} ({})", text("/status/digest"), text("/status/contentName"));
+            print_lines([format!("{namespace}/{name}: {} ({})", text("/status/digest"), text("/status/contentName"))])?;
         }
         PluginCommand::Pull { name, dir, piece_bytes, .. } => {
             let content = ContentClient::with_options(client, FetchOptions { piece_bytes, attempts: 5 });
-            match content.fetch_into(&namespace, &name, &dir, None).await? {
-                Fetched::Updated { digest } => println!("{namespace}/{name}: {digest} -> {}", dir.display()),
-                Fetched::Unchanged => println!("{namespace}/{name}: unchanged"),
-            }
+            let line = match content.fetch_into(&namespace, &name, &dir, None).await? {
+                Fetched::Updated { digest } => format!("{namespace}/{name}: {digest} -> {}", dir.display()),
+                Fetched::Unchanged => format!("{namespace}/{name}: unchanged"),
+            };
+            print_lines([line])?;
         }
         PluginCommand::Ls { name, revision, .. } => {
             let revision = match revision {
@@ -101,22 +104,34 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
                 None => None,
             };
             let files = content.files(&namespace, &name, revision.as_deref()).await?;
-            for f in files {
+            print_lines(files.into_iter().map(|f| {
                 let link = f.target.map(|t| format!(" -> {t}")).unwrap_or_default();
-                println!("{:o} {:>12} {} {}{link}", f.mode, f.size, &f.sha256[..f.sha256.len().min(12)], f.path);
-            }
+                let short: String = f.sha256.chars().take(12).collect();
+                format!("{:o} {:>12} {short} {}{link}", f.mode, f.size, f.path)
+            }))?;
         }
         PluginCommand::Diff { name, from, to, .. } => {
             let from = diff::find_revision(&content, &namespace, &name, &from).await?;
             let to = diff::find_revision(&content, &namespace, &name, &to).await?;
             let before = content.files(&namespace, &name, Some(&from)).await?;
             let after = content.files(&namespace, &name, Some(&to)).await?;
-            for line in diff::compare(&before, &after) {
-                println!("{line}");
-            }
+            print_lines(diff::compare(&before, &after))?;
         }
     }
     Ok(())
+}
+
+/// Writes `lines` to stdout. A closed pipe ends the output without an error: the reader has all
+/// it wanted (`println!` would panic).
+fn print_lines(lines: impl IntoIterator<Item = String>) -> anyhow::Result<()> {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let written = lines.into_iter().try_for_each(|line| writeln!(out, "{line}")).and_then(|()| out.flush());
+    match written {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("writing the output"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// `[#####     ]  42%  12.0/28.5 MiB` on stderr, redrawn in place.
@@ -124,7 +139,9 @@ fn progress_bar() -> impl FnMut(u64, u64) {
     |sent, total| {
         let share = if total == 0 { 1.0 } else { sent as f64 / total as f64 };
         let filled = (share * 30.0).round() as usize;
-        eprint!(
+        // Progress is best effort: a closed stderr does not stop the upload.
+        let _ = write!(
+            std::io::stderr(),
             "\r[{}{}] {:3.0}%  {:.1}/{:.1} MiB",
             "#".repeat(filled),
             " ".repeat(30 - filled.min(30)),

@@ -254,7 +254,7 @@ impl Store {
             Some(v) => read_be(&v)?,
             None => 0, // never trimmed
         };
-        Ok(after + 1 >= start)
+        Ok(after.saturating_add(1) >= start)
     }
 
     fn trim_change_log(&self, rv: u64) -> Result<()> {

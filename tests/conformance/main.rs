@@ -33,6 +33,7 @@ mod deploy;
 mod discovery;
 mod faults;
 mod full_disk;
+mod hostile_params;
 mod http2_abuse;
 mod idle_connections;
 mod kube_client;

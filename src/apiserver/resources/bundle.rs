@@ -131,7 +131,11 @@ fn validate(obj: &Value) -> Vec<Cause> {
     }
     let poll = str_at(obj, "/spec/pollInterval");
     if !poll.is_empty() && parse_duration(poll).is_none() {
-        causes.push(Cause::invalid("spec.pollInterval", &json!(poll), "must be a duration such as 30s, 10m or 1h30m"));
+        causes.push(Cause::invalid(
+            "spec.pollInterval",
+            &json!(poll),
+            "must be a duration such as 30s, 10m or 1h30m, and at most 2562047h (about 292 years)",
+        ));
     }
     causes
 }
@@ -193,7 +197,13 @@ fn validate_source(path: &str, source: &Value) -> Vec<Cause> {
     causes
 }
 
-/// Go-style durations: `1h30m`, `10m`, `45s`.
+/// The longest duration [`parse_duration`] accepts: Go's `time.Duration` range (2^63-1 ns, about
+/// 292 years), so the server takes exactly the durations a Go client (kubectl, `metav1.Duration`)
+/// can write, and everything it takes fits a timer and an `Instant`.
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::new(9_223_372_036, 854_775_807);
+
+/// Go-style durations: `1h30m`, `10m`, `45s`, `500ms`; `None` for anything else, also for one
+/// beyond [`MAX_DURATION`] (Go's `time.ParseDuration` refuses those too).
 pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
     let mut total = 0f64;
     let mut number = String::new();
@@ -219,7 +229,11 @@ pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
         total += value * unit;
         any = true;
     }
-    (number.is_empty() && any).then(|| std::time::Duration::from_secs_f64(total))
+    if !number.is_empty() || !any {
+        return None;
+    }
+    // Not finite or out of range: refused, never a panic (`Duration::from_secs_f64` would).
+    std::time::Duration::try_from_secs_f64(total).ok().filter(|d| *d <= MAX_DURATION)
 }
 
 fn initial_status(obj: &Value) -> Option<Value> {
@@ -310,5 +324,19 @@ mod tests {
         assert_eq!(parse_duration("10m").map(|d| d.as_secs()), Some(600));
         assert!(parse_duration("10").is_none());
         assert!(parse_duration("x").is_none());
+        assert_eq!(parse_duration("1.5s"), Some(std::time::Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2562047h"), Some(std::time::Duration::from_secs(2_562_047 * 3600)));
+    }
+
+    #[test]
+    fn durations_beyond_go_range_are_refused_not_a_panic() {
+        // Each of these panicked in `Duration::from_secs_f64` before.
+        for text in ["100000000000000000000h", "2562048h", "9223372037s", &format!("{}h", "9".repeat(400))] {
+            assert_eq!(parse_duration(text), None, "{text}");
+        }
+        let huge = json!({"spec": {"sources": [{"upload": {}}], "pollInterval": "100000000000000000000h"}});
+        let causes = validate(&huge);
+        assert_eq!(causes.len(), 1, "{causes:?}");
+        assert_eq!(causes[0].field, "spec.pollInterval");
     }
 }
