@@ -14,6 +14,9 @@
 //! Requests go over HTTP/2 (one connection per `--connections`, streams multiplexed, as client-go
 //! does) unless `--http1`. Latencies are per request, from send to the last body byte.
 
+// A benchmark tool run by scripts/bench.sh: any surprise should stop it loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -6,6 +6,9 @@
 //!         | random:FILES:BYTES  FILES files of BYTES pseudo-random (incompressible) bytes each
 //!                               under data/LAYER_INDEX/ (gzip, fastest level)
 
+// A benchmark tool run by scripts/bench.sh: any surprise should stop it loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};

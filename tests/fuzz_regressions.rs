@@ -7,6 +7,9 @@
 //! directory fails the test instead of silently replaying nothing. `FUZZ_SHOW_OUTCOMES=1` prints
 //! what each input answered.
 
+// A test fails by panicking: unwrap, expect, panic and indexing are how these tests assert.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 

@@ -200,8 +200,9 @@ static DOCUMENTS: LazyLock<Documents> = LazyLock::new(|| {
 fn legacy_or_aggregated(headers: &HeaderMap, legacy: &Document, aggregated: &[Document; 2]) -> Response {
     match negotiate(headers) {
         Some(version) => {
-            let index = if version == Aggregated::V2 { 0 } else { 1 };
-            aggregated[index].respond(headers, version.content_type(), Caching::Revalidate)
+            let [v2, v2beta1] = aggregated;
+            let document = if version == Aggregated::V2 { v2 } else { v2beta1 };
+            document.respond(headers, version.content_type(), Caching::Revalidate)
         }
         None => legacy.respond(headers, "application/json", Caching::Revalidate),
     }

@@ -133,19 +133,21 @@ pub fn human_duration(secs: i64) -> String {
 
 /// Sizes the way people read them in a table (`1.5Mi`).
 pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["", "Ki", "Mi", "Gi", "Ti", "Pi"];
     let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
+    let mut unit = "";
+    for next in ["Ki", "Mi", "Gi", "Ti", "Pi"] {
+        if value < 1024.0 {
+            break;
+        }
         value /= 1024.0;
-        unit += 1;
+        unit = next;
     }
-    if unit == 0 {
+    if unit.is_empty() {
         format!("{n}")
     } else if value < 10.0 {
-        format!("{value:.1}{}", UNITS[unit])
+        format!("{value:.1}{unit}")
     } else {
-        format!("{value:.0}{}", UNITS[unit])
+        format!("{value:.0}{unit}")
     }
 }
 

@@ -80,6 +80,13 @@ fn walk(schema: &Value, value: &Value, path: &str, report: &mut SchemaReport) {
     }
 }
 
+/// Sets `field` of a JSON object; anything else is left alone (`value[field] = …` would panic).
+pub fn set_field(target: &mut Value, field: &str, value: Value) {
+    if let Some(map) = target.as_object_mut() {
+        map.insert(field.into(), value);
+    }
+}
+
 pub fn string() -> Value {
     json!({"type": "string"})
 }

@@ -149,7 +149,10 @@ impl ApiError {
     /// 422 with field causes, message in kube-apiserver's form.
     pub fn invalid(kind: &str, name: &str, causes: Vec<Cause>) -> ApiError {
         let list = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect::<Vec<_>>();
-        let summary = if list.len() == 1 { list[0].clone() } else { format!("[{}]", list.join(", ")) };
+        let summary = match list.as_slice() {
+            [one] => one.clone(),
+            all => format!("[{}]", all.join(", ")),
+        };
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "Invalid",
@@ -178,9 +181,9 @@ impl ApiError {
 
     /// Adds `details.causes` (keeping other details).
     pub fn with_causes(self, causes: Vec<Cause>) -> ApiError {
-        let mut details = self.details.as_deref().cloned().unwrap_or_else(|| json!({}));
-        details["causes"] = json!(causes);
-        self.with_details(details)
+        let mut details = self.details.as_deref().and_then(serde_json::Value::as_object).cloned().unwrap_or_default();
+        details.insert("causes".into(), json!(causes));
+        self.with_details(serde_json::Value::Object(details))
     }
 
     /// 409 for a server-side apply that would change fields other managers own.
@@ -264,17 +267,14 @@ impl ApiError {
         let mut status = json!({
             "kind": "Status",
             "apiVersion": "v1",
-            "metadata": {},
+            "metadata": self.list_meta.as_deref().cloned().unwrap_or_else(|| json!({})),
             "status": "Failure",
             "message": self.message,
             "reason": self.reason,
             "code": self.code.as_u16(),
         });
-        if let Some(details) = &self.details {
-            status["details"] = (**details).clone();
-        }
-        if let Some(list_meta) = &self.list_meta {
-            status["metadata"] = (**list_meta).clone();
+        if let (Some(details), Some(fields)) = (&self.details, status.as_object_mut()) {
+            fields.insert("details".into(), (**details).clone());
         }
         status
     }

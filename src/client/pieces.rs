@@ -199,7 +199,7 @@ async fn request(
             Err(ClientError::Status {
                 what: what.to_string(),
                 status,
-                body: String::from_utf8_lossy(&body[..body.len().min(2000)]).into_owned(),
+                body: String::from_utf8_lossy(body.get(..2000).unwrap_or(body.as_ref())).into_owned(),
             })
         }
     }

@@ -131,7 +131,7 @@ impl ContentClient {
             .map(|b| b.to_bytes())
             .map_err(|e| ClientError::Protocol(format!("{method} {path}: {e}")))?;
         if !(200..300).contains(&status) {
-            let body = String::from_utf8_lossy(&bytes[..bytes.len().min(2000)]).into_owned();
+            let body = String::from_utf8_lossy(bytes.get(..2000).unwrap_or(bytes.as_ref())).into_owned();
             return Err(ClientError::Status { what: format!("{method} {path}"), status, body });
         }
         let bytes = if bytes.is_empty() { &b"null"[..] } else { &bytes[..] };
@@ -149,7 +149,8 @@ fn pack(dir: &Path) -> Result<(std::fs::File, String, u64), ClientError> {
     impl<W: Write> Write for Hashing<W> {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
             let n = self.inner.write(buf)?;
-            self.sha.update(&buf[..n]);
+            // `write` never reports more than it was given.
+            self.sha.update(buf.get(..n).unwrap_or(buf));
             self.len += n as u64;
             Ok(n)
         }

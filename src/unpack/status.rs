@@ -8,7 +8,7 @@
 //!
 //! `lastTransitionTime` changes only when a condition's status does.
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::error::UnpackError;
 use super::format::FormatReport;
@@ -25,12 +25,20 @@ fn generation(bundle: &Value) -> u64 {
     bundle.pointer("/metadata/generation").and_then(Value::as_u64).unwrap_or(1)
 }
 
-fn current_status(bundle: &Value) -> Value {
-    bundle.get("status").cloned().filter(Value::is_object).unwrap_or_else(|| json!({}))
+/// The status as an object (fields are set on it without a way to fail).
+fn current_status(bundle: &Value) -> Map<String, Value> {
+    bundle.get("status").and_then(Value::as_object).cloned().unwrap_or_default()
 }
 
 /// Sets condition `kind`, keeping its `lastTransitionTime` unless its status flips.
-pub fn set_condition(status: &mut Value, generation: u64, kind: &str, state: bool, reason: &str, message: &str) {
+fn set_condition(
+    status: &mut Map<String, Value>,
+    generation: u64,
+    kind: &str,
+    state: bool,
+    reason: &str,
+    message: &str,
+) {
     let state = if state { "True" } else { "False" };
     let mut conditions: Vec<Value> = status.get("conditions").and_then(Value::as_array).cloned().unwrap_or_default();
     let previous = conditions.iter().position(|c| c.get("type").and_then(Value::as_str) == Some(kind));
@@ -47,14 +55,14 @@ pub fn set_condition(status: &mut Value, generation: u64, kind: &str, state: boo
         "lastTransitionTime": transition,
         "observedGeneration": generation,
     });
-    match previous {
-        Some(i) => conditions[i] = condition,
+    match previous.and_then(|i| conditions.get_mut(i)) {
+        Some(slot) => *slot = condition,
         None => conditions.push(condition),
     }
-    status["conditions"] = Value::Array(conditions);
+    status.insert("conditions".into(), Value::Array(conditions));
 }
 
-fn remove_condition(status: &mut Value, kind: &str) {
+fn remove_condition(status: &mut Map<String, Value>, kind: &str) {
     if let Some(list) = status.get_mut("conditions").and_then(Value::as_array_mut) {
         list.retain(|c| c.get("type").and_then(Value::as_str) != Some(kind));
     }
@@ -69,7 +77,7 @@ pub fn reason_for_current_generation(bundle: &Value) -> Option<String> {
     (observed == Some(generation)).then(|| unpacked.get("reason").and_then(Value::as_str).unwrap_or("").to_string())
 }
 
-fn serving_note(status: &Value) -> String {
+fn serving_note(status: &Map<String, Value>) -> String {
     match status.get("contentName").and_then(Value::as_str).filter(|s| !s.is_empty()) {
         Some(content) => {
             let digest = status.get("digest").and_then(Value::as_str).unwrap_or("");
@@ -84,11 +92,11 @@ pub fn unpacking(bundle: &Value) -> Value {
     let generation = generation(bundle);
     let mut status = current_status(bundle);
     let note = serving_note(&status);
-    status["observedGeneration"] = json!(generation);
-    status["phase"] = json!("Unpacking");
+    status.insert("observedGeneration".into(), json!(generation));
+    status.insert("phase".into(), json!("Unpacking"));
     remove_condition(&mut status, "Paused");
     set_condition(&mut status, generation, UNPACKED, false, "Unpacking", &format!("fetching the sources{note}"));
-    status
+    Value::Object(status)
 }
 
 /// The current generation's content is served.
@@ -101,19 +109,19 @@ pub fn unpacked(
 ) -> Value {
     let generation = generation(bundle);
     let mut status = current_status(bundle);
-    status["observedGeneration"] = json!(generation);
-    status["phase"] = json!("Unpacked");
+    status.insert("observedGeneration".into(), json!(generation));
+    status.insert("phase".into(), json!("Unpacked"));
     let summary = format!("{} ({} files, {} bytes)", record.digest, record.files, record.size);
     set_condition(&mut status, generation, UNPACKED, true, "Unpacked", &format!("unpacked {summary}"));
     set_condition(&mut status, generation, AVAILABLE, true, "Serving", &format!("serving {content}: {summary}"));
-    status["resolvedSources"] = json!(resolved);
-    status["contentName"] = json!(content);
-    status["digest"] = json!(record.digest);
-    status["format"] = json!(report.format);
-    status["formatDetails"] = report.details();
-    status["files"] = json!(record.files);
-    status["size"] = json!(record.size);
-    status
+    status.insert("resolvedSources".into(), json!(resolved));
+    status.insert("contentName".into(), json!(content));
+    status.insert("digest".into(), json!(record.digest));
+    status.insert("format".into(), json!(report.format));
+    status.insert("formatDetails".into(), report.details());
+    status.insert("files".into(), json!(record.files));
+    status.insert("size".into(), json!(record.size));
+    Value::Object(status)
 }
 
 /// The current generation failed; whatever was served before stays served.
@@ -122,19 +130,19 @@ pub fn failed(bundle: &Value, error: &UnpackError, retry_in: Option<std::time::D
     let mut status = current_status(bundle);
     let note = serving_note(&status);
     let retry = retry_in.map(|d| format!("; retrying in {}s", d.as_secs().max(1))).unwrap_or_default();
-    status["observedGeneration"] = json!(generation);
-    status["phase"] = json!("Failed");
+    status.insert("observedGeneration".into(), json!(generation));
+    status.insert("phase".into(), json!("Failed"));
     set_condition(&mut status, generation, UNPACKED, false, error.reason(), &format!("{error}{retry}{note}"));
-    status
+    Value::Object(status)
 }
 
 /// `spec.paused`: nothing is fetched; what is served stays served.
 pub fn paused(bundle: &Value) -> Value {
     let generation = generation(bundle);
     let mut status = current_status(bundle);
-    status["observedGeneration"] = json!(generation);
+    status.insert("observedGeneration".into(), json!(generation));
     set_condition(&mut status, generation, "Paused", true, "Paused", "spec.paused is true: sources are not fetched");
-    status
+    Value::Object(status)
 }
 
 /// Whether the status says the Bundle is paused (so pausing writes once).

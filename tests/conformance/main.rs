@@ -7,6 +7,9 @@
 //! Needs `kubectl` on PATH and the corpus at `../shared/corpus` (or `$STOWAGE_CORPUS`); a missing
 //! tool or corpus fails the tests, it never skips them.
 
+// A test fails by panicking: unwrap, expect, panic and indexing are how these tests assert.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
 mod fault_ops;
 mod git_server;
 mod harness;

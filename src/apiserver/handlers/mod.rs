@@ -171,9 +171,7 @@ fn take_metadata(obj: &mut Value) -> serde_json::Map<String, Value> {
 }
 
 fn put_metadata(obj: &mut Value, meta: serde_json::Map<String, Value>) {
-    if let Some(map) = obj.as_object_mut() {
-        map.insert("metadata".into(), Value::Object(meta));
-    }
+    schema::set_field(obj, "metadata", Value::Object(meta));
 }
 
 /// Validates an object about to be stored; `causes` are problems the caller found already.

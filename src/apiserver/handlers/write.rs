@@ -16,6 +16,7 @@ use super::{
 use crate::apiserver::access::{check_secret_access, Identity};
 use crate::apiserver::meta;
 use crate::apiserver::resources::ResourceDef;
+use crate::apiserver::schema::set_field;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
 use crate::apiserver::{blocking, fieldmanager, lifecycle, AppState};
 use crate::auth::UserInfo;
@@ -25,7 +26,11 @@ use crate::storage::{ObjectKey, ObjectWrite, Precondition, StoredObject};
 fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let bytes = uuid::Uuid::new_v4().into_bytes();
-    bytes.iter().take(5).map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect()
+    bytes
+        .iter()
+        .take(5)
+        .filter_map(|b| ALPHABET.get(usize::from(*b) % ALPHABET.len()).map(|c| char::from(*c)))
+        .collect()
 }
 
 /// How a write is made: its query parameters, which part of the object it may change, and who
@@ -131,7 +136,7 @@ pub(crate) fn new_object(request: &WriteRequest<'_>, mut obj: Value) -> ApiResul
     let mut obj = request.track(None, obj);
     validate(def, &obj, Vec::new())?;
     if let Some(status) = (def.initial_status)(&obj) {
-        obj["status"] = status;
+        set_field(&mut obj, "status", status);
     }
     Ok((name, obj))
 }
@@ -205,9 +210,10 @@ pub(crate) fn replacement(request: &WriteRequest<'_>, mut obj: Value, old: &Valu
     }
     match scope {
         UpdateScope::Main => {
-            obj["status"] = old.get("status").cloned().unwrap_or(Value::Null);
+            set_field(&mut obj, "status", old.get("status").cloned().unwrap_or(Value::Null));
             if obj.get("spec") != old.get("spec") {
-                let generation = old.pointer("/metadata/generation").and_then(Value::as_u64).unwrap_or(1) + 1;
+                let generation =
+                    old.pointer("/metadata/generation").and_then(Value::as_u64).unwrap_or(1).saturating_add(1);
                 meta.insert("generation".into(), json!(generation));
             }
             put_metadata(&mut obj, meta);
@@ -216,7 +222,7 @@ pub(crate) fn replacement(request: &WriteRequest<'_>, mut obj: Value, old: &Valu
             drop(meta);
             let status = obj.get("status").cloned().unwrap_or(Value::Null);
             obj = old.clone();
-            obj["status"] = status;
+            set_field(&mut obj, "status", status);
         }
     }
     if obj.get("status").is_some_and(Value::is_null) {

@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 
 use super::{definition_name, Dialect, DELETE_OPTIONS, LIST_META, OBJECT_META, PATCH, STATUS};
 use crate::apiserver::discovery::API_RESOURCES;
-use crate::apiserver::schema::{array_of, boolean, doc_string, integer, object, object_meta, string};
+use crate::apiserver::schema::{array_of, boolean, doc_string, integer, object, object_meta, set_field, string};
 use crate::apiserver::{GROUP, VERSION};
 
 const API_VERSION_DOC: &str = "APIVersion defines the versioned schema of this representation of an object.";
@@ -25,7 +25,7 @@ fn property_ref(dialect: Dialect, name: &str, description: &str) -> Value {
     match dialect {
         Dialect::Swagger2 => {
             let mut reference = dialect.reference(name);
-            reference["description"] = json!(description);
+            set_field(&mut reference, "description", json!(description));
             reference
         }
         Dialect::OpenApi3 => json!({"allOf": [dialect.reference(name)], "default": {}, "description": description}),
@@ -43,7 +43,7 @@ pub fn definitions(dialect: Dialect) -> Map<String, Value> {
             properties.insert("kind".into(), doc_string(KIND_DOC));
             properties.insert("metadata".into(), property_ref(dialect, OBJECT_META, "Standard object's metadata."));
         }
-        schema["x-kubernetes-group-version-kind"] = gvk(def.kind);
+        set_field(&mut schema, "x-kubernetes-group-version-kind", gvk(def.kind));
         out.insert(definition_name(def.kind), schema);
         let list = json!({
             "type": "object",

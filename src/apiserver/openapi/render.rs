@@ -5,6 +5,7 @@ use serde_json::{json, Map, Value};
 
 use super::operations::{Operation, Payload, QueryParam};
 use super::Dialect;
+use crate::apiserver::schema::set_field;
 use crate::apiserver::{GROUP, VERSION};
 
 const TAG: &str = "contentStowageDev_v1alpha1";
@@ -96,9 +97,9 @@ fn operation(dialect: Dialect, op: &Operation) -> Value {
     match dialect {
         Dialect::Swagger2 => {
             let consumes: &[&str] = op.request.as_ref().map(|(types, _)| *types).unwrap_or(&["*/*"]);
-            out["consumes"] = json!(consumes);
-            out["produces"] = json!(response_types);
-            out["schemes"] = json!(["https"]);
+            set_field(&mut out, "consumes", json!(consumes));
+            set_field(&mut out, "produces", json!(response_types));
+            set_field(&mut out, "schemes", json!(["https"]));
             if let Some((_, payload)) = &op.request {
                 let body =
                     json!({"name": "body", "in": "body", "required": required, "schema": schema(dialect, payload)});
@@ -109,10 +110,10 @@ fn operation(dialect: Dialect, op: &Operation) -> Value {
             if let Some((types, payload)) = &op.request {
                 let content: Map<String, Value> =
                     types.iter().map(|t| (t.to_string(), json!({"schema": schema(dialect, payload)}))).collect();
-                out["requestBody"] = json!({"content": content, "required": required});
+                set_field(&mut out, "requestBody", json!({"content": content, "required": required}));
             }
         }
     }
-    out["parameters"] = Value::Array(params);
+    set_field(&mut out, "parameters", Value::Array(params));
     out
 }

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::{no_secret_refs, short_digest, str_at, u64_at, Column, ResourceDef, AGE_COLUMN, NAME_COLUMN};
 use crate::apiserver::meta;
-use crate::apiserver::schema::{array_of, doc_string, integer, kind_root, object, string};
+use crate::apiserver::schema::{array_of, doc_string, integer, kind_root, object, set_field, string};
 use crate::apiserver::status::Cause;
 use crate::storage::{ObjectKey, ObjectWrite, Precondition, StorageError, Store};
 
@@ -71,18 +71,22 @@ fn on_delete(store: &Store, content: &Value) -> Result<Vec<ObjectWrite>, Storage
     }
     let generation = u64_at(&bundle.value, "/metadata/generation").unwrap_or(1);
     let mut object = bundle.value.clone();
-    object["status"] = json!({
-        "observedGeneration": generation,
-        "phase": "Pending",
-        "conditions": [{
-            "type": "Unpacked",
-            "status": "False",
-            "reason": "ContentDeleted",
-            "message": format!("BundleContent {name:?} was deleted"),
-            "lastTransitionTime": meta::now_timestamp(),
+    set_field(
+        &mut object,
+        "status",
+        json!({
             "observedGeneration": generation,
-        }],
-    });
+            "phase": "Pending",
+            "conditions": [{
+                "type": "Unpacked",
+                "status": "False",
+                "reason": "ContentDeleted",
+                "message": format!("BundleContent {name:?} was deleted"),
+                "lastTransitionTime": meta::now_timestamp(),
+                "observedGeneration": generation,
+            }],
+        }),
+    );
     Ok(vec![ObjectWrite::Put {
         key,
         object,
