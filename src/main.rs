@@ -62,17 +62,20 @@ fn certs(options: &stowage::certs::CertsOptions) -> anyhow::Result<()> {
         CaOutcome::Created => "created a new CA",
         CaOutcome::Rotated => "rotated the CA (the previous one stays in the caBundle: ca-previous.crt)",
     };
-    println!("{dir}: {ca}");
-    match summary.serving_issued {
-        true => println!("{dir}: issued a serving certificate for {}", summary.dns_names.join(", ")),
-        false => println!("{dir}: kept the serving certificate for {}", summary.dns_names.join(", ")),
-    }
-    println!(
-        "{dir}: wrote secret.yaml (Secret {}), apiservice-cabundle.yaml ({} CA certificate(s)), kustomization.yaml",
-        stowage::certs::SECRET_NAME,
-        summary.ca_bundle_certs
-    );
-    Ok(())
+    let serving = match summary.serving_issued {
+        true => "issued a serving certificate for",
+        false => "kept the serving certificate for",
+    };
+    // Through print_lines: `stowage certs | head -1` must not panic on the closed pipe.
+    stowage::plugin::print_lines([
+        format!("{dir}: {ca}"),
+        format!("{dir}: {serving} {}", summary.dns_names.join(", ")),
+        format!(
+            "{dir}: wrote secret.yaml (Secret {}), apiservice-cabundle.yaml ({} CA certificate(s)), kustomization.yaml",
+            stowage::certs::SECRET_NAME,
+            summary.ca_bundle_certs
+        ),
+    ])
 }
 
 /// glibc gives every thread that allocates its own arena and keeps each arena's high-water mark:

@@ -7,6 +7,9 @@
 //! A test binary of its own: cargo runs test binaries one after another, so nothing else competes
 //! with the attack for the machine's cores while the victim is timed.
 
+// Tests state their expectations with unwrap, indexing and panics.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
 #[allow(dead_code)]
 #[path = "conformance/harness.rs"]
 mod harness;

@@ -97,10 +97,6 @@ impl Class {
         }
     }
 
-    fn index(self) -> usize {
-        self as usize
-    }
-
     /// Requests and content streams are counted per user separately.
     fn user_pool(self) -> UserPool {
         match self {
@@ -149,13 +145,26 @@ struct ClassCounters {
     rejected_timed_out: AtomicU64,
 }
 
+/// The seats of one class, all users together.
+struct ClassSeats {
+    seats: Arc<Semaphore>,
+    waiting: AtomicI64,
+    counters: ClassCounters,
+}
+
+impl ClassSeats {
+    fn new(limit: usize) -> ClassSeats {
+        ClassSeats { seats: Arc::new(Semaphore::new(limit)), waiting: AtomicI64::new(0), counters: Default::default() }
+    }
+}
+
 /// The admission state shared by every request.
 pub struct Fairness {
     limits: FairnessLimits,
-    total: [Arc<Semaphore>; 3],
-    total_waiting: [AtomicI64; 3],
+    read_only: ClassSeats,
+    mutating: ClassSeats,
+    content: ClassSeats,
     users: Mutex<HashMap<(UserPool, String), Arc<UserSeats>>>,
-    counters: [ClassCounters; 3],
 }
 
 /// A granted seat; dropping it frees the seat.
@@ -170,7 +179,7 @@ pub struct Seat {
 
 impl Drop for Seat {
     fn drop(&mut self) {
-        self.fairness.counters[self.class.index()].inflight.fetch_sub(1, Ordering::Relaxed);
+        self.fairness.class(self.class).counters.inflight.fetch_sub(1, Ordering::Relaxed);
         if let Some(user) = &self.user {
             self.fairness.forget_idle_user(&self.user_key, user);
         }
@@ -188,16 +197,20 @@ impl Fairness {
             queue_wait: limits.queue_wait,
         };
         Arc::new(Fairness {
-            total: [
-                Arc::new(Semaphore::new(limits.max_read_only)),
-                Arc::new(Semaphore::new(limits.max_mutating)),
-                Arc::new(Semaphore::new(limits.max_content_streams)),
-            ],
-            total_waiting: Default::default(),
+            read_only: ClassSeats::new(limits.max_read_only),
+            mutating: ClassSeats::new(limits.max_mutating),
+            content: ClassSeats::new(limits.max_content_streams),
             users: Mutex::default(),
-            counters: Default::default(),
             limits,
         })
+    }
+
+    fn class(&self, class: Class) -> &ClassSeats {
+        match class {
+            Class::ReadOnly => &self.read_only,
+            Class::Mutating => &self.mutating,
+            Class::Content => &self.content,
+        }
     }
 
     fn total_limit(&self, class: Class) -> usize {
@@ -244,7 +257,8 @@ impl Fairness {
         let seats = user.map(|_| self.user_seats(&key));
         let deadline = tokio::time::Instant::now() + self.limits.queue_wait;
         let user_limit = self.user_limit(key.0);
-        let counters = &self.counters[class.index()];
+        let class_seats = self.class(class);
+        let counters = &class_seats.counters;
         let result = async {
             let user_permit = match &seats {
                 Some(seats) => {
@@ -252,10 +266,9 @@ impl Fairness {
                 }
                 None => None,
             };
-            let total = &self.total[class.index()];
-            let total_waiting = &self.total_waiting[class.index()];
             let total_permit =
-                acquire(total, total_waiting, self.total_limit(class), deadline, &counters.waiting).await?;
+                acquire(&class_seats.seats, &class_seats.waiting, self.total_limit(class), deadline, &counters.waiting)
+                    .await?;
             Ok((user_permit, total_permit))
         }
         .await;
@@ -288,7 +301,7 @@ impl Fairness {
     /// The Prometheus exposition of the admission state.
     pub fn write_metrics(&self, out: &mut String) -> std::fmt::Result {
         use std::fmt::Write as _;
-        let classes = Class::ALL.iter().map(|c| (c.label(), &self.counters[c.index()]));
+        let classes = Class::ALL.iter().map(|c| (c.label(), &self.class(*c).counters));
         writeln!(out, "# HELP apiserver_current_inflight_requests Requests holding a seat, by kind (content: downloads and uploads).")?;
         writeln!(out, "# TYPE apiserver_current_inflight_requests gauge")?;
         for (kind, c) in classes.clone() {

@@ -123,7 +123,7 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
 
 /// Writes `lines` to stdout. A closed pipe ends the output without an error: the reader has all
 /// it wanted (`println!` would panic).
-fn print_lines(lines: impl IntoIterator<Item = String>) -> anyhow::Result<()> {
+pub fn print_lines(lines: impl IntoIterator<Item = String>) -> anyhow::Result<()> {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let written = lines.into_iter().try_for_each(|line| writeln!(out, "{line}")).and_then(|()| out.flush());
     match written {

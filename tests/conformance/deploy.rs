@@ -498,3 +498,22 @@ fn certs_keeps_the_ca_unless_forced() {
     assert!(!bad.status.success());
     assert!(!tmp.path().join("bad").exists());
 }
+
+/// `stowage certs | head -1`: the closed pipe ends the output quietly (it was a panic, exit 101).
+#[test]
+fn certs_into_a_closed_pipe_ends_quietly() {
+    let out = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stowage"))
+        .args(["certs", "--out", out.path().to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader is gone before anything is written.
+    drop(child.stdout.take());
+    let result = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(!stderr.contains("panicked"), "stowage certs panicked on a closed pipe: {stderr}");
+    assert!(result.status.success(), "stowage certs failed on a closed pipe: {:?} {stderr}", result.status);
+    assert!(out.path().join("secret.yaml").exists());
+}

@@ -57,7 +57,10 @@ pub async fn get_content(
     let mut response = if path.is_empty() {
         let tar_size = record.tar_size;
         serve_ranged(&streaming, &headers, &record.digest, tar_size, "application/x-tar", move |store, range, out| {
-            store.read_tar(revision, tar_size, range, &mut |bytes| Ok(out.extend_from_slice(bytes)))
+            store.read_tar(revision, tar_size, range, &mut |bytes| {
+                out.extend_from_slice(bytes);
+                Ok(())
+            })
         })?
     } else {
         let entry = {
@@ -75,7 +78,10 @@ pub async fn get_content(
                     size,
                     "application/octet-stream",
                     move |store, range, out| {
-                        store.read_file(revision, &entry, range, &mut |bytes| Ok(out.extend_from_slice(bytes)))
+                        store.read_file(revision, &entry, range, &mut |bytes| {
+                            out.extend_from_slice(bytes);
+                            Ok(())
+                        })
                     },
                 )?
             }
@@ -184,7 +190,10 @@ fn subtree_tar(revision: RevisionId, prefix: String) -> impl Producer {
             };
             let len = Store::entry_tar_len(&entry);
             let to = len.min(from.saturating_add((stream::STEP - out.len()) as u64));
-            store.read_entry_tar(revision, &entry, from, to, &mut |bytes| Ok(out.extend_from_slice(bytes)))?;
+            store.read_entry_tar(revision, &entry, from, to, &mut |bytes| {
+                out.extend_from_slice(bytes);
+                Ok(())
+            })?;
             if to < len {
                 current = Some((entry, to));
             } else {
@@ -208,16 +217,16 @@ fn listing(streaming: &Streaming, revision: RevisionId, record: RevisionRecord, 
         }
         for entry in store.files_after(revision, &path, after.as_deref()) {
             let entry = entry?;
-            let mut item = json!({
-                "path": entry.path,
-                "type": if entry.is_symlink() { "symlink" } else { "file" },
-                "mode": entry.mode(),
-                "size": entry.size,
-                "sha256": entry.sha256,
-            });
+            let mut item = serde_json::Map::new();
+            item.insert("path".into(), json!(entry.path));
+            item.insert("type".into(), json!(if entry.is_symlink() { "symlink" } else { "file" }));
+            item.insert("mode".into(), json!(entry.mode()));
+            item.insert("size".into(), json!(entry.size));
+            item.insert("sha256".into(), json!(entry.sha256));
             if let Some(target) = &entry.target {
-                item["target"] = json!(target);
+                item.insert("target".into(), json!(target));
             }
+            let item = Value::Object(item);
             if started {
                 out.push(b',');
             }

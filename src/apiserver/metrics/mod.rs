@@ -48,7 +48,9 @@ impl Histogram {
     fn observe(&self, elapsed: Duration) {
         let seconds = elapsed.as_secs_f64();
         let slot = DURATION_BUCKETS.iter().position(|le| seconds <= *le).unwrap_or(DURATION_BUCKETS.len());
-        self.buckets[slot].fetch_add(1, Ordering::Relaxed);
+        if let Some(bucket) = self.buckets.get(slot) {
+            bucket.fetch_add(1, Ordering::Relaxed);
+        }
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }

@@ -94,7 +94,7 @@ fn resource_request(rest: &str, request: &Request) -> Option<RequestLabels> {
         *parts.get_mut(count)? = part;
         count += 1;
     }
-    let (plural, named, subresource, namespaced) = match parts[..count] {
+    let (plural, named, subresource, namespaced) = match *parts.get(..count)? {
         [plural] => (plural, false, None, false),
         ["namespaces", _, plural] => (plural, false, None, true),
         ["namespaces", _, plural, _] => (plural, true, None, true),
