@@ -19,6 +19,7 @@
 //! | `k` rev(8) file(8) start(8) | a segment of a file's chunk list ([`revision`]) |
 //! | `t` rev(8) tar_offset(8) | path of the entry starting at that offset of the served tar |
 //! | `o` resource `/` namespace `/` name | an API object ([`objects`]) |
+//! | `d` namespace `/` owner(16) resource `/` name | an object's owner reference: owner = hash of its uid ([`objects`]) |
 //! | `l` rv(8) | change-log entry for watches |
 //! | `m` name | counters |
 
@@ -40,7 +41,7 @@ use serde::{Deserialize, Serialize};
 
 pub use commit::CommitCounts;
 pub use gc::GcReport;
-pub use listing::{ListPage, ListQuery, ListSink};
+pub use listing::{ListCursor, ListPage, ListQuery, ListSink};
 pub use objects::{ChangeEvent, ObjectKey, ObjectWrite, Precondition, StoredObject, WriteOutcome};
 pub use read::{FileListing, RangeSpec, Sink};
 pub use revision::{PendingRevision, RevisionWriter};
@@ -353,6 +354,11 @@ impl Store {
             }),
         };
         store.start_commits()?;
+        // A store from before the owner index gets it now (on a disk at the floor, at a later
+        // start: until then dependents are found by a scan).
+        if store.ensure_space(WriteKind::Metadata).is_ok() {
+            store.build_owner_index()?;
+        }
         store.recover()?;
         gc::spawn_collector(Arc::downgrade(&store.inner), gc_receiver);
         Ok(store)
