@@ -76,6 +76,9 @@ impl Store {
         }
         report.chunks_removed = self.sweep_chunks()?;
         self.flush()?;
+        if report.revisions_released > 0 {
+            give_back_freed_memory();
+        }
         // Pack use only changes when chunks go; the scan behind compaction is O(store).
         if report.chunks_removed > 0 {
             report.packs_compacted = self.compact_packs()?;
@@ -208,6 +211,17 @@ impl Store {
     /// Asks the background collector for a pass (coalesced; never blocks).
     pub fn request_gc(&self) {
         let _ = self.inner.gc_requests.try_send(());
+    }
+}
+
+/// Returns the heap pages freed by a release to the OS. glibc keeps freed memory in its arenas
+/// (a release of a revision with many files frees tens of MiB of sled nodes and batches), which
+/// otherwise stays in the RSS as if still used.
+fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap memory; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
