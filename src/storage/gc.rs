@@ -1,7 +1,9 @@
 //! Garbage collection and crash recovery.
 //!
 //! Releasing a revision drops its chunk references segment by segment, each drop atomic with the
-//! removal of the segment record, so a crash mid-release never counts a reference twice. The chunk
+//! removal of the segment record, so a crash mid-release never counts a reference twice; its file
+//! and tar-index keys go in bounded batches, and its record last, so a release cut short is
+//! finished by the next pass. The chunk
 //! sweep then deletes unreferenced, unpinned chunks ([`super::chunks`]). On open, revisions left
 //! `Staging` by a crash are released and the sweep collects chunks that were written but never
 //! referenced.

@@ -4,8 +4,10 @@
 //! small metadata (chunk index, reference counts, file lists, API objects); chunk payloads,
 //! zstd-compressed by us, go to append-only pack files ([`packs`]) because sled kept every written
 //! value in memory. Every acknowledged write is flushed first (packs fsynced, then sled), and every
-//! multi-key change that must be atomic is one `Batch` on one tree. Nothing outside this module
-//! sees sled.
+//! multi-key change that must be atomic is one `Batch` on one tree. A batch is held in memory
+//! whole (and sled reclaims nothing while it applies), so every batch is bounded: work on many keys
+//! (releasing a revision, building an index) goes in batches of about a thousand. Nothing outside
+//! this module sees sled.
 //!
 //! Layout of the single tree (first byte = record kind, integers big-endian so keys sort):
 //!
@@ -263,7 +265,9 @@ pub struct StoreStats {
 /// Tuning knobs of the store.
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
-    /// sled page cache; a hint only, so keep it small.
+    /// sled's page cache (`cache_capacity`): the memory the store keeps however much it holds.
+    /// sled counts pages by their serialised size, so the cache costs about three times this in
+    /// RSS (32 MiB: ~80–100 MiB with a million keys written or removed; `docs/benchmarks.md`).
     pub cache_bytes: u64,
     /// zstd level for chunks.
     pub zstd_level: i32,
