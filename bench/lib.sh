@@ -54,13 +54,18 @@ fi
 # ------------------------------------------------------------------------------------------------
 # Build (others may be mid-edit: retry a few times)
 
-for attempt in 1 2 3 4 5; do
-    log "cargo build --release (attempt $attempt)"
-    if cargo build --release >&2 && cargo build --release --example loadgen --example ociimage >&2; then break; fi
-    [ "$attempt" -eq 5 ] && die "cargo build --release failed"
-    sleep 60
-done
-BIN="$repo/target/release/stowage"
+if [ -n "${BENCH_BIN:-}" ]; then
+    # A binary built elsewhere (scenarios that need neither loadgen nor ociimage).
+    BIN="$BENCH_BIN"
+else
+    for attempt in 1 2 3 4 5; do
+        log "cargo build --release (attempt $attempt)"
+        if cargo build --release >&2 && cargo build --release --example loadgen --example ociimage >&2; then break; fi
+        [ "$attempt" -eq 5 ] && die "cargo build --release failed"
+        sleep 60
+    done
+    BIN="$repo/target/release/stowage"
+fi
 [ -x "$BIN" ] || die "no binary at $BIN"
 
 # ------------------------------------------------------------------------------------------------
@@ -74,9 +79,11 @@ RESULTS="$WORK/results.tsv"
 cp "$BIN" "$WORK/bench-server"
 BIN="$WORK/bench-server"
 LOADGEN="$WORK/bench-loadgen"
-cp "$repo/target/release/examples/loadgen" "$LOADGEN"
 OCIIMAGE="$WORK/bench-ociimage"
-cp "$repo/target/release/examples/ociimage" "$OCIIMAGE"
+if [ -z "${BENCH_BIN:-}" ]; then
+    cp "$repo/target/release/examples/loadgen" "$LOADGEN"
+    cp "$repo/target/release/examples/ociimage" "$OCIIMAGE"
+fi
 : >"$RESULTS"
 SERVER_PID=""
 SERVER_DIR=""

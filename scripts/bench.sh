@@ -10,6 +10,7 @@
 #   churn       space amplification under upload/delete churn
 #   throughput  1 GiB upload/download and the server's peak memory
 #   writes      Bundle creates, 1 and 32 writers, on the local disk and with slow flushes
+#   many_files  1,000,000 empty files: a refused upload and a deleted revision, the server's memory
 #
 # Usage: scripts/bench.sh [SCENARIO...]   (arguments replace BENCH_SCENARIOS)
 #
@@ -23,7 +24,9 @@
 #   BENCH_ROUNDS    churn rounds (default 20)
 #   BENCH_WRITES_ONE / _MANY  writes: creates by 1 writer / by 32 writers (default 1000 / 4000)
 #   BENCH_SLOW_FSYNC_US  writes: delay added to every fsync on the "slow" disk (default 2000)
-#   BENCH_BEFORE_BIN     writes: also measure this stowage binary (an older build), side by side
+#   BENCH_BEFORE_BIN     writes, many_files: also measure this stowage binary (an older build), side by side
+#   BENCH_MANY_FILES     many_files: entries per archive (default 1000000)
+#   BENCH_BIN       use this stowage binary instead of building the release (scenarios without loadgen)
 #   BENCH_TMPDIR    where the temporary files go (default: $TMPDIR or /tmp); needs ~5 GiB free
 #   BENCH_KEEP=1    keep the temporary directory
 #   STOWAGE_CORPUS  the corpus (default: ../shared/corpus beside the repository)
@@ -33,7 +36,7 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 
 RUNS="${BENCH_RUNS:-3}"
-SCENARIOS="${BENCH_SCENARIOS:-corpus download unpack api footprint churn throughput writes}"
+SCENARIOS="${BENCH_SCENARIOS:-corpus download unpack api footprint churn throughput writes many_files}"
 if [ "$#" -gt 0 ]; then SCENARIOS="$*"; fi
 API_OBJECTS="${BENCH_API_OBJECTS:-10000}"
 API_WATCHERS="${BENCH_API_WATCHERS:-200}"
@@ -47,7 +50,7 @@ KPS_VERSIONS=(88.4.0 88.5.0 88.5.1 88.5.2 88.5.3)
 NS=bench
 API=/apis/content.stowage.dev/v1alpha1
 
-for part in lib store corpus download unpack api writes; do
+for part in lib store corpus download unpack api writes many_files; do
     # shellcheck source=/dev/null
     source "$repo/bench/$part.sh"
 done
@@ -64,7 +67,8 @@ for s in $SCENARIOS; do
         corpus) scenario_corpus ;;
         download) scenario_download ;;
         writes) scenario_writes ;;
-        *) die "unknown scenario $s (corpus download unpack api footprint churn throughput writes)" ;;
+        many_files) scenario_many_files ;;
+        *) die "unknown scenario $s (corpus download unpack api footprint churn throughput writes many_files)" ;;
     esac
 done
 log "done in $((SECONDS - started)) s"

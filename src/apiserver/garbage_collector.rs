@@ -70,12 +70,19 @@ where
     }
 }
 
-/// Looks at every object once.
+/// Looks at every object once, a page at a time (writers never wait for the pass).
 fn full(store: &Store) -> Result<(), StorageError> {
     for def in resources::RESOURCES {
-        let (objects, _) = store.list_objects(def.plural, None)?;
-        for object in objects {
-            examine(store, def, &object.value)?;
+        let mut after: Option<String> = None;
+        loop {
+            let (objects, next) = store.objects_page(def.plural, None, after.as_deref(), BATCH)?;
+            for object in objects {
+                examine(store, def, &object.value)?;
+            }
+            match next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
         }
     }
     Ok(())
@@ -198,26 +205,19 @@ fn collect_if_orphaned(store: &Store, def: &ResourceDef, object: &Value) -> Resu
     ignore_races(put(store, def, &stored, updated)).map(drop)
 }
 
-/// Objects in `namespace` with an owner reference to `uid`.
+/// Objects in `namespace` with an owner reference to `uid`, through the store's owner index: a
+/// deleted owner costs its dependents, not a scan of its namespace (which made deleting N objects
+/// O(N²)).
 fn dependents(
     store: &Store,
     namespace: &str,
     uid: &str,
 ) -> Result<Vec<(&'static ResourceDef, StoredObject)>, StorageError> {
-    let mut found = Vec::new();
-    if uid.is_empty() {
-        return Ok(found);
-    }
-    for def in resources::RESOURCES {
-        let (objects, _) = store.list_objects(def.plural, Some(namespace))?;
-        found.extend(
-            objects
-                .into_iter()
-                .filter(|o| owner_references(&o.value).iter().any(|r| str_at(r, "/uid") == uid))
-                .map(|o| (def, o)),
-        );
-    }
-    Ok(found)
+    Ok(store
+        .dependents(namespace, uid)?
+        .into_iter()
+        .filter_map(|(resource, object)| resources::lookup(&resource).map(|def| (def, object)))
+        .collect())
 }
 
 fn remove_finalizer(store: &Store, def: &ResourceDef, owner: &Value, finalizer: &str) -> Result<(), StorageError> {

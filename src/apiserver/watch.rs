@@ -20,13 +20,14 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::handlers::{next_step, StepFilter};
 use super::resources::ResourceDef;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult};
 use super::table::{self, Representation};
 use super::watch_cache::{self, event_line, CachedEvent, WatchCache, Window};
 use super::{blocking, AppState, ChannelStream, API_VERSION};
-use crate::storage::{ChangeEvent, ListQuery, ListSink};
+use crate::storage::{ChangeEvent, ListCursor, ListQuery, ListSink};
 
 /// Events taken (from the cache or the log) per step.
 const BATCH: usize = 256;
@@ -155,13 +156,16 @@ pub async fn serve(
     }
     // The initial state is a snapshot at `from`, and the follow starts right after it: nothing is
     // missed or sent twice.
+    // The initial state's first step comes now (its errors are the response's); the rest is read
+    // and sent step by step as the client takes it.
+    let mut rest: Option<ListCursor> = None;
     let (initial, from) = match requested {
-        _ if send_initial => {
-            let (mut lines, rv) = current_state(app, &filter).await?;
-            lines.push(filter.bookmark(rv, true));
+        _ if send_initial || requested.is_empty() || requested == "0" => {
+            let (lines, cursor) = current_state(app, &filter).await?;
+            let rv = cursor.resource_version();
+            rest = Some(cursor);
             (lines, rv)
         }
-        "" | "0" => current_state(app, &filter).await?,
         text => {
             let rv: u64 =
                 text.parse().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {text:?}")))?;
@@ -186,6 +190,14 @@ pub async fn serve(
                 return;
             }
         }
+        if let Some(cursor) = rest {
+            if !send_rest(&app, &filter, cursor, &tx).await {
+                return;
+            }
+        }
+        if send_initial && tx.send(Ok(filter.bookmark(from, true))).await.is_err() {
+            return;
+        }
         let deadline = tokio::time::Instant::now() + timeout;
         follow(app, cache, &filter, from, tx, deadline, bookmarks).await;
     });
@@ -209,22 +221,33 @@ fn timeout(text: Option<&str>) -> ApiResult<Duration> {
     })
 }
 
-/// ADDED events rendered as a list reads the objects.
-struct Added(Arc<Filter>, Vec<Bytes>);
+/// ADDED events rendered as a list reads the objects, a step at a time: (lines, their bytes).
+struct Added(Arc<Filter>, Vec<Bytes>, usize);
+
+/// Bytes and events per step of the initial state (what a watch holds of it at a time).
+const INITIAL_STEP_BYTES: usize = 1 << 20;
+const INITIAL_STEP_EVENTS: usize = 500;
 
 impl ListSink for Added {
     fn push(&mut self, object: Value) {
-        self.1.push(self.0.render("ADDED", &object));
+        let line = self.0.render("ADDED", &object);
+        self.2 += line.len();
+        self.1.push(line);
     }
     fn restart(&mut self) {
         self.1.clear();
+        self.2 = 0;
+    }
+    fn is_full(&self) -> bool {
+        self.2 >= INITIAL_STEP_BYTES || self.1.len() >= INITIAL_STEP_EVENTS
     }
 }
 
-/// The objects the watch selects now, as ADDED events, and the resourceVersion they are at.
-async fn current_state(app: &AppState, filter: &Arc<Filter>) -> ApiResult<(Vec<Bytes>, u64)> {
+/// The first step of the objects the watch selects now, as ADDED events, and the cursor for the
+/// rest (its resourceVersion is where the watch follows on from).
+async fn current_state(app: &AppState, filter: &Arc<Filter>) -> ApiResult<(Vec<Bytes>, ListCursor)> {
     let filter = filter.clone();
-    let page = blocking(app, move |store| {
+    blocking(app, move |store| {
         let query = ListQuery {
             resource: filter.def.plural,
             namespace: filter.namespace.as_deref(),
@@ -232,10 +255,36 @@ async fn current_state(app: &AppState, filter: &Arc<Filter>) -> ApiResult<(Vec<B
             after: None,
             limit: None,
         };
-        store.list_into(&query, &|o| filter.selects(o), Added(filter.clone(), Vec::new()))
+        let mut added = Added(filter.clone(), Vec::new(), 0);
+        let cursor = store.list_start(&query, &|o| filter.selects(o), &mut added)?;
+        Ok((added.1, cursor))
     })
-    .await?;
-    Ok((page.items.1, page.resource_version))
+    .await
+}
+
+/// Sends the rest of the initial state; false when the watch is over (the client went away, or
+/// the change log moved past the state's version: then a 410 `ERROR` event, and the client lists
+/// again).
+async fn send_rest(app: &AppState, filter: &Arc<Filter>, mut cursor: ListCursor, tx: &Sender) -> bool {
+    let selects = filter.clone();
+    let step_filter: StepFilter = Arc::new(move |o: &Value| selects.selects(o));
+    let mut added = Added(filter.clone(), Vec::new(), 0);
+    while !cursor.is_done() {
+        (cursor, added) = match next_step(app, cursor, &step_filter, added).await {
+            Ok(next) => next,
+            Err(e) => {
+                let _ = tx.send(Ok(event_line("ERROR", &e.status_body()))).await;
+                return false;
+            }
+        };
+        for line in std::mem::take(&mut added.1) {
+            if tx.send(Ok(line)).await.is_err() {
+                return false;
+            }
+        }
+        added.2 = 0;
+    }
+    true
 }
 
 /// Sends every matching change after `from` until the deadline or the client goes away.

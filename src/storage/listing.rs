@@ -15,7 +15,9 @@
 //! at a newer version ([`ListSink::restart`]).
 //!
 //! Objects are decoded one at a time and handed to a [`ListSink`] (the API writes each straight into
-//! the response bytes), so a list holds one decoded object, not a page of them.
+//! the response bytes), so a list holds one decoded object, not a page of them. A long list is read
+//! in steps ([`ListCursor`]): each step fills the sink up to its bound and the caller sends it
+//! before asking for the next, so neither the list nor a thread is held for a slow client.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -56,6 +58,11 @@ pub trait ListSink {
     fn push(&mut self, object: Value);
     /// The list starts over (at a newer resourceVersion): forget every object pushed so far.
     fn restart(&mut self);
+    /// Whether the sink holds enough for one step of a [`ListCursor`]: the step ends there and
+    /// the next one goes on after the last object pushed.
+    fn is_full(&self) -> bool {
+        false
+    }
 }
 
 impl ListSink for Vec<Value> {
@@ -80,31 +87,42 @@ impl Store {
         filter: &dyn Fn(&Value) -> bool,
         mut sink: S,
     ) -> Result<ListPage<S>> {
-        let (resource_version, last) = match self.scan(query, filter, &mut sink) {
-            // The log dropped the version this fresh list started at while it was read: the
-            // writers outran it. Once more, at the version they reached.
-            Err(StorageError::Expired(_)) if query.at.is_none() => {
-                sink.restart();
-                self.scan(query, filter, &mut sink)?
-            }
-            other => other?,
-        };
-        Ok(ListPage { items: sink, resource_version, last })
+        let mut cursor = self.list_start(query, filter, &mut sink)?;
+        while !cursor.is_done() {
+            cursor.fill(self, filter, &mut sink)?;
+        }
+        Ok(ListPage { items: sink, resource_version: cursor.at, last: cursor.last })
     }
 
-    /// One pass of a list: its resourceVersion and, if more objects follow, the last one's name.
-    fn scan(
+    /// Starts a list read in steps: fills `sink` with the first step (up to its
+    /// [`ListSink::is_full`]) and returns the cursor for the rest, which is at the same
+    /// resourceVersion. A fresh list whose version the log dropped while this step was read (the
+    /// writers outran it) starts over once, at the version they reached.
+    pub fn list_start(
         &self,
         query: &ListQuery,
         filter: &dyn Fn(&Value) -> bool,
         sink: &mut dyn ListSink,
-    ) -> Result<(u64, Option<String>)> {
+    ) -> Result<ListCursor> {
+        let mut cursor = self.list_cursor(query)?;
+        match cursor.fill(self, filter, sink) {
+            Err(StorageError::Expired(_)) if query.at.is_none() => {
+                sink.restart();
+                cursor = self.list_cursor(query)?;
+                cursor.fill(self, filter, sink)?;
+            }
+            other => other?,
+        }
+        Ok(cursor)
+    }
+
+    fn list_cursor(&self, query: &ListQuery) -> Result<ListCursor> {
         let resource_prefix = key(b'o', &[query.resource.as_bytes(), b"/"]);
         let prefix = match query.namespace {
             Some(ns) => key(b'o', &[query.resource.as_bytes(), b"/", ns.as_bytes(), b"/"]),
             None => resource_prefix.clone(),
         };
-        let start = match query.after {
+        let position = match query.after {
             Some(after) if prefix.as_slice() <= [resource_prefix.as_slice(), after.as_bytes()].concat().as_slice() => {
                 Bound::Excluded([resource_prefix.as_slice(), after.as_bytes()].concat())
             }
@@ -115,22 +133,74 @@ impl Store {
         if at > current {
             return Err(StorageError::TooNew { requested: at, current });
         }
-        let mut changed = Changed { at, seen: at, prefix: prefix.clone(), first: BTreeMap::new() };
-        let mut live = self.tree().range((start.clone(), Bound::Unbounded)).take_while(|item| match item {
+        Ok(ListCursor {
+            at,
+            changed: Changed { at, seen: at, prefix: prefix.clone(), first: BTreeMap::new() },
+            prefix,
+            resource_prefix,
+            position,
+            limit: query.limit.unwrap_or(usize::MAX),
+            count: 0,
+            last_key: None,
+            last: None,
+            done: false,
+        })
+    }
+}
+
+/// A list being read in steps at one resourceVersion ([`Store::list_start`]): each
+/// [`ListCursor::fill`] goes on where the previous one stopped, keeping what it learnt of the
+/// change log, so reading a list in many steps costs what reading it at once does. It holds no
+/// lock and no sled iterator between steps: it may wait for a slow client as long as the log
+/// covers its version (then a step fails with `Expired`).
+pub struct ListCursor {
+    at: u64,
+    changed: Changed,
+    prefix: Vec<u8>,
+    resource_prefix: Vec<u8>,
+    /// Every key up to here has been served (or skipped).
+    position: Bound<Vec<u8>>,
+    limit: usize,
+    /// Objects that passed the filter so far.
+    count: usize,
+    last_key: Option<Vec<u8>>,
+    /// Set once done, when the limit ended the list before its end: the last object's name.
+    last: Option<String>,
+    done: bool,
+}
+
+impl ListCursor {
+    /// The resourceVersion every step is consistent at.
+    pub fn resource_version(&self) -> u64 {
+        self.at
+    }
+
+    /// Whether the list (or its page) is complete.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Once done: `namespace/name` of the last object if more objects follow the page.
+    pub fn continue_after(&self) -> Option<&str> {
+        self.last.as_deref()
+    }
+
+    /// Reads on until `sink` is full, the limit is reached or the list ends.
+    pub fn fill(&mut self, store: &Store, filter: &dyn Fn(&Value) -> bool, sink: &mut dyn ListSink) -> Result<()> {
+        if self.done {
+            return Ok(());
+        }
+        let prefix = self.prefix.clone();
+        let mut live = store.tree().range((self.position.clone(), Bound::Unbounded)).take_while(|item| match item {
             Ok((k, _)) => k.starts_with(&prefix),
             Err(_) => true,
         });
-        // Every key up to `position` has been served (or skipped).
-        let mut position = start;
         let mut next_live = live.next().transpose()?;
         // After every read of the live tree: what changed up to (at least) the moment it was read.
-        changed.catch_up(self)?;
-        let mut count = 0;
-        let mut last_key: Option<Vec<u8>> = None;
-        let limit = query.limit.unwrap_or(usize::MAX);
+        self.changed.catch_up(store)?;
         loop {
             // The next key in order: from the live tree unless the log knows that key's past.
-            let past_key = changed.next_after(&position).cloned();
+            let past_key = self.changed.next_after(&self.position).cloned();
             let live_first = match (&next_live, &past_key) {
                 (None, None) => break,
                 (Some((l, _)), Some(p)) => l.as_ref() < p.as_slice(),
@@ -140,38 +210,47 @@ impl Store {
             let (object_key, value) = if live_first {
                 let Some((object_key, stored)) = next_live.take() else { break };
                 let envelope = decode_envelope(&stored)?;
-                if envelope.rv > at {
+                if envelope.rv > self.at {
                     // Changed after `at`, yet the log (caught up since) does not say so: trimmed.
-                    return Err(StorageError::Expired(at));
+                    return Err(StorageError::Expired(self.at));
                 }
                 next_live = live.next().transpose()?;
-                changed.catch_up(self)?;
+                self.changed.catch_up(store)?;
                 (object_key.to_vec(), Some(envelope.object))
             } else {
                 let Some(object_key) = past_key else { break };
                 if next_live.as_ref().is_some_and(|(l, _)| l.as_ref() == object_key.as_slice()) {
                     next_live = live.next().transpose()?;
-                    changed.catch_up(self)?;
+                    self.changed.catch_up(store)?;
                 }
-                let value = changed.state_at(self, &object_key)?;
+                let value = self.changed.state_at(store, &object_key)?;
                 (object_key, value)
             };
-            position = Bound::Excluded(object_key);
-            let Some(value) = value else { continue };
-            if count == limit {
+            let Some(value) = value else {
+                self.position = Bound::Excluded(object_key);
+                continue;
+            };
+            if self.count == self.limit {
                 // Another object exists beyond the page.
-                let last = last_key.map(|k| String::from_utf8_lossy(&k[resource_prefix.len()..]).into_owned());
-                return Ok((at, last));
+                let resource_prefix = self.resource_prefix.len();
+                self.last = self.last_key.take().map(|k| String::from_utf8_lossy(&k[resource_prefix..]).into_owned());
+                self.done = true;
+                return Ok(());
             }
+            self.position = Bound::Excluded(object_key);
             if filter(&value) {
                 sink.push(value);
-                count += 1;
-                if let Bound::Excluded(k) = &position {
-                    last_key = Some(k.clone());
+                self.count += 1;
+                if let Bound::Excluded(k) = &self.position {
+                    self.last_key = Some(k.clone());
+                }
+                if sink.is_full() {
+                    return Ok(());
                 }
             }
         }
-        Ok((at, None))
+        self.done = true;
+        Ok(())
     }
 }
 

@@ -4,8 +4,10 @@
 //! small metadata (chunk index, reference counts, file lists, API objects); chunk payloads,
 //! zstd-compressed by us, go to append-only pack files ([`packs`]) because sled kept every written
 //! value in memory. Every acknowledged write is flushed first (packs fsynced, then sled), and every
-//! multi-key change that must be atomic is one `Batch` on one tree. Nothing outside this module
-//! sees sled.
+//! multi-key change that must be atomic is one `Batch` on one tree. A batch is held in memory
+//! whole (and sled reclaims nothing while it applies), so every batch is bounded: work on many keys
+//! (releasing a revision, building an index) goes in batches of about a thousand. Nothing outside
+//! this module sees sled.
 //!
 //! Layout of the single tree (first byte = record kind, integers big-endian so keys sort):
 //!
@@ -19,6 +21,7 @@
 //! | `k` rev(8) file(8) start(8) | a segment of a file's chunk list ([`revision`]) |
 //! | `t` rev(8) tar_offset(8) | path of the entry starting at that offset of the served tar |
 //! | `o` resource `/` namespace `/` name | an API object ([`objects`]) |
+//! | `d` namespace `/` owner(16) resource `/` name | an object's owner reference: owner = hash of its uid ([`objects`]) |
 //! | `l` rv(8) | change-log entry for watches |
 //! | `m` name | counters |
 
@@ -40,7 +43,7 @@ use serde::{Deserialize, Serialize};
 
 pub use commit::CommitCounts;
 pub use gc::GcReport;
-pub use listing::{ListPage, ListQuery, ListSink};
+pub use listing::{ListCursor, ListPage, ListQuery, ListSink};
 pub use objects::{ChangeEvent, ObjectKey, ObjectWrite, Precondition, StoredObject, WriteOutcome};
 pub use read::{FileListing, RangeSpec, Sink};
 pub use revision::{PendingRevision, RevisionWriter};
@@ -262,7 +265,9 @@ pub struct StoreStats {
 /// Tuning knobs of the store.
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
-    /// sled page cache; a hint only, so keep it small.
+    /// sled's page cache (`cache_capacity`): the memory the store keeps however much it holds.
+    /// sled counts pages by their serialised size, so the cache costs about three times this in
+    /// RSS (32 MiB: ~80–100 MiB with a million keys written or removed; `docs/benchmarks.md`).
     pub cache_bytes: u64,
     /// zstd level for chunks.
     pub zstd_level: i32,
@@ -353,6 +358,11 @@ impl Store {
             }),
         };
         store.start_commits()?;
+        // A store from before the owner index gets it now (on a disk at the floor, at a later
+        // start: until then dependents are found by a scan).
+        if store.ensure_space(WriteKind::Metadata).is_ok() {
+            store.build_owner_index()?;
+        }
         store.recover()?;
         gc::spawn_collector(Arc::downgrade(&store.inner), gc_receiver);
         Ok(store)

@@ -14,6 +14,10 @@ use super::{
 };
 
 const RV_COUNTER: &[u8] = b"mrv";
+/// Present once the owner index (`d` keys) covers every object.
+const OWNER_INDEX_READY: &[u8] = b"mownerindex";
+/// Objects per page of internal passes, and per batch when the owner index is built.
+const OBJECTS_PAGE: usize = 256;
 /// The oldest resourceVersion whose changes the log still holds in full.
 const LOG_START: &[u8] = b"mlogstart";
 
@@ -127,21 +131,130 @@ impl Store {
         self.tree().get(key.encode())?.map(|v| decode_object(&v)).transpose()
     }
 
-    /// All objects of a resource, in one namespace or all; plus the current resourceVersion.
+    /// All objects of a resource, in one namespace or all, as they are now; plus a resourceVersion
+    /// every object is at least as new as: whoever follows the change log after it misses nothing.
+    /// Read without the object lock, so writers go on meanwhile (an object written during the
+    /// read may show in either state; the log has its change). Holds the whole list: internal
+    /// passes over many objects use [`Store::objects_page`].
     pub fn list_objects(&self, resource: &str, namespace: Option<&str>) -> Result<(Vec<StoredObject>, u64)> {
-        // Take the lock so the list is a consistent snapshot at the returned resourceVersion.
-        let _guard = self.lock_objects();
         let rv = self.current_resource_version()?;
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let (mut page, next) = self.objects_page(resource, namespace, after.as_deref(), OBJECTS_PAGE)?;
+            out.append(&mut page);
+            match next {
+                Some(next) => after = Some(next),
+                None => return Ok((out, rv)),
+            }
+        }
+    }
+
+    /// Up to `limit` objects of a resource (in one namespace or all) after `after` (the
+    /// `namespace/name` a previous page returned), as they are now, read without the object lock;
+    /// and where the next page starts if more may follow. For passes that act on each object with
+    /// a precondition (deletecollection, the garbage collector): memory for one page, writers never
+    /// wait.
+    pub fn objects_page(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<StoredObject>, Option<String>)> {
+        let resource_prefix = key(b'o', &[resource.as_bytes(), b"/"]);
         let prefix = match namespace {
             Some(ns) => key(b'o', &[resource.as_bytes(), b"/", ns.as_bytes(), b"/"]),
-            None => key(b'o', &[resource.as_bytes(), b"/"]),
+            None => resource_prefix.clone(),
+        };
+        let start = match after {
+            Some(after) => std::ops::Bound::Excluded([resource_prefix.as_slice(), after.as_bytes()].concat()),
+            None => std::ops::Bound::Included(prefix.clone()),
         };
         let mut out = Vec::new();
-        for item in self.tree().scan_prefix(prefix) {
-            let (_, v) = item?;
+        let mut last: Option<sled::IVec> = None;
+        for item in self.tree().range((start, std::ops::Bound::Unbounded)) {
+            let (k, v) = item?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            if out.len() == limit {
+                // Go on after the last object returned.
+                let after = last.map(|l| String::from_utf8_lossy(&l[resource_prefix.len()..]).into_owned());
+                return Ok((out, after));
+            }
             out.push(decode_object(&v)?);
+            last = Some(k);
         }
-        Ok((out, rv))
+        Ok((out, None))
+    }
+
+    /// The objects in `namespace` with an owner reference to `uid` (`metadata.ownerReferences`),
+    /// with their resource: found through the owner index, so the cost follows the dependents, not
+    /// the namespace.
+    pub fn dependents(&self, namespace: &str, uid: &str) -> Result<Vec<(String, StoredObject)>> {
+        let mut found = Vec::new();
+        if uid.is_empty() {
+            return Ok(found);
+        }
+        if !self.tree().contains_key(OWNER_INDEX_READY)? {
+            return self.dependents_by_scan(namespace, uid);
+        }
+        let prefix = owner_prefix(namespace, uid);
+        for k in self.tree().scan_prefix(&prefix).keys() {
+            let k = k?;
+            let rest = String::from_utf8_lossy(k.get(prefix.len()..).unwrap_or_default()).into_owned();
+            let Some((resource, name)) = rest.split_once('/') else { continue };
+            let Some(object) = self.get_object(&ObjectKey::new(resource, namespace, name))? else { continue };
+            // Written in the object's own batch, so always in step; checked all the same (a hash).
+            if owner_uids(&object.value).any(|u| u == uid) {
+                found.push((resource.to_string(), object));
+            }
+        }
+        Ok(found)
+    }
+
+    /// [`Store::dependents`] in a store whose owner index is not built yet: every object is read.
+    fn dependents_by_scan(&self, namespace: &str, uid: &str) -> Result<Vec<(String, StoredObject)>> {
+        let mut found = Vec::new();
+        for item in self.tree().scan_prefix(b"o") {
+            let (k, v) = item?;
+            let path = String::from_utf8_lossy(k.get(1..).unwrap_or_default()).into_owned();
+            let mut parts = path.splitn(3, '/');
+            let (Some(resource), Some(ns)) = (parts.next(), parts.next()) else { continue };
+            let object = decode_object(&v)?;
+            if ns == namespace && owner_uids(&object.value).any(|u| u == uid) {
+                found.push((resource.to_string(), object));
+            }
+        }
+        Ok(found)
+    }
+
+    /// At open: indexes the owners of every object if the store predates the index.
+    pub(super) fn build_owner_index(&self) -> Result<()> {
+        if self.tree().contains_key(OWNER_INDEX_READY)? {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        let mut batched = 0;
+        for item in self.tree().scan_prefix(b"o") {
+            let (k, v) = item?;
+            let path = String::from_utf8_lossy(k.get(1..).unwrap_or_default()).into_owned();
+            let mut parts = path.splitn(3, '/');
+            let (Some(resource), Some(namespace), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
+                continue;
+            };
+            let key = ObjectKey::new(resource, namespace, name);
+            index_owners(&mut batch, &key, None, Some(&decode_object(&v)?.value));
+            batched += 1;
+            if batched == OBJECTS_PAGE {
+                self.tree().apply_batch(std::mem::take(&mut batch))?;
+                batched = 0;
+            }
+        }
+        batch.insert(OWNER_INDEX_READY, &[1u8][..]);
+        self.tree().apply_batch(batch)?;
+        self.flush()
     }
 
     pub fn current_resource_version(&self) -> Result<u64> {
@@ -180,6 +293,7 @@ impl Store {
                         }
                         None => existing.as_ref().and_then(|e| e.revision),
                     };
+                    index_owners(&mut batch, &key, existing.as_ref().map(|e| &e.value), Some(&object));
                     let kind = if existing.is_some() { "MODIFIED" } else { "ADDED" };
                     let envelope = Envelope { rv, revision, object: object.clone() };
                     batch.insert(key.encode(), encode_json(&envelope));
@@ -199,6 +313,7 @@ impl Store {
                         batch.insert(key_revision(id), encode_json(&record));
                         collect = true;
                     }
+                    index_owners(&mut batch, &key, Some(&existing.value), None);
                     batch.remove(key.encode());
                     batch.insert(log_key, encode_json(&change("DELETED", &key, &object, Some(existing.value))));
                     objects.push(object);
@@ -280,6 +395,42 @@ impl Store {
 
 pub(super) fn key_revision(id: RevisionId) -> Vec<u8> {
     key(b'v', &[&be(id)])
+}
+
+/// The uids an object's `metadata.ownerReferences` name.
+fn owner_uids(object: &Value) -> impl Iterator<Item = &str> {
+    object
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.get("uid").and_then(Value::as_str))
+        .filter(|uid| !uid.is_empty())
+}
+
+/// `d` namespace `/` hash(uid): the keys of the objects `uid` owns in `namespace` start so (a
+/// fixed-width hash, so no uid is a prefix of another).
+fn owner_prefix(namespace: &str, uid: &str) -> Vec<u8> {
+    let hash = blake3::hash(uid.as_bytes());
+    key(b'd', &[namespace.as_bytes(), b"/", &hash.as_bytes()[..16]])
+}
+
+/// Moves an object's owner-index entries from its `old` owners to its `new` ones, in its batch.
+fn index_owners(batch: &mut sled::Batch, key: &ObjectKey, old: Option<&Value>, new: Option<&Value>) {
+    let entry = |uid: &str| {
+        let mut k = owner_prefix(&key.namespace, uid);
+        k.extend_from_slice(key.resource.as_bytes());
+        k.push(b'/');
+        k.extend_from_slice(key.name.as_bytes());
+        k
+    };
+    // Removals first: a Batch keeps the last operation on a key, so kept owners stay indexed.
+    for uid in old.into_iter().flat_map(owner_uids) {
+        batch.remove(entry(uid));
+    }
+    for uid in new.into_iter().flat_map(owner_uids) {
+        batch.insert(entry(uid), &[][..]);
+    }
 }
 
 fn change(kind: &str, key: &ObjectKey, object: &Value, previous: Option<Value>) -> ChangeEvent {

@@ -27,6 +27,12 @@ pub const MAX_INSPECTED_BYTES: u64 = 8 << 20;
 const MEDIATYPE_ANNOTATION: &str = "operators.operatorframework.io.bundle.mediatype.v1";
 const PACKAGE_ANNOTATION: &str = "operators.operatorframework.io.bundle.package.v1";
 
+/// Distinct kinds counted in `formatDetails.objects`; the others are counted under [`OTHER_KINDS`].
+const MAX_KINDS: usize = 256;
+/// Longer kinds (Kubernetes' are at most 63 characters) are counted under [`OTHER_KINDS`] too.
+const MAX_KIND_BYTES: usize = 253;
+const OTHER_KINDS: &str = "(other kinds)";
+
 /// A chart's name and version.
 type Chart = (String, String);
 
@@ -64,8 +70,12 @@ pub struct Inspector {
     invalid_object: Option<(String, String)>,
     annotations: Option<Result<BTreeMap<String, String>, String>>,
     csv: Option<(String, String)>,
-    /// Chart.yaml files at the root or one level down: (path, parsed or problem).
-    charts: Vec<(String, Result<Chart, String>)>,
+    /// Chart.yaml files at the root or one level down: (path, parsed or problem) of the root one
+    /// and of the first other one, and how many there were (all that [`Inspector::finish`] needs:
+    /// a tree of a million charts costs no more than one of two).
+    root_chart: Option<(String, Result<Chart, String>)>,
+    other_chart: Option<(String, Result<Chart, String>)>,
+    charts: u64,
     top_level: std::collections::BTreeSet<String>,
 }
 
@@ -93,6 +103,14 @@ impl Inspector {
                         if kind == "ClusterServiceVersion" && self.csv.is_none() {
                             self.csv = Some((path.to_string(), name));
                         }
+                        // Counted by kind, in a bounded map: odd or endless kinds share one entry.
+                        let kind = if kind.len() > MAX_KIND_BYTES
+                            || (self.objects.len() >= MAX_KINDS && !self.objects.contains_key(&kind))
+                        {
+                            OTHER_KINDS.to_string()
+                        } else {
+                            kind
+                        };
                         *self.objects.entry(kind).or_default() += 1;
                     }
                 }
@@ -105,7 +123,16 @@ impl Inspector {
         } else if path == "metadata/annotations.yaml" {
             self.annotations = Some(parse_annotations(bytes));
         } else if is_chart_file(path) {
-            self.charts.push((path.to_string(), parse_chart(bytes)));
+            self.saw_chart(path, parse_chart(bytes));
+        }
+    }
+
+    fn saw_chart(&mut self, path: &str, chart: Result<Chart, String>) {
+        self.charts += 1;
+        if path == "Chart.yaml" {
+            self.root_chart = Some((path.to_string(), chart));
+        } else if self.other_chart.is_none() {
+            self.other_chart = Some((path.to_string(), chart));
         }
     }
 
@@ -117,7 +144,7 @@ impl Inspector {
         } else if path == "metadata/annotations.yaml" {
             self.annotations = Some(Err(problem));
         } else if is_chart_file(path) {
-            self.charts.push((path.to_string(), Err(problem)));
+            self.saw_chart(path, Err(problem));
         }
     }
 
@@ -154,7 +181,7 @@ impl Inspector {
     fn detect(&self) -> Option<&'static str> {
         if self.annotations.is_some() {
             Some(REGISTRY_V1)
-        } else if !self.charts.is_empty() {
+        } else if self.charts > 0 {
             Some(HELM)
         } else if self.top_level.contains("manifests") {
             Some(PLAIN)
@@ -204,14 +231,13 @@ impl Inspector {
     }
 
     fn helm(self) -> Result<FormatReport, UnpackError> {
-        let root = self.charts.iter().find(|(p, _)| p == "Chart.yaml");
-        let chart = match root {
-            Some(chart) => chart,
-            None if self.top_level.len() == 1 && self.charts.len() == 1 => &self.charts[0],
-            None if self.charts.is_empty() => return Err(invalid("Chart.yaml", "missing")),
-            None => {
+        let chart = match (&self.root_chart, &self.other_chart) {
+            (Some(chart), _) => chart,
+            (None, Some(chart)) if self.top_level.len() == 1 && self.charts == 1 => chart,
+            (None, None) => return Err(invalid("Chart.yaml", "missing")),
+            (None, Some((path, _))) => {
                 return Err(invalid(
-                    &self.charts[0].0,
+                    path,
                     "a chart must be the only top-level directory, or have Chart.yaml at the root",
                 ))
             }

@@ -34,6 +34,7 @@ pub trait EntrySink {
     fn file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<(), Self::Error>;
     /// A symbolic link whose target stays inside the tree (already checked).
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), Self::Error>;
-    /// A hard link to an earlier regular file `target` of the same archive: stored as a copy.
+    /// A hard link to an earlier regular file (or hard link, itself a copy) `target` of the same
+    /// archive: stored as a copy.
     fn hardlink(&mut self, path: &str, target: &str) -> Result<(), Self::Error>;
 }

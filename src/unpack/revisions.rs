@@ -155,10 +155,12 @@ fn prune(store: &Store, bundle: &Value, active: &str) -> Result<Vec<ObjectWrite>
     let namespace = bundle.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("");
     let uid = bundle.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("");
     let limit = bundle.pointer("/spec/revisionHistoryLimit").and_then(Value::as_u64).unwrap_or(DEFAULT_HISTORY_LIMIT);
-    let (contents, _) = store.list_objects("bundlecontents", Some(namespace))?;
-    let mut old: Vec<StoredObject> = contents
+    // The Bundle's own contents, through the store's owner index: no scan of the namespace.
+    let mut old: Vec<StoredObject> = store
+        .dependents(namespace, uid)?
         .into_iter()
-        .filter(|c| owned_by(&c.value, uid))
+        .filter(|(resource, _)| resource == "bundlecontents")
+        .map(|(_, c)| c)
         .filter(|c| c.value.pointer("/metadata/name").and_then(Value::as_str) != Some(active))
         .filter(|c| c.value.pointer("/metadata/deletionTimestamp").is_none())
         .collect();

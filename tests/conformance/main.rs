@@ -44,6 +44,7 @@ mod kubectl;
 mod kubectl_conventions;
 mod lifecycle;
 mod load;
+mod many_files;
 mod paging;
 mod plugin;
 mod provisioner;

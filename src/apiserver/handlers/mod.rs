@@ -10,6 +10,7 @@ mod write;
 pub use delete::{delete, delete_collection};
 pub(crate) use paging::parse as list_options;
 pub use read::{get, get_object, list_all, list_namespaced};
+pub(crate) use read::{next_step, StepFilter};
 pub use write::{create, update};
 pub(super) use write::{create_object, replace};
 pub(crate) use write::{new_object, replacement, WriteRequest};

@@ -1,11 +1,13 @@
 //! Reading objects: get, and list with selectors, paging and resourceVersion semantics. A list is
-//! serialised object by object as the store reads it ([`ListBody`]), never built as one document.
+//! serialised object by object as the store reads it ([`ListBody`]), never built as one document;
+//! a long one is read and sent in steps as the client takes them (no thread waits for the client).
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 use super::paging;
 use super::{json_response, render, resource_def, selectable_fields, Params};
@@ -13,8 +15,8 @@ use crate::apiserver::resources::ResourceDef;
 use crate::apiserver::selectors::{FieldSelector, LabelSelector};
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::table::{self, Representation};
-use crate::apiserver::{blocking, AppState, API_VERSION};
-use crate::storage::{ListQuery, ListSink, ObjectKey};
+use crate::apiserver::{blocking, AppState, ChannelStream, API_VERSION};
+use crate::storage::{ListCursor, ListQuery, ListSink, ObjectKey, StorageError};
 
 pub async fn list_all(
     state: State<AppState>,
@@ -52,37 +54,66 @@ async fn list(
     paging::wait_for(&app, options.not_older_than).await?;
     let (at, after, limit) = (options.at, options.after.clone(), options.limit);
     let representation = table::negotiate(&headers, params.get("includeObject").map(String::as_str));
-    let body = ListBody { def, representation, items: Vec::new() };
+    let filter: StepFilter = Arc::new(move |o: &Value| labels.matches(o) && fields.matches(o));
+    let step_filter = filter.clone();
     let store = app.store.clone();
-    let page = tokio::task::spawn_blocking(move || {
+    let (cursor, body) = tokio::task::spawn_blocking(move || {
         let query =
             ListQuery { resource: def.plural, namespace: namespace.as_deref(), at, after: after.as_deref(), limit };
-        store.list_into(&query, &|o| labels.matches(o) && fields.matches(o), body)
+        let mut body = ListBody::new(def, representation);
+        let cursor = store.list_start(&query, &*step_filter, &mut body)?;
+        Ok::<_, StorageError>((cursor, body))
     })
     .await
     .map_err(|e| ApiError::internal(format!("store task failed: {e}")))?
     .map_err(|e| paging::list_error(e, &options))?;
-    let mut list_meta = json!({"resourceVersion": page.resource_version.to_string()});
-    if let Some(last) = &page.last {
-        list_meta["continue"] = json!(paging::continue_token(page.resource_version, last));
-    }
-    Ok(page.items.into_response(list_meta))
+    Ok(body.into_response(app, cursor, filter, limit.is_some()))
 }
 
+/// Filters a list step by step (selectors), shared by the steps on the blocking pool.
+pub(crate) type StepFilter = Arc<dyn Fn(&Value) -> bool + Send + Sync>;
+
+/// Reads the next step of `cursor` into `sink` on the blocking pool (a short call: the step ends
+/// once the sink is full); gives both back for the next one.
+pub(crate) async fn next_step<S: ListSink + Send + 'static>(
+    app: &AppState,
+    mut cursor: ListCursor,
+    filter: &StepFilter,
+    mut sink: S,
+) -> ApiResult<(ListCursor, S)> {
+    let filter = filter.clone();
+    blocking(app, move |store| {
+        cursor.fill(store, &*filter, &mut sink)?;
+        Ok((cursor, sink))
+    })
+    .await
+}
+
+/// Bytes of rendered objects, and objects, per step of a list: what a list holds at a time.
+const STEP_BYTES: usize = 1 << 20;
+const STEP_OBJECTS: usize = 500;
+
 /// A list response written while the store reads the list: every object goes straight into JSON
-/// bytes, in the representation the client asked for, so a list holds one decoded object at a time.
+/// bytes, in the representation the client asked for, so a list holds one decoded object and at
+/// most one step of output at a time.
 struct ListBody {
     def: &'static ResourceDef,
     representation: Representation,
-    /// The items so far, comma-separated.
+    /// The items of this step, comma-separated (and preceded by one if an earlier step had items).
     items: Vec<u8>,
+    /// Objects in this step.
+    count: usize,
+    /// Whether any item was written, in this step or before.
+    any: bool,
 }
 
 impl ListSink for ListBody {
     fn push(&mut self, object: Value) {
-        if !self.items.is_empty() {
+        if self.any {
             self.items.push(b',');
         }
+        self.any = true;
+        self.count += 1;
         // Writing a JSON value into memory cannot fail.
         let _ = match self.representation {
             Representation::Object => serde_json::to_writer(&mut self.items, &object),
@@ -97,41 +128,99 @@ impl ListSink for ListBody {
 
     fn restart(&mut self) {
         self.items.clear();
+        self.count = 0;
+        self.any = false;
+    }
+
+    fn is_full(&self) -> bool {
+        self.items.len() >= STEP_BYTES || self.count >= STEP_OBJECTS
     }
 }
 
 impl ListBody {
-    /// The whole list: its head (kind, apiVersion, `list_meta`, a table's columns), the items, and
-    /// the closing brackets, sent as three chunks of one known length.
-    fn into_response(self, list_meta: Value) -> Response {
-        let (head, items_field) = match self.representation {
-            Representation::Object => {
-                (json!({"kind": self.def.list_kind, "apiVersion": API_VERSION, "metadata": list_meta}), "items")
+    fn new(def: &'static ResourceDef, representation: Representation) -> ListBody {
+        ListBody { def, representation, items: Vec::new(), count: 0, any: false }
+    }
+
+    /// This step's items; the body is ready for the next step.
+    fn take_items(&mut self) -> Bytes {
+        self.count = 0;
+        Bytes::from(std::mem::take(&mut self.items))
+    }
+
+    /// The list document's head (kind, apiVersion, `list_meta` unless `None`, a table's columns)
+    /// up to the opening bracket of its items.
+    fn head(&self, list_meta: Option<Value>) -> String {
+        let (mut head, items_field) = match self.representation {
+            Representation::Object => (json!({"kind": self.def.list_kind, "apiVersion": API_VERSION}), "items"),
+            Representation::Metadata => {
+                (json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1"}), "items")
             }
-            Representation::Metadata => (
-                json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta}),
-                "items",
-            ),
             Representation::Table { .. } => (
-                json!({
-                    "kind": "Table",
-                    "apiVersion": "meta.k8s.io/v1",
-                    "metadata": list_meta,
-                    "columnDefinitions": table::columns(self.def),
-                }),
+                json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "columnDefinitions": table::columns(self.def)}),
                 "rows",
             ),
         };
+        if let Some(list_meta) = list_meta {
+            head["metadata"] = list_meta;
+        }
         let mut head = head.to_string();
         head.pop(); // the object's closing brace: the items follow
         head.push_str(&format!(",\"{items_field}\":["));
-        let tail: &'static [u8] = b"]}";
-        let length = head.len() + self.items.len() + tail.len();
-        let chunks = [Bytes::from(head), Bytes::from(self.items), Bytes::from_static(tail)];
-        let body = Body::from_stream(futures_util::stream::iter(chunks.map(Ok::<_, std::io::Error>)));
-        let headers =
-            [(header::CONTENT_TYPE, "application/json".to_string()), (header::CONTENT_LENGTH, length.to_string())];
-        (StatusCode::OK, headers, body).into_response()
+        head
+    }
+
+    /// The response. A list read in one step is sent with its length. A longer one is streamed,
+    /// step by step as the client takes it: its `metadata` comes first when no limit was asked
+    /// for (no `continue` can follow), else after the items, once the page's end is known. A step
+    /// that fails (the change log no longer covers the list's version) cuts the stream, so the
+    /// client sees an error, never a short list.
+    fn into_response(mut self, app: AppState, cursor: ListCursor, filter: StepFilter, limited: bool) -> Response {
+        let meta = |cursor: &ListCursor| {
+            let rv = cursor.resource_version();
+            let mut list_meta = json!({"resourceVersion": rv.to_string()});
+            if let Some(last) = cursor.continue_after() {
+                list_meta["continue"] = json!(paging::continue_token(rv, last));
+            }
+            list_meta
+        };
+        let headers = [(header::CONTENT_TYPE, "application/json")];
+        if cursor.is_done() {
+            let head = self.head(Some(meta(&cursor)));
+            let tail: &'static [u8] = b"]}";
+            let length = head.len() + self.items.len() + tail.len();
+            let chunks = [Bytes::from(head), self.take_items(), Bytes::from_static(tail)];
+            let body = Body::from_stream(futures_util::stream::iter(chunks.map(Ok::<_, std::io::Error>)));
+            return (StatusCode::OK, headers, [(header::CONTENT_LENGTH, length.to_string())], body).into_response();
+        }
+        let meta_first = !limited;
+        let head = self.head(meta_first.then(|| meta(&cursor)));
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(async move {
+            let first = [Bytes::from(head), self.take_items()];
+            for chunk in first {
+                if tx.send(Ok(chunk)).await.is_err() {
+                    return;
+                }
+            }
+            let (mut cursor, mut body) = (cursor, self);
+            while !cursor.is_done() {
+                (cursor, body) = match next_step(&app, cursor, &filter, body).await {
+                    Ok(next) => next,
+                    Err(e) => {
+                        tracing::warn!(error = %e.message, "a streamed list ended early");
+                        let _ = tx.send(Err(std::io::Error::other(e.message))).await;
+                        return;
+                    }
+                };
+                if tx.send(Ok(body.take_items())).await.is_err() {
+                    return; // the client went away
+                }
+            }
+            let tail = if meta_first { "]}".to_string() } else { format!("],\"metadata\":{}}}", meta(&cursor)) };
+            let _ = tx.send(Ok(Bytes::from(tail))).await;
+        });
+        (StatusCode::OK, headers, Body::from_stream(ChannelStream(rx))).into_response()
     }
 }
 

@@ -74,3 +74,23 @@ fn undetectable_trees_fail_only_when_strict() {
     // A declared format is always checked.
     assert!(inspect(&files).finish(PLAIN, false).is_err());
 }
+
+#[test]
+fn what_the_inspector_keeps_is_bounded_whatever_the_tree() {
+    let mut inspector = Inspector::default();
+    for i in 0..(MAX_KINDS + 44) {
+        let path = format!("manifests/{i}.yaml");
+        inspector.saw(&path);
+        inspector.observe(&path, format!("apiVersion: v1\nkind: Kind{i}\n").as_bytes());
+    }
+    let long = format!("apiVersion: v1\nkind: {}\n", "K".repeat(MAX_KIND_BYTES + 1));
+    inspector.observe("manifests/long.yaml", long.as_bytes());
+    for i in 0..1000 {
+        inspector.observe(&format!("chart{i}/Chart.yaml"), b"name: c\nversion: 1.0.0\n");
+    }
+    assert_eq!(inspector.objects.len(), MAX_KINDS + 1);
+    assert_eq!(inspector.objects.get(OTHER_KINDS), Some(&45));
+    assert_eq!(inspector.charts, 1000);
+    let report = inspector.finish(PLAIN, true).unwrap();
+    assert_eq!(report.objects.values().sum::<u64>(), MAX_KINDS as u64 + 45);
+}

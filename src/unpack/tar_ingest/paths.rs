@@ -1,5 +1,6 @@
 //! Paths: normalisation and validation of entry paths and symlink targets, the tree of accepted
-//! paths (duplicate and file/directory conflict detection), and quoting paths in error messages.
+//! paths (duplicate and file/directory conflict detection, in bytes per entry that do not depend
+//! on the names), and quoting paths in error messages.
 
 use std::collections::HashMap;
 
@@ -7,82 +8,132 @@ use std::collections::HashMap;
 const MAX_DISPLAY_CHARS: usize = 512;
 
 /// Where a path points in the tree being built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Kind {
-    Dir(HashMap<Box<str>, usize>),
+    Dir,
     File {
         size: u64,
     },
-    /// A hard link, resolved to the regular file it copies.
+    /// A hard link, stored as a copy: a regular file of that size from then on.
     Hardlink {
         size: u64,
-        origin: Box<str>,
     },
     Symlink,
 }
 
-/// All paths seen so far, as a tree of components (memory ~ total distinct path components).
+/// A node of the tree: a 128-bit hash of its parent's id and its name (the root is 0), so a node
+/// costs the same few bytes however long its path. A collision of two names would need 2^64 work.
+pub(super) type NodeId = [u64; 2];
+
+const ROOT: NodeId = [0, 0];
+
+/// All paths seen so far, as a tree of components: duplicate and file/directory conflict detection.
+/// Memory is ~24–50 bytes per distinct path component (a hash table of ids and kinds), whatever the
+/// length of the names: the entry limit bounds it.
 pub(super) struct Tree {
-    nodes: Vec<Kind>,
+    nodes: HashMap<NodeId, Packed>,
+}
+
+/// A [`Kind`] in one word: the size shifted left by two, the kind in the low bits.
+#[derive(Clone, Copy)]
+struct Packed(u64);
+
+impl Packed {
+    fn new(kind: Kind) -> Packed {
+        let (tag, size) = match kind {
+            Kind::Dir => (0, 0),
+            Kind::File { size } => (1, size),
+            Kind::Hardlink { size } => (2, size),
+            Kind::Symlink => (3, 0),
+        };
+        // Sizes are bounded far below 2^62 by the unpacked-bytes limit; saturate all the same.
+        Packed(size.min(u64::MAX >> 2) << 2 | tag)
+    }
+
+    fn kind(self) -> Kind {
+        let size = self.0 >> 2;
+        match self.0 & 3 {
+            0 => Kind::Dir,
+            1 => Kind::File { size },
+            2 => Kind::Hardlink { size },
+            _ => Kind::Symlink,
+        }
+    }
+}
+
+fn child_id(parent: NodeId, name: &str) -> NodeId {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&parent[0].to_le_bytes());
+    hasher.update(&parent[1].to_le_bytes());
+    hasher.update(name.as_bytes());
+    let hash = hasher.finalize();
+    let bytes = hash.as_bytes();
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(bytes.get(i..i + 8).unwrap_or(&[0; 8]));
+        u64::from_le_bytes(w)
+    };
+    [word(0), word(8)]
 }
 
 impl Tree {
     pub(super) fn new() -> Tree {
-        Tree { nodes: vec![Kind::Dir(HashMap::new())] }
+        Tree { nodes: HashMap::from([(ROOT, Packed::new(Kind::Dir))]) }
     }
 
-    pub(super) fn child(&self, node: usize, name: &str) -> Option<usize> {
-        match self.nodes.get(node) {
-            Some(Kind::Dir(children)) => children.get(name).copied(),
-            _ => None,
+    pub(super) fn root() -> NodeId {
+        ROOT
+    }
+
+    pub(super) fn child(&self, node: NodeId, name: &str) -> Option<NodeId> {
+        if !self.is_dir(node) {
+            return None;
         }
+        let id = child_id(node, name);
+        self.nodes.contains_key(&id).then_some(id)
     }
 
-    pub(super) fn lookup(&self, path: &str) -> Option<&Kind> {
-        let mut node = 0;
+    pub(super) fn lookup(&self, path: &str) -> Option<Kind> {
+        let mut node = ROOT;
         for comp in path.split('/') {
             node = self.child(node, comp)?;
         }
-        self.nodes.get(node)
+        self.nodes.get(&node).map(|p| p.kind())
     }
 
-    pub(super) fn is_dir(&self, node: usize) -> bool {
-        matches!(self.nodes.get(node), Some(Kind::Dir(_)))
-    }
-
-    fn add_child(&mut self, parent: usize, name: &str, kind: Kind) -> usize {
-        let id = self.nodes.len();
-        self.nodes.push(kind);
-        if let Some(Kind::Dir(children)) = self.nodes.get_mut(parent) {
-            children.insert(name.into(), id);
-        }
-        id
+    pub(super) fn is_dir(&self, node: NodeId) -> bool {
+        self.nodes.get(&node).is_some_and(|p| p.kind() == Kind::Dir)
     }
 
     /// Records `path` (normalised, non-empty) as `kind`; the error is the rejection reason.
     pub(super) fn insert(&mut self, path: &str, kind: Kind) -> Result<(), &'static str> {
-        let new_is_dir = matches!(kind, Kind::Dir(_));
+        let new_is_dir = kind == Kind::Dir;
         let mut comps = path.split('/').peekable();
-        let mut node = 0;
+        let mut node = ROOT;
         while let Some(comp) = comps.next() {
             let last = comps.peek().is_none();
-            match self.child(node, comp) {
+            let id = child_id(node, comp);
+            match self.nodes.get(&id).map(|p| p.kind()) {
                 Some(existing) if !last => {
-                    if !self.is_dir(existing) {
+                    if existing != Kind::Dir {
                         return Err("a parent path is a file or link in another entry");
                     }
-                    node = existing;
+                    node = id;
                 }
                 Some(existing) => {
-                    return match (self.is_dir(existing), new_is_dir) {
+                    return match (existing == Kind::Dir, new_is_dir) {
                         (true, true) => Ok(()), // repeated directory entries are harmless
                         (true, false) => Err("conflicts with a directory of the same path"),
                         (false, true) => Err("conflicts with a file or link of the same path"),
                         (false, false) => Err("duplicate path"),
                     };
                 }
-                None if !last => node = self.add_child(node, comp, Kind::Dir(HashMap::new())),
+                None if !last => {
+                    self.nodes.insert(id, Packed::new(Kind::Dir));
+                    node = id;
+                }
                 None => {
-                    self.add_child(node, comp, kind);
+                    self.nodes.insert(id, Packed::new(kind));
                     return Ok(());
                 }
             }

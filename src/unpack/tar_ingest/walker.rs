@@ -1,14 +1,15 @@
 //! The entry loop's per-entry logic: classifies each tar entry, validates it against the limits
 //! and the tree built so far, and hands accepted entries to the sink.
 
-use std::collections::HashMap;
 use std::io::Read;
 
-use super::paths::{check_symlink_target, display_path, normalize, Kind, Tree};
+use super::paths::{check_symlink_target, display_path, normalize, Kind, NodeId, Tree};
 use super::stream::EntryData;
 use super::{EntrySink, Failure, IngestLimits, IngestStats, State, Violation};
 
 const SYMLINK_ESCAPES: &str = "symlink target escapes the bundle root";
+/// Paths and targets of symlinks kept for the check at the end (real trees have a handful).
+const MAX_DEFERRED_SYMLINK_BYTES: usize = 16 << 20;
 
 /// Validates entries one by one and remembers what it accepted.
 pub(super) struct Walker<'l> {
@@ -17,8 +18,10 @@ pub(super) struct Walker<'l> {
     stats: IngestStats,
     entries: u64,
     /// (link path, target) of symlinks whose target has `..` after a normal component: checked
-    /// against the complete tree at the end.
+    /// against the complete tree at the end; their bytes, bounded by
+    /// [`MAX_DEFERRED_SYMLINK_BYTES`].
     deferred_symlinks: Vec<(String, String)>,
+    deferred_bytes: usize,
 }
 
 fn invalid<E>(state: &State, path: impl Into<String>, reason: impl Into<String>) -> Failure<E> {
@@ -28,7 +31,14 @@ fn invalid<E>(state: &State, path: impl Into<String>, reason: impl Into<String>)
 
 impl<'l> Walker<'l> {
     pub(super) fn new(limits: &'l IngestLimits) -> Self {
-        Walker { limits, tree: Tree::new(), stats: IngestStats::default(), entries: 0, deferred_symlinks: Vec::new() }
+        Walker {
+            limits,
+            tree: Tree::new(),
+            stats: IngestStats::default(),
+            entries: 0,
+            deferred_symlinks: Vec::new(),
+            deferred_bytes: 0,
+        }
     }
 
     /// Validates one entry (the stream is positioned at its data) and hands it to `sink`.
@@ -66,10 +76,7 @@ impl<'l> Walker<'l> {
             if norm.path.is_empty() {
                 return Ok(()); // the root itself (`./`)
             }
-            return self
-                .tree
-                .insert(&norm.path, Kind::Dir(HashMap::new()))
-                .map_err(|reason| invalid(state, norm.path.clone(), reason));
+            return self.tree.insert(&norm.path, Kind::Dir).map_err(|reason| invalid(state, norm.path.clone(), reason));
         }
         if norm.path.is_empty() {
             return Err(invalid(state, shown, "empty path"));
@@ -110,6 +117,18 @@ impl<'l> Walker<'l> {
             self.tree.insert(&path, Kind::Symlink).map_err(|reason| invalid(state, path.clone(), reason))?;
             sink.symlink(&path, &target).map_err(Failure::Sink)?;
             if deferred {
+                self.deferred_bytes += path.len() + target.len();
+                if self.deferred_bytes > MAX_DEFERRED_SYMLINK_BYTES {
+                    return Err(invalid(
+                        state,
+                        path,
+                        format!(
+                            "too many symlinks whose target goes down and back up ('a/../b'): their paths \
+                             pass {} MiB",
+                            MAX_DEFERRED_SYMLINK_BYTES >> 20
+                        ),
+                    ));
+                }
                 self.deferred_symlinks.push((path, target));
             }
             self.stats.symlinks += 1;
@@ -123,9 +142,9 @@ impl<'l> Walker<'l> {
                 Ok(_) => return Err(invalid(state, path, "hard link target is not a file")),
                 Err(reason) => return Err(invalid(state, path, format!("hard link target: {reason}"))),
             };
-            let (size, origin) = match self.tree.lookup(&target) {
-                Some(Kind::File { size }) => (*size, target.into_boxed_str()),
-                Some(Kind::Hardlink { size, origin }) => (*size, origin.clone()),
+            // A link to a hard link links to its copy (a regular file by then): no path is kept.
+            let size = match self.tree.lookup(&target) {
+                Some(Kind::File { size } | Kind::Hardlink { size }) => size,
                 _ => {
                     return Err(invalid(
                         state,
@@ -135,10 +154,8 @@ impl<'l> Walker<'l> {
                 }
             };
             self.add_bytes(size, state)?;
-            self.tree
-                .insert(&path, Kind::Hardlink { size, origin: origin.clone() })
-                .map_err(|reason| invalid(state, path.clone(), reason))?;
-            sink.hardlink(&path, &origin).map_err(Failure::Sink)?;
+            self.tree.insert(&path, Kind::Hardlink { size }).map_err(|reason| invalid(state, path.clone(), reason))?;
+            sink.hardlink(&path, &target).map_err(Failure::Sink)?;
             self.stats.files += 1;
             Ok(())
         } else {
@@ -179,8 +196,8 @@ impl<'l> Walker<'l> {
     fn check_deferred_symlinks<E>(&self, state: &State) -> Result<(), Failure<E>> {
         for (link, target) in &self.deferred_symlinks {
             // (node if it exists, pushed by the target rather than by the link's own directory)
-            let mut stack: Vec<(Option<usize>, bool)> = Vec::new();
-            let mut current = Some(0);
+            let mut stack: Vec<(Option<NodeId>, bool)> = Vec::new();
+            let mut current = Some(Tree::root());
             let parent_dirs = link.rsplit_once('/').map_or("", |(dir, _)| dir);
             for comp in parent_dirs.split('/').filter(|c| !c.is_empty()) {
                 stack.push((current, false));
