@@ -14,6 +14,9 @@
 #[path = "conformance/harness.rs"]
 mod harness;
 #[allow(dead_code)]
+#[path = "conformance/raw_client.rs"]
+mod raw_client;
+#[allow(dead_code)]
 #[path = "conformance/tarutil.rs"]
 mod tarutil;
 
@@ -330,4 +333,45 @@ async fn a_download_that_stalls_is_cut_and_its_seat_freed() {
     .await;
     let body = again.bytes().await.unwrap();
     assert!(body.len() > 48 << 20);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watch_whose_client_takes_nothing_is_cut_a_quiet_one_is_not() {
+    use raw_client::{read_until_closed, RawTls};
+    use tokio::io::AsyncWriteExt as _;
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let (_dir, server) = start(&["--stream-stall-timeout", "2s"]);
+    server.create_bundle("quiet", "first").await;
+    // A watch with nothing to send, and one whose client sends its request and never reads.
+    let mut quiet = server.client().get(server.url(&format!("{}?watch=1", bundles("quiet")))).send().await.unwrap();
+    assert_eq!(quiet.status(), StatusCode::OK);
+    let mut stalled = RawTls::new(&server).connect().await.unwrap();
+    let request = format!("GET {}?watch=1 HTTP/1.1\r\nHost: localhost\r\n\r\n", bundles(NS));
+    stalled.write_all(request.as_bytes()).await.unwrap();
+    // 25 MB of events: more than the socket buffers and the watch's channel hold.
+    let filler = "x".repeat(250_000);
+    for i in 0..100 {
+        let mut object = upload_bundle(NS, &format!("b{i}"));
+        object["metadata"]["annotations"] = serde_json::json!({"filler": filler});
+        let created = server.post_json(&bundles(NS), &object).await;
+        assert_eq!(created.status(), StatusCode::CREATED);
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let closed = read_until_closed(&mut stalled, Duration::from_secs(20)).await;
+    assert!(closed.is_some(), "the watch whose client took nothing is still open");
+    // The quiet watch outlived the stall timeout and still delivers.
+    server.create_bundle("quiet", "second").await;
+    let event = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut seen = Vec::new();
+        while let Some(chunk) = quiet.chunk().await.unwrap() {
+            seen.extend_from_slice(&chunk);
+            if String::from_utf8_lossy(&seen).contains("\"second\"") {
+                return seen;
+            }
+        }
+        panic!("the quiet watch ended");
+    })
+    .await
+    .expect("the quiet watch delivered no event");
+    assert!(String::from_utf8_lossy(&event).contains("ADDED"));
 }

@@ -23,7 +23,7 @@ use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
 use super::connection_activity::ConnectionActivity;
-use super::content::stream::ConnectionCut;
+use super::stall::ConnectionCut;
 use crate::auth::tls::TlsSetup;
 use crate::auth::trust::ClientTrust;
 

@@ -30,6 +30,7 @@ pub mod request_info;
 pub mod resources;
 mod schema;
 mod selectors;
+pub mod stall;
 pub mod status;
 mod table;
 mod watch;

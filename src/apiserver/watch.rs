@@ -23,10 +23,11 @@ use tokio::sync::mpsc;
 use super::handlers::{next_step, StepFilter};
 use super::resources::ResourceDef;
 use super::selectors::{FieldSelector, LabelSelector};
+use super::stall::{self, ConnectionCut};
 use super::status::{ApiError, ApiResult};
 use super::table::{self, Representation};
 use super::watch_cache::{self, event_line, CachedEvent, WatchCache, Window};
-use super::{blocking, AppState, ChannelStream, API_VERSION};
+use super::{blocking, AppState, API_VERSION};
 use crate::storage::{ChangeEvent, ListCursor, ListQuery, ListSink};
 
 /// Events taken (from the cache or the log) per step.
@@ -139,6 +140,7 @@ pub async fn serve(
     headers: &HeaderMap,
     labels: LabelSelector,
     fields: FieldSelector,
+    cut: Option<ConnectionCut>,
 ) -> ApiResult<Response> {
     let representation = table::negotiate(headers, params.get("includeObject").map(String::as_str));
     let filter = Arc::new(Filter { def, namespace, labels, fields, representation });
@@ -183,6 +185,7 @@ pub async fn serve(
         }
     };
     let (tx, rx) = mpsc::channel(16);
+    let body = stall::watch_for_stall(&tx, rx, app.limits.stream_stall_timeout, cut);
     let app = app.clone();
     tokio::spawn(async move {
         for line in initial {
@@ -201,7 +204,7 @@ pub async fn serve(
         let deadline = tokio::time::Instant::now() + timeout;
         follow(app, cache, &filter, from, tx, deadline, bookmarks).await;
     });
-    let mut response = Body::from_stream(ChannelStream(rx)).into_response();
+    let mut response = Body::from_stream(body).into_response();
     *response.status_mut() = StatusCode::OK;
     response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
     Ok(response)

@@ -8,19 +8,14 @@
 
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
-
+pub use crate::apiserver::stall::ConnectionCut;
 use crate::apiserver::ChannelStream;
 use crate::storage::{StorageError, Store};
+use axum::body::{Body, Bytes};
+use tokio::sync::mpsc;
 
 /// Bytes one step produces at most (a little more when a step ends inside a small piece).
 pub const STEP: usize = 256 * 1024;
-
-/// Closes the connection a request came on; the listener puts one in every request's extensions.
-#[derive(Clone, Debug, Default)]
-pub struct ConnectionCut(pub CancellationToken);
 
 /// One step of a download: appends the next bytes (about [`STEP`]) to `out`; returns whether more
 /// follow.

@@ -3,7 +3,7 @@
 //! a long one is read and sent in steps as the client takes them (no thread waits for the client).
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
@@ -13,6 +13,7 @@ use super::paging;
 use super::{json_response, render, resource_def, selectable_fields, Params};
 use crate::apiserver::resources::ResourceDef;
 use crate::apiserver::selectors::{FieldSelector, LabelSelector};
+use crate::apiserver::stall::ConnectionCut;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::table::{self, Representation};
 use crate::apiserver::{blocking, AppState, ChannelStream, API_VERSION};
@@ -22,18 +23,20 @@ pub async fn list_all(
     state: State<AppState>,
     Path(resource): Path<String>,
     params: Params,
+    cut: Option<Extension<ConnectionCut>>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    list(state, None, &resource, params, headers).await
+    list(state, None, &resource, params, cut, headers).await
 }
 
 pub async fn list_namespaced(
     state: State<AppState>,
     Path((namespace, resource)): Path<(String, String)>,
     params: Params,
+    cut: Option<Extension<ConnectionCut>>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    list(state, Some(namespace), &resource, params, headers).await
+    list(state, Some(namespace), &resource, params, cut, headers).await
 }
 
 async fn list(
@@ -41,6 +44,7 @@ async fn list(
     namespace: Option<String>,
     resource: &str,
     Query(params): Params,
+    cut: Option<Extension<ConnectionCut>>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let def = resource_def(resource)?;
@@ -48,7 +52,8 @@ async fn list(
     let fields =
         FieldSelector::parse(params.get("fieldSelector").map(String::as_str).unwrap_or(""), &selectable_fields(def))?;
     if params.get("watch").is_some_and(|w| w == "true" || w == "1") {
-        return crate::apiserver::watch::serve(&app, def, namespace, &params, &headers, labels, fields).await;
+        let cut = cut.map(|Extension(cut)| cut);
+        return crate::apiserver::watch::serve(&app, def, namespace, &params, &headers, labels, fields, cut).await;
     }
     let options = paging::parse(&params)?;
     paging::wait_for(&app, options.not_older_than).await?;
