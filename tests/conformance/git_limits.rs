@@ -20,9 +20,12 @@ use crate::unpack::{condition, create, wait_reason};
 
 const MIB: u64 = 1 << 20;
 
+/// Writes a file's bytes.
+type Writer<'a> = &'a dyn Fn(&mut std::fs::File);
+
 /// A repository whose `main` holds a plain bundle (one ConfigMap) and the given files under
 /// `data/` (name, writer of its bytes).
-fn repo_with(server: &GitServer, repo: &str, files: &[(&str, &dyn Fn(&mut std::fs::File))]) {
+fn repo_with(server: &GitServer, repo: &str, files: &[(&str, Writer)]) {
     let work = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(work.path().join("manifests")).unwrap();
     std::fs::create_dir_all(work.path().join("data")).unwrap();

@@ -182,7 +182,7 @@ impl Registry {
             .map_err(|_| UnpackError::Fetch(format!("{what}: the registry's token service URL is invalid")))?;
         let host_port = format!("{}:{}", url.host_str().unwrap_or_default(), url.port_or_known_default().unwrap_or(0));
         let allowed = url.scheme() == "https"
-            || (url.scheme() == "http" && self.network.insecure_registries.iter().any(|h| *h == host_port));
+            || (url.scheme() == "http" && self.network.insecure_registries.contains(&host_port));
         if !allowed {
             return Err(UnpackError::Fetch(format!(
                 "{what}: the registry's token service {host_port} is not https (and not an --insecure-registry)"
