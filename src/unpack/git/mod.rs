@@ -97,6 +97,8 @@ pub fn fetch(
     let id = parse_commit(commit)?;
     ctx.check_cancelled()?;
 
+    // Listing refs (resolve) writes next to nothing; a fetch needs room for its pack.
+    ctx.scratch.check_space()?;
     let tmp = TempDir::new(&ctx.scratch)?;
     let interrupt = Interrupt::watch(ctx);
     let meter = Meter::new(&ctx.limits, ctx.scratch.clone(), interrupt.flag.clone());

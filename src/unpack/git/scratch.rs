@@ -27,7 +27,6 @@ pub(super) struct TempDir(PathBuf);
 
 impl TempDir {
     pub fn new(scratch: &Scratch) -> Result<TempDir, UnpackError> {
-        scratch.check_space()?;
         let path = scratch.dir.join(format!("fetch-{}", uuid::Uuid::new_v4()));
         let _ = std::fs::create_dir_all(&scratch.dir);
         std::fs::create_dir(&path)
