@@ -9,7 +9,7 @@
 //! Authentication as registries do it: `GET /v2/` answers 401 with a challenge; `Bearer` sends us
 //! to a token service (`realm`, https or an `--insecure-registry` host) that is asked, with the
 //! credentials if any, for a pull token for the repository; `Basic` takes the credentials on every
-//! request. A token that expires mid-pull is fetched again once on a 401.
+//! request. A 401 later (a token expired mid-pull) is answered the same way, once per request.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -124,8 +124,9 @@ impl Registry {
         Ok(response.bytes_stream().map_err(std::io::Error::other).boxed())
     }
 
-    /// Sends a request with the current credentials; on a 401 with a token from the token
-    /// service (which may have expired), fetches a new one and sends it once more.
+    /// Sends a request with the current credentials; on a 401 (a token expired, or a repository
+    /// that asks for credentials where `/v2/` did not), answers the response's challenge and sends
+    /// it once more.
     async fn send(
         &self,
         what: &str,
@@ -133,12 +134,12 @@ impl Registry {
     ) -> Result<Response, UnpackError> {
         let presented = self.presented();
         let response = present(build(&self.http), &presented).send().await.map_err(|e| failed(what, &e))?;
-        if response.status() != StatusCode::UNAUTHORIZED || !matches!(presented, Presented::Bearer { fixed: false, .. })
-        {
+        if response.status() != StatusCode::UNAUTHORIZED || matches!(presented, Presented::Bearer { fixed: true, .. }) {
             return Ok(response);
         }
+        let challenge = challenge(response.headers());
         drop(response);
-        self.authorize(what).await?;
+        self.answer(challenge.as_deref(), what).await?;
         present(build(&self.http), &self.presented()).send().await.map_err(|e| failed(what, &e))
     }
 
@@ -148,22 +149,29 @@ impl Registry {
 
     /// Asks `GET /v2/` how to authenticate, and does.
     async fn authorize(&self, what: &str) -> Result<(), UnpackError> {
-        let presented = match &self.auth {
-            RegistryAuth::Bearer(token) => Presented::Bearer { token: token.clone(), fixed: true },
-            auth => {
-                let root = self.base.rsplit_once("/v2/").map_or(self.base.as_str(), |(root, _)| root);
-                let probe = self.http.get(format!("{root}/v2/")).send().await.map_err(|e| failed(what, &e))?;
-                let challenge = probe.headers().get_all(WWW_AUTHENTICATE).iter().find_map(|v| v.to_str().ok());
-                let challenge = challenge.map(str::to_owned);
-                // The body (of a 200 or a 401) is never read.
-                drop(probe);
-                match (challenge.as_deref().and_then(bearer_challenge), auth) {
-                    (Some((realm, service)), auth) => self.token(&realm, service.as_deref(), auth, what).await?,
-                    (None, RegistryAuth::Basic(user, password)) => Presented::Basic(user.clone(), password.clone()),
-                    (None, _) => Presented::Nothing,
-                }
-            }
+        if let RegistryAuth::Bearer(token) = &self.auth {
+            return self.set(Presented::Bearer { token: token.clone(), fixed: true });
+        }
+        let root = self.base.rsplit_once("/v2/").map_or(self.base.as_str(), |(root, _)| root);
+        let probe = self.http.get(format!("{root}/v2/")).send().await.map_err(|e| failed(what, &e))?;
+        let challenge = challenge(probe.headers());
+        // The body (of a 200 or a 401) is never read.
+        drop(probe);
+        self.answer(challenge.as_deref(), what).await
+    }
+
+    /// What to present after a `WWW-Authenticate` challenge: a token for `Bearer`, else the
+    /// credentials as basic auth, if any.
+    async fn answer(&self, challenge: Option<&str>, what: &str) -> Result<(), UnpackError> {
+        let presented = match (challenge.and_then(bearer_challenge), &self.auth) {
+            (Some((realm, service)), auth) => self.token(&realm, service.as_deref(), auth, what).await?,
+            (None, RegistryAuth::Basic(user, password)) => Presented::Basic(user.clone(), password.clone()),
+            (None, _) => Presented::Nothing,
         };
+        self.set(presented)
+    }
+
+    fn set(&self, presented: Presented) -> Result<(), UnpackError> {
         if let Ok(mut current) = self.presented.lock() {
             *current = presented;
         }
@@ -218,6 +226,11 @@ impl Registry {
         }
         Ok(Presented::Bearer { token, fixed: false })
     }
+}
+
+/// The `WWW-Authenticate` value of a response (the first readable one).
+fn challenge(headers: &HeaderMap) -> Option<String> {
+    headers.get_all(WWW_AUTHENTICATE).iter().find_map(|v| v.to_str().ok()).map(str::to_owned)
 }
 
 fn present(request: RequestBuilder, presented: &Presented) -> RequestBuilder {
