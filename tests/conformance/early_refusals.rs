@@ -1,6 +1,6 @@
 //! Early refusals reach HTTP/1.1 clients that are still sending a large body: a 404 for a missing
-//! Bundle, a 400 for a Bundle without an upload source, and a 413 for a declared length over
-//! `--max-body-bytes` arrive as their Status with real curl (`--http1.1`, no `Expect:
+//! Bundle, a 400 for a Bundle without an upload source, a 413 for a declared length over
+//! `--max-body-bytes` and the refusal of an anonymous client arrive as their Status with real curl (`--http1.1`, no `Expect:
 //! 100-continue`, so the body is on its way when the answer comes) and with Python requests
 //! (which sends the whole body before it reads anything). Before, the server closed with unread
 //! bytes, the kernel reset the connection, and curl failed with `(55) Broken pipe`, requests
@@ -16,17 +16,18 @@ const NS: &str = "unpack";
 /// The body every refused request tries to send.
 const BODY_BYTES: u64 = 64 << 20;
 
-/// `curl --http1.1 -T FILE` (a PUT streamed from the file); returns (exit code, stdout + stderr).
-fn curl_put(server: &Server, path: &str, file: &Path) -> (i32, String) {
+/// `curl --http1.1 -T FILE` (a PUT streamed from the file), as the admin or anonymous; returns
+/// (exit code, stdout + stderr).
+fn curl_put(server: &Server, path: &str, file: &Path, admin: bool) -> (i32, String) {
     let pki = server.data_dir().join("pki");
-    let output = Command::new("curl")
-        .args(["--silent", "--show-error", "--http1.1", "--max-time", "60", "--noproxy", "*"])
+    let mut curl = Command::new("curl");
+    curl.args(["--silent", "--show-error", "--http1.1", "--max-time", "60", "--noproxy", "*"])
         .arg("--cacert")
-        .arg(pki.join("ca.crt"))
-        .arg("--cert")
-        .arg(pki.join("admin.crt"))
-        .arg("--key")
-        .arg(pki.join("admin.key"))
+        .arg(pki.join("ca.crt"));
+    if admin {
+        curl.arg("--cert").arg(pki.join("admin.crt")).arg("--key").arg(pki.join("admin.key"));
+    }
+    let output = curl
         // No `Expect: 100-continue`: the body is sent at once, as most clients do.
         .args(["-H", "Expect:", "-H", "Content-Type: application/x-tar", "--write-out", "\nHTTP %{http_code}\n"])
         .arg("--upload-file")
@@ -90,18 +91,24 @@ async fn an_early_refusal_reaches_curl_and_python_requests_on_http1() {
 
     for _ in 0..2 {
         let missing = bundle_content(NS, "missing");
-        assert_status_arrived("curl", curl_put(&server, &missing, &body), 404, "NotFound");
+        assert_status_arrived("curl", curl_put(&server, &missing, &body, true), 404, "NotFound");
         assert_status_arrived("requests", requests_put(&server, &missing, &body), 404, "NotFound");
         let no_upload = bundle_content(NS, "pulled");
-        assert_status_arrived("curl", curl_put(&server, &no_upload, &body), 400, "no upload source");
+        assert_status_arrived("curl", curl_put(&server, &no_upload, &body, true), 400, "no upload source");
         assert_status_arrived("requests", requests_put(&server, &no_upload, &body), 400, "no upload source");
     }
 
     // Over --max-body-bytes by its Content-Length: refused before a byte is read.
     server.create_bundle(NS, "small").await;
     let small = bundle_content(NS, "small");
-    assert_status_arrived("curl", curl_put(&server, &small, &body), 413, "--max-body-bytes");
+    assert_status_arrived("curl", curl_put(&server, &small, &body, true), 413, "--max-body-bytes");
     assert_status_arrived("requests", requests_put(&server, &small, &body), 413, "--max-body-bytes");
+
+    // Refused before the handler: no client certificate, so no user.
+    let (code, text) = curl_put(&server, &small, &body, false);
+    assert_eq!(code, 0, "curl failed instead of reading the answer: {text}");
+    assert!(text.contains("HTTP 401") || text.contains("HTTP 403"), "anonymous: {text}");
+    assert!(text.contains(r#""kind":"Status""#), "anonymous: the Status arrives: {text}");
 
     // The server is unharmed and still answers.
     let b = server.get_json(&bundle(NS, "small")).await;
