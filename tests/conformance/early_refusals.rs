@@ -1,10 +1,10 @@
 //! Early refusals reach HTTP/1.1 clients that are still sending a large body: a 404 for a missing
 //! Bundle, a 400 for a Bundle without an upload source, a 413 for a declared length over
-//! `--max-body-bytes` and the refusal of an anonymous client arrive as their Status with real curl (`--http1.1`, no `Expect:
-//! 100-continue`, so the body is on its way when the answer comes) and with Python requests
-//! (which sends the whole body before it reads anything). Before, the server closed with unread
-//! bytes, the kernel reset the connection, and curl failed with `(55) Broken pipe`, requests
-//! with `SSLEOFError` / `ConnectionResetError`.
+//! `--max-body-bytes` and the refusal of an anonymous client arrive as their Status with real curl
+//! (`--http1.1`, no `Expect: 100-continue`, so the body is on its way when the answer comes) and
+//! with Python requests (which sends the whole body before it reads anything). Before, the server
+//! closed with unread bytes, the kernel reset the connection, and curl failed with `(55) Broken
+//! pipe`, requests with `SSLEOFError`.
 
 use std::path::Path;
 use std::process::Command;
