@@ -3,11 +3,14 @@
 //! directory (`DATA/tmp/git`, emptied at start), so it counts against the free-space reserve; and
 //! a file is held in memory only up to `--max-git-file-bytes` (gix decodes objects whole, and
 //! holds a pack entry's compressed bytes until the entry is complete).
-//! Before, packs went to the system temp dir whatever their size, and a blob was loaded whole
-//! whatever its size (up to `--max-file-bytes`, 16 GiB).
+//! An endless ref advertisement is cut at 32 MiB. Before, packs went to the system temp dir
+//! whatever their size, a blob was loaded whole whatever its size (up to `--max-file-bytes`,
+//! 16 GiB), and refs were read for as long as the server sent them.
 
 use std::io::{Read, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -161,4 +164,66 @@ async fn a_git_file_is_held_in_memory_only_up_to_the_configured_size() {
     let peak = server.peak_rss_kib();
     assert!(peak < 160 << 10, "peak RSS {peak} KiB: a file over the limit was held in memory");
     report(&format!("git 256 MiB and 160 MiB files refused at 64 MiB: peak RSS {peak} KiB"));
+}
+
+/// A "git server" whose ref advertisement never ends (up to 512 MiB of refs); returns its
+/// `HOST:PORT` and the bytes it got to send.
+fn endless_refs_server() -> (String, Arc<AtomicU64>) {
+    use std::io::{BufRead, BufReader};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let host = listener.local_addr().unwrap().to_string();
+    let sent = Arc::new(AtomicU64::new(0));
+    let counter = sent.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let counter = counter.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                let sha = "1".repeat(40);
+                let mut head = String::from(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/x-git-upload-pack-advertisement\r\n\
+                     Connection: close\r\n\r\n001e# service=git-upload-pack\n0000",
+                );
+                let first = format!("{sha} HEAD\0multi_ack side-band-64k\n");
+                head.push_str(&format!("{:04x}{first}", first.len() + 4));
+                if stream.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                let mut total = 0u64;
+                for i in 0u64.. {
+                    let mut block = String::with_capacity(64 << 10);
+                    for j in 0..1000 {
+                        let ref_line = format!("{sha} refs/heads/b{:012}\n", i * 1000 + j);
+                        block.push_str(&format!("{:04x}{ref_line}", ref_line.len() + 4));
+                    }
+                    if total > 512 * MIB || stream.write_all(block.as_bytes()).is_err() {
+                        return;
+                    }
+                    total += block.len() as u64;
+                    counter.fetch_add(block.len() as u64, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    (host, sent)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_endless_ref_advertisement_is_cut_at_its_bound() {
+    let (host, sent) = endless_refs_server();
+    let server = Server::start_temp(&["--insecure-source-host", &host]);
+    let source = json!({"sources": [{"git": {"repository": format!("http://{host}/endless.git")}}]});
+    create(&server, "refs", source).await;
+    let b = wait_reason(&server, "refs", "LimitExceeded").await;
+    let (read, peak) = (sent.load(Ordering::Relaxed), server.peak_rss_kib());
+    assert!(read < 64 * MIB, "the server got to send {read} bytes of refs (peak RSS {peak} KiB)");
+    assert!(peak < 400 << 10, "peak RSS {peak} KiB while refusing an endless ref list");
+    let text = message(&b);
+    assert!(text.contains("bytes of refs"), "says what was too large: {text}");
+    report(&format!("endless git refs: {read} bytes sent, peak RSS {peak} KiB: {text}"));
 }

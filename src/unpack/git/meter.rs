@@ -20,6 +20,7 @@ use gix::odb::pack::bundle::write::ProgressId;
 use gix::odb::pack::index::write::ProgressId as IndexProgress;
 use gix::progress::{Id, MessageLevel, Step, StepShared, Unit, UNKNOWN};
 
+use super::transport::Listing;
 use crate::storage::StorageError;
 use crate::unpack::error::UnpackError;
 use crate::unpack::source::{Scratch, UnpackLimits};
@@ -46,6 +47,7 @@ struct State {
     scratch: Scratch,
     interrupt: Arc<AtomicBool>,
     stop: Mutex<Option<Stop>>,
+    listing: Arc<Listing>,
 }
 
 /// The progress handed to gix's fetch; its children share one count.
@@ -67,6 +69,7 @@ impl Meter {
             scratch,
             interrupt,
             stop: Mutex::new(None),
+            listing: Arc::default(),
         };
         Meter { state: Arc::new(state), id: UNKNOWN }
     }
@@ -86,8 +89,14 @@ impl Meter {
         }
     }
 
+    /// What the fetch's transport shares with the meter.
+    pub fn listing(&self) -> Arc<Listing> {
+        self.state.listing.clone()
+    }
+
     fn count(&self, bytes: u64) {
         let state = &self.state;
+        state.listing.pack_started.store(true, Ordering::Relaxed);
         let read = state.read.fetch_add(bytes, Ordering::Relaxed).saturating_add(bytes);
         let in_memory = read.saturating_sub(state.entry_start.load(Ordering::Relaxed));
         let stop = if read > state.cap {

@@ -22,21 +22,25 @@
 //! helpers: repositories are opened isolated.
 //!
 //! Transport: gix's blocking reqwest client (rustls, verified certificates; 20 s connect timeout,
-//! reqwest's 30 s per read/write operation; gix refuses https→http redirects). Cancellation
+//! reqwest's 30 s per read/write operation; gix refuses https→http redirects), every response
+//! counted ([`transport`]: refs and negotiation at most 32 MiB, the pack metered). Cancellation
 //! stops `resolve` from waiting at once and `fetch` at the next pack chunk or file.
 
 mod meter;
 mod scratch;
+mod transport;
 mod tree;
 
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use gix::remote::Direction;
 
 use self::meter::Meter;
 pub use self::scratch::clean_scratch;
 use self::scratch::{Interrupt, TempDir};
+use self::transport::Listing;
 use super::error::UnpackError;
 use super::source::{Credentials, GitSpec, NetworkPolicy, Resolved, Scratch, Sink, SourceContext, UnpackLimits};
 
@@ -188,7 +192,11 @@ fn ls_remote(
     scratch: &Scratch,
 ) -> Result<String, UnpackError> {
     let shown = redact(url);
-    let fail = |what: &str, e: &gix::Error| UnpackError::Fetch(format!("git source {shown}: {what}: {}", describe(e)));
+    let listing = Arc::new(Listing::default());
+    let fail = |what: &str, e: &gix::Error| match listing.too_large.load(Ordering::Relaxed) {
+        true => listing_too_large(&shown),
+        false => UnpackError::Fetch(format!("git source {shown}: {what}: {}", describe(e))),
+    };
     // gix needs a repository to hang a remote on; an empty, isolated one in a temp dir.
     let tmp = TempDir::new(scratch)?;
     let repo = init_repo(tmp.path(), None)?;
@@ -198,8 +206,7 @@ fn ls_remote(
         .with_fetch_tags(gix::remote::fetch::Tags::None)
         .with_refspecs([wanted], Direction::Fetch)
         .map_err(|e| UnpackError::Unsupported(format!("git source {shown}: invalid ref {wanted:?}: {e}")))?;
-    let connection = remote
-        .connect(Direction::Fetch)
+    let connection = transport::connect(&remote, listing.clone())
         .map_err(|e| fail("connecting", &e))?
         .with_credentials(authenticate(credentials));
     let (map, _handshake) =
@@ -313,6 +320,8 @@ fn fetch_into(
         let text = describe(e);
         if let Some(stop) = meter.stopped(&format!("git source {shown}")) {
             stop
+        } else if meter.listing().too_large.load(Ordering::Relaxed) {
+            listing_too_large(&shown)
         } else if ctx.cancel.is_cancelled() {
             UnpackError::Cancelled
         } else if text.contains("too large to fit in memory") {
@@ -330,8 +339,7 @@ fn fetch_into(
             .with_fetch_tags(gix::remote::fetch::Tags::None)
             .with_refspecs(refspecs.iter().map(String::as_str), Direction::Fetch)
             .map_err(|e| fail("invalid refspec", &e))?;
-        let connection = remote
-            .connect(Direction::Fetch)
+        let connection = transport::connect(&remote, meter.listing())
             .map_err(|e| fail("connecting", &e))?
             .with_credentials(authenticate(ctx.credentials.clone()));
         let mut prepare = connection
@@ -346,6 +354,13 @@ fn fetch_into(
     // Re-open so the object database sees the packs just written.
     gix::open_opts(dir, open_options(Some(limits)))
         .map_err(|e| UnpackError::Fetch(format!("git source {shown}: opening the fetched repository: {e}")))
+}
+
+fn listing_too_large(shown: &str) -> UnpackError {
+    UnpackError::TooLarge(format!(
+        "git source {shown}: the server sent more than {} bytes of refs before a pack",
+        transport::MAX_LISTING_BYTES
+    ))
 }
 
 /// Isolated from the host's git configuration; with `limits`, gix allocates at most
