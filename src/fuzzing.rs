@@ -41,6 +41,8 @@ const LIMITS: UnpackLimits = UnpackLimits {
     max_file_bytes: 256 << 10,
     max_path_bytes: 200,
     max_expansion_ratio: 250,
+    max_git_fetch_bytes: 1 << 20,
+    max_git_file_bytes: 256 << 10,
 };
 
 /// Separates the layers of an `oci_layers` input (bottom layer first, as in a manifest).

@@ -3,8 +3,9 @@
 //! shutdown.
 //!
 //! axum's own `serve` cannot do this, since it neither terminates TLS nor exposes the peer
-//! certificate. Nothing on the per-connection path may panic or end the loop: a misbehaving client
-//! costs one connection, never the server.
+//! certificate. Connections end with a bounded lingering close ([`lingering`]), so an early
+//! refusal reaches a client still sending its body. Nothing on the per-connection path may panic
+//! or end the loop: a misbehaving client costs one connection, never the server.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -22,10 +23,13 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
+use self::lingering::Lingering;
 use super::connection_activity::ConnectionActivity;
 use super::stall::ConnectionCut;
 use crate::auth::tls::TlsSetup;
 use crate::auth::trust::ClientTrust;
+
+mod lingering;
 
 /// Bounds how long a client may hold a socket without completing TLS (slowloris on the handshake);
 /// never longer than the request-header timeout.
@@ -226,7 +230,10 @@ async fn serve_connection(
             }
         })
     };
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), TowerToHyperService::new(service));
+    // Closing lingers (see [`lingering`]): an early answer (404, 413, 401) to a request whose
+    // body was not read reaches the client instead of being lost to a TCP reset.
+    let io = TokioIo::new(Lingering::new(tls));
+    let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(service));
     tokio::pin!(conn);
 
     // The first request gets the whole header timeout after the handshake, not what is left of it:

@@ -116,7 +116,8 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     let shutdown = tokio_util::sync::CancellationToken::new();
     let collector = apiserver::garbage_collector::spawn(store.clone(), shutdown.clone());
     let cluster = delegated.as_ref().map(|d| d.client.clone());
-    let reconciler = reconcile::spawn(store.clone(), options.unpack.reconciler(cluster), shutdown.clone());
+    let reconciler =
+        reconcile::spawn(store.clone(), options.unpack.reconciler(cluster, &options.data_dir), shutdown.clone());
     tls_setup.serving.clone().watch(shutdown.clone());
     let sweeper = upload_spool::spawn_sweeper(uploads.clone(), shutdown.clone());
     let state = AppState {

@@ -1,6 +1,6 @@
 //! Flags of the unpacker: registries and hosts, credentials, concurrency and content limits.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::unpack::reconcile::ReconcilerConfig;
@@ -34,9 +34,15 @@ pub struct UnpackOptions {
     /// Longest path in bytes.
     #[arg(long, default_value_t = UnpackLimits::default().max_path_bytes)]
     pub max_path_bytes: usize,
-    /// Most unpacked bytes per downloaded byte (checked past 1 MiB).
+    /// Most unpacked bytes per downloaded or uploaded byte (checked past 1 MiB).
     #[arg(long, default_value_t = UnpackLimits::default().max_expansion_ratio)]
     pub max_expansion_ratio: u64,
+    /// Most bytes one git fetch may download (and keep on disk under DATA_DIR/tmp/git).
+    #[arg(long, default_value_t = UnpackLimits::default().max_git_fetch_bytes)]
+    pub max_git_fetch_bytes: u64,
+    /// Largest file of a git source: each is held whole in memory while its pack is checked.
+    #[arg(long, default_value_t = UnpackLimits::default().max_git_file_bytes)]
+    pub max_git_file_bytes: u64,
 }
 
 impl UnpackOptions {
@@ -47,10 +53,15 @@ impl UnpackOptions {
             max_file_bytes: self.max_file_bytes,
             max_path_bytes: self.max_path_bytes,
             max_expansion_ratio: self.max_expansion_ratio.max(1),
+            max_git_fetch_bytes: self.max_git_fetch_bytes,
+            max_git_file_bytes: self.max_git_file_bytes,
         }
     }
 
-    pub fn reconciler(&self, cluster: Option<kube::Client>) -> ReconcilerConfig {
+    /// The reconciler's configuration; empties `DATA_DIR/tmp/git` (what a crash left behind).
+    pub fn reconciler(&self, cluster: Option<kube::Client>, data_dir: &Path) -> ReconcilerConfig {
+        let scratch_dir = data_dir.join("tmp").join("git");
+        crate::unpack::git::clean_scratch(&scratch_dir);
         ReconcilerConfig {
             concurrency: self.unpack_concurrency.max(1),
             limits: self.limits(),
@@ -62,6 +73,7 @@ impl UnpackOptions {
                 secrets: cluster.map_or(SecretStore::None, SecretStore::Cluster),
                 registry_config: self.registry_config.clone(),
             },
+            scratch_dir,
         }
     }
 }

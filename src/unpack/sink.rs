@@ -3,7 +3,7 @@
 //!
 //! Limits are enforced while bytes flow (a file is cut off the moment it passes a limit), across
 //! all sources of one unpack: total size, file count, single-file size, path length and the
-//! expansion ratio (unpacked bytes per downloaded byte). On any error the caller drops the
+//! expansion ratio (unpacked bytes per downloaded or uploaded byte). On any error the caller drops the
 //! revision writer, which releases everything written.
 
 use std::io::Read;
@@ -149,8 +149,8 @@ fn ratio_exceeded(limits: &UnpackLimits, budget: &Budget, unpacked: u64) -> Opti
     let exceeded = downloaded > 0 && unpacked > RATIO_FLOOR && unpacked / downloaded >= limits.max_expansion_ratio;
     exceeded.then(|| {
         UnpackError::TooLarge(format!(
-            "content expands more than {}x ({unpacked} bytes from {downloaded} downloaded): refusing a likely \
-             compression bomb",
+            "content expands more than {}x ({unpacked} bytes from {downloaded} compressed bytes received): refusing \
+             a likely compression bomb (--max-expansion-ratio)",
             limits.max_expansion_ratio
         ))
     })

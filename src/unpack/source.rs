@@ -8,6 +8,7 @@
 //! [`SourceContext::runtime`] (`block_on`, `SyncIoBridge`).
 
 use std::io::Read;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -17,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::UnpackError;
 use super::tar_ingest::IngestLimits;
 use super::EntrySink;
+use crate::storage::{Store, WriteKind};
 
 /// The sink every source writes into: errors are [`UnpackError`]s.
 pub type Sink<'a> = dyn EntrySink<Error = UnpackError> + 'a;
@@ -172,6 +174,11 @@ pub struct UnpackLimits {
     pub max_path_bytes: usize,
     /// Unpacked bytes per downloaded (compressed) byte, checked once past 1 MiB unpacked.
     pub max_expansion_ratio: u64,
+    /// Bytes one git fetch may download (its packs, over all attempts), and so put on disk.
+    pub max_git_fetch_bytes: u64,
+    /// Bytes of any one git object (a file): gix holds an object whole in memory while it
+    /// checks a received pack and while it reads the object back, so this bounds that memory.
+    pub max_git_file_bytes: u64,
 }
 
 impl Default for UnpackLimits {
@@ -182,6 +189,8 @@ impl Default for UnpackLimits {
             max_file_bytes: 16 << 30,
             max_path_bytes: 4096,
             max_expansion_ratio: 250,
+            max_git_fetch_bytes: 1 << 30,
+            max_git_file_bytes: 256 << 20,
         }
     }
 }
@@ -226,6 +235,39 @@ pub struct SourceContext {
     pub credentials: Option<Credentials>,
     pub limits: UnpackLimits,
     pub budget: Arc<Budget>,
+    /// Where temporary files go (git packs).
+    pub scratch: Scratch,
+}
+
+/// Where a source keeps temporary files (the packs of a git fetch): normally `DATA_DIR/tmp/git`,
+/// on the data directory's filesystem, where its free-space reserve is checked as they grow.
+#[derive(Clone)]
+pub struct Scratch {
+    pub dir: PathBuf,
+    /// The store whose free-space reserve (`--min-free-bytes`) temporary files must leave free.
+    pub space: Option<Store>,
+}
+
+impl Default for Scratch {
+    /// The system temp dir, unguarded (tests calling sources directly).
+    fn default() -> Self {
+        Scratch { dir: std::env::temp_dir().join("stowage-git"), space: None }
+    }
+}
+
+impl Scratch {
+    /// `Err` with the reason once the data directory is below its free-space reserve.
+    pub fn check_space(&self) -> Result<(), UnpackError> {
+        self.check_room_for(0)
+    }
+
+    /// Like [`Scratch::check_space`], for `bytes` about to be written.
+    pub fn check_room_for(&self, bytes: u64) -> Result<(), UnpackError> {
+        match &self.space {
+            Some(store) => store.ensure_room_for(WriteKind::Content, bytes).map_err(UnpackError::Storage),
+            None => Ok(()),
+        }
+    }
 }
 
 impl SourceContext {

@@ -53,6 +53,7 @@ pub(crate) fn context(insecure: &[String], credentials: Option<Credentials>) -> 
         credentials,
         limits: UnpackLimits::default(),
         budget: Arc::new(Budget::default()),
+        scratch: Default::default(),
     }
 }
 

@@ -51,6 +51,7 @@ fn context(reg_host: &str, credentials: Option<Credentials>, limits: UnpackLimit
         credentials,
         limits,
         budget: Arc::new(Budget::default()),
+        scratch: Default::default(),
     }
 }
 

@@ -5,6 +5,7 @@
 use axum::body::{Body, Bytes};
 use std::collections::HashMap;
 use std::io::Read;
+use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -20,6 +21,7 @@ use crate::apiserver::{blocking, AppState};
 use crate::storage::StorageError;
 use crate::unpack::revisions::{self, CommitError, Expect};
 use crate::unpack::sink::TreeSink;
+use crate::unpack::source::Budget;
 use crate::unpack::tar_ingest::{self, Encoding, IngestError};
 use crate::unpack::{Resolved, UnpackError};
 
@@ -55,7 +57,7 @@ pub async fn put_bundle_content(
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit) {
-        return Err(ApiError::too_large(BodyTooLarge(limit).to_string()));
+        return Err(ApiError::too_large(format!("{} (--max-body-bytes)", BodyTooLarge(limit))));
     }
     let encoding = encoding(&headers)?;
 
@@ -132,12 +134,15 @@ where
     let destination = target.destination.clone();
     let declared_format = target.declared_format.clone();
     let (pending, report) = tokio::task::spawn_blocking(move || {
-        let mut reader = reader;
+        // The body's bytes count as downloaded ones: an upload obeys the same expansion-ratio
+        // limit (--max-expansion-ratio) as an image layer or an http source.
+        let budget = Arc::new(Budget::default());
+        let mut reader = Received { inner: reader, budget: budget.clone() };
         let mut writer = store.begin_revision().map_err(ApiError::from)?;
-        let mut sink = TreeSink::new(&mut writer, limits, Default::default());
+        let mut sink = TreeSink::new(&mut writer, limits, budget);
         sink.set_destination(&destination);
         let ingested = tar_ingest::ingest(&mut reader, encoding, &limits.ingest(), &mut sink);
-        verify(&mut reader)?;
+        verify(&mut reader.inner)?;
         ingested.map_err(|e| ingest_error(&bundle_name, e))?;
         // Uploads bring their own tree: an undetected format is accepted, a declared one checked.
         let report = sink.finish(&declared_format, false).map_err(|e| unpack_error(&bundle_name, e))?;
@@ -154,6 +159,20 @@ where
         Err(other) => Err(StorageError::Conflict(other.to_string())),
     })
     .await
+}
+
+/// The upload's (still compressed) bytes on their way to the archive reader, counted.
+struct Received<R> {
+    inner: R,
+    budget: Arc<Budget>,
+}
+
+impl<R: Read> Read for Received<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.budget.add_downloaded(n as u64);
+        Ok(n)
+    }
 }
 
 fn upload_source(bundle: &Value) -> Option<Value> {

@@ -7,6 +7,14 @@
 //!   when the server allows wanting a commit by id, else a full fetch of branches and tags), and
 //!   streams its tree (or `spec.directory` of it) into the sink ([`tree`]).
 //!
+//! What a fetch may cost: the temporary repositories live under the context's scratch directory
+//! (`DATA_DIR/tmp/git`, emptied at start by [`clean_scratch`]), where the pack being received is
+//! checked against the data directory's free-space reserve and `--max-git-fetch-bytes` as it
+//! arrives ([`meter`]). gix holds one object whole in memory while it checks a received pack (it
+//! hashes each object's full content) and while it reads one back; `--max-git-file-bytes` is gix's
+//! allocation limit (`gitoxide.objects.allocLimit`), so a larger file is refused instead of read,
+//! and that is the memory one git unpack needs per object.
+//!
 //! Credentials: `Basic` is sent as HTTP basic auth; a `Bearer` token is sent as basic auth with
 //! the username `x-access-token` and the token as password — the convention GitHub documents for
 //! app and personal access tokens and that GitLab accepts for personal/project access tokens (any
@@ -14,19 +22,27 @@
 //! helpers: repositories are opened isolated.
 //!
 //! Transport: gix's blocking reqwest client (rustls, verified certificates; 20 s connect timeout,
-//! reqwest's 30 s per read/write operation; gix refuses https→http redirects). Cancellation
+//! reqwest's 30 s per read/write operation; gix refuses https→http redirects), every response
+//! counted ([`transport`]: refs and negotiation at most 32 MiB, the pack metered). Cancellation
 //! stops `resolve` from waiting at once and `fetch` at the next pack chunk or file.
 
+mod meter;
+mod scratch;
+mod transport;
 mod tree;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use gix::remote::Direction;
 
+use self::meter::Meter;
+pub use self::scratch::clean_scratch;
+use self::scratch::{Interrupt, TempDir};
+use self::transport::Listing;
 use super::error::UnpackError;
-use super::source::{Credentials, GitSpec, NetworkPolicy, Resolved, Sink, SourceContext};
+use super::source::{Credentials, GitSpec, NetworkPolicy, Resolved, Scratch, Sink, SourceContext, UnpackLimits};
 
 /// What `spec` points at now, fetching metadata only. Returns a value equal to `previous` when
 /// nothing changed; performs no network I/O for a source pinned by digest/commit/sha256.
@@ -59,8 +75,8 @@ pub async fn resolve(
         "HEAD".to_owned()
     };
     ctx.check_cancelled()?;
-    let credentials = ctx.credentials.clone();
-    let task = tokio::task::spawn_blocking(move || ls_remote(&url, &wanted, credentials));
+    let (credentials, scratch) = (ctx.credentials.clone(), ctx.scratch.clone());
+    let task = tokio::task::spawn_blocking(move || ls_remote(&url, &wanted, credentials, &scratch));
     // gix's transport is blocking: stop waiting on cancellation and let the thread finish alone.
     let commit = tokio::select! {
         joined = task => joined.map_err(|e| UnpackError::Fetch(format!("listing git refs: {e}")))??,
@@ -85,9 +101,12 @@ pub fn fetch(
     let id = parse_commit(commit)?;
     ctx.check_cancelled()?;
 
-    let tmp = TempDir::new()?;
+    // Listing refs (resolve) writes next to nothing; a fetch needs room for its pack.
+    ctx.scratch.check_space()?;
+    let tmp = TempDir::new(&ctx.scratch)?;
     let interrupt = Interrupt::watch(ctx);
-    let repo = fetch_commit(&tmp, &url, id, ctx, &interrupt.flag)?;
+    let meter = Meter::new(&ctx.limits, ctx.scratch.clone(), interrupt.flag.clone());
+    let repo = fetch_commit(&tmp, &url, id, ctx, &interrupt.flag, &meter)?;
     ctx.check_cancelled()?;
     // The pack was indexed (every object's id recomputed from its content) on receipt, so
     // finding the commit under its id is the verification.
@@ -166,20 +185,28 @@ fn parse_commit(commit: &str) -> Result<gix::ObjectId, UnpackError> {
 
 /// `git ls-remote URL WANTED`: the commit `wanted` (a full ref name or `HEAD`) points at, tags
 /// peeled.
-fn ls_remote(url: &reqwest::Url, wanted: &str, credentials: Option<Credentials>) -> Result<String, UnpackError> {
+fn ls_remote(
+    url: &reqwest::Url,
+    wanted: &str,
+    credentials: Option<Credentials>,
+    scratch: &Scratch,
+) -> Result<String, UnpackError> {
     let shown = redact(url);
-    let fail = |what: &str, e: &gix::Error| UnpackError::Fetch(format!("git source {shown}: {what}: {}", describe(e)));
+    let listing = Arc::new(Listing::default());
+    let fail = |what: &str, e: &gix::Error| match listing.too_large.load(Ordering::Relaxed) {
+        true => listing_too_large(&shown),
+        false => UnpackError::Fetch(format!("git source {shown}: {what}: {}", describe(e))),
+    };
     // gix needs a repository to hang a remote on; an empty, isolated one in a temp dir.
-    let tmp = TempDir::new()?;
-    let repo = init_repo(tmp.path())?;
+    let tmp = TempDir::new(scratch)?;
+    let repo = init_repo(tmp.path(), None)?;
     let remote = repo
         .remote_at(url.as_str())
         .map_err(|e| fail("invalid remote", &e))?
         .with_fetch_tags(gix::remote::fetch::Tags::None)
         .with_refspecs([wanted], Direction::Fetch)
         .map_err(|e| UnpackError::Unsupported(format!("git source {shown}: invalid ref {wanted:?}: {e}")))?;
-    let connection = remote
-        .connect(Direction::Fetch)
+    let connection = transport::connect(&remote, listing.clone())
         .map_err(|e| fail("connecting", &e))?
         .with_credentials(authenticate(credentials));
     let (map, _handshake) =
@@ -217,12 +244,12 @@ fn describe(err: &(dyn std::error::Error + 'static)) -> String {
 
 /// An empty bare repository that ignores the process's git configuration (no credential helpers,
 /// proxies or URL rewrites from the host).
-fn init_repo(dir: &Path) -> Result<gix::Repository, UnpackError> {
+fn init_repo(dir: &Path, limits: Option<&UnpackLimits>) -> Result<gix::Repository, UnpackError> {
     gix::ThreadSafeRepository::init_opts(
         dir,
         gix::create::Kind::Bare,
         gix::create::Options::default(),
-        gix::open::Options::isolated(),
+        open_options(limits),
     )
     .map(Into::into)
     .map_err(|e| UnpackError::Fetch(format!("creating a temporary git repository: {e}")))
@@ -258,20 +285,24 @@ fn fetch_commit(
     id: gix::ObjectId,
     ctx: &SourceContext,
     interrupt: &AtomicBool,
+    meter: &Meter,
 ) -> Result<gix::Repository, UnpackError> {
     let by_id = tmp.path().join("by-id");
-    let first = fetch_into(&by_id, url, &[id.to_string()], true, ctx, interrupt);
+    let first = fetch_into(&by_id, url, &[id.to_string()], true, ctx, interrupt, meter);
     match first {
         Ok(repo) if repo.has_object(id) => return Ok(repo),
-        Err(UnpackError::Cancelled) => return Err(UnpackError::Cancelled),
+        // A limit hit by the small fetch would be hit again by the full one.
+        Err(e @ (UnpackError::Cancelled | UnpackError::TooLarge(_) | UnpackError::Storage(_))) => return Err(e),
         Ok(_) | Err(_) => {}
     }
+    // The first attempt's pack is not needed any more: give its space back.
+    let _ = std::fs::remove_dir_all(&by_id);
     if let Err(e) = &first {
         tracing::debug!(url = %redact(url), error = %e, "git fetch by commit id refused; fetching all branches and tags");
     }
     ctx.check_cancelled()?;
     let specs = ["+refs/heads/*:refs/heads/*".to_owned(), "+refs/tags/*:refs/tags/*".to_owned()];
-    fetch_into(&tmp.path().join("full"), url, &specs, false, ctx, interrupt)
+    fetch_into(&tmp.path().join("full"), url, &specs, false, ctx, interrupt, meter)
 }
 
 fn fetch_into(
@@ -281,17 +312,26 @@ fn fetch_into(
     shallow: bool,
     ctx: &SourceContext,
     interrupt: &AtomicBool,
+    meter: &Meter,
 ) -> Result<gix::Repository, UnpackError> {
     let shown = redact(url);
+    let limits = &ctx.limits;
     let fail = |what: &str, e: &gix::Error| {
-        if ctx.cancel.is_cancelled() {
+        let text = describe(e);
+        if let Some(stop) = meter.stopped(&format!("git source {shown}")) {
+            stop
+        } else if meter.listing().too_large.load(Ordering::Relaxed) {
+            listing_too_large(&shown)
+        } else if ctx.cancel.is_cancelled() {
             UnpackError::Cancelled
+        } else if text.contains("too large to fit in memory") {
+            meter::object_too_large(&format!("git source {shown}"), limits.max_git_file_bytes)
         } else {
-            UnpackError::Fetch(format!("git source {shown}: {what}: {}", describe(e)))
+            UnpackError::Fetch(format!("git source {shown}: {what}: {text}"))
         }
     };
     std::fs::create_dir_all(dir).map_err(|e| UnpackError::Fetch(format!("creating a temporary directory: {e}")))?;
-    let repo = init_repo(dir)?;
+    let repo = init_repo(dir, Some(limits))?;
     {
         let remote = repo
             .remote_at(url.as_str())
@@ -299,8 +339,7 @@ fn fetch_into(
             .with_fetch_tags(gix::remote::fetch::Tags::None)
             .with_refspecs(refspecs.iter().map(String::as_str), Direction::Fetch)
             .map_err(|e| fail("invalid refspec", &e))?;
-        let connection = remote
-            .connect(Direction::Fetch)
+        let connection = transport::connect(&remote, meter.listing())
             .map_err(|e| fail("connecting", &e))?
             .with_credentials(authenticate(ctx.credentials.clone()));
         let mut prepare = connection
@@ -309,12 +348,32 @@ fn fetch_into(
         if shallow {
             prepare = prepare.with_shallow(gix::remote::fetch::Shallow::DepthAtRemote(std::num::NonZeroU32::MIN));
         }
-        prepare.receive(gix::progress::Discard, interrupt).map_err(|e| fail("fetching", &e))?;
+        prepare.receive(meter.clone(), interrupt).map_err(|e| fail("fetching", &e))?;
     }
     ctx.budget.add_downloaded(pack_bytes(dir));
     // Re-open so the object database sees the packs just written.
-    gix::open_opts(dir, gix::open::Options::isolated())
+    gix::open_opts(dir, open_options(Some(limits)))
         .map_err(|e| UnpackError::Fetch(format!("git source {shown}: opening the fetched repository: {e}")))
+}
+
+fn listing_too_large(shown: &str) -> UnpackError {
+    UnpackError::TooLarge(format!(
+        "git source {shown}: the server sent more than {} bytes of refs before a pack",
+        transport::MAX_LISTING_BYTES
+    ))
+}
+
+/// Isolated from the host's git configuration; with `limits`, gix allocates at most
+/// `max_git_file_bytes` for one object and checks packs on one thread (one object in memory).
+fn open_options(limits: Option<&UnpackLimits>) -> gix::open::Options {
+    let options = gix::open::Options::isolated();
+    match limits {
+        Some(limits) => options.config_overrides([
+            format!("gitoxide.objects.allocLimit={}", limits.max_git_file_bytes),
+            "pack.threads=1".to_owned(),
+        ]),
+        None => options,
+    }
 }
 
 /// Bytes of the received packs: what was downloaded, for the expansion-ratio limit.
@@ -328,51 +387,4 @@ fn pack_bytes(git_dir: &Path) -> u64 {
         .filter_map(|e| e.metadata().ok())
         .map(|m| m.len())
         .sum()
-}
-
-/// A private temporary directory, removed (with its content) when dropped, whatever happened.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Result<TempDir, UnpackError> {
-        let path = std::env::temp_dir().join(format!("stowage-git-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir(&path)
-            .map_err(|e| UnpackError::Fetch(format!("creating a temporary directory {}: {e}", path.display())))?;
-        Ok(TempDir(path))
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            tracing::warn!(path = %self.0.display(), error = %e, "removing a temporary git repository failed");
-        }
-    }
-}
-
-/// gix's fetch stops when a flag is set; this sets it when the context is cancelled.
-struct Interrupt {
-    flag: Arc<AtomicBool>,
-    watcher: tokio::task::JoinHandle<()>,
-}
-
-impl Interrupt {
-    fn watch(ctx: &SourceContext) -> Interrupt {
-        let flag = Arc::new(AtomicBool::new(ctx.cancel.is_cancelled()));
-        let (set, cancel) = (flag.clone(), ctx.cancel.clone());
-        let watcher = ctx.runtime.spawn(async move {
-            cancel.cancelled().await;
-            set.store(true, Ordering::Relaxed);
-        });
-        Interrupt { flag, watcher }
-    }
-}
-
-impl Drop for Interrupt {
-    fn drop(&mut self) {
-        self.watcher.abort();
-    }
 }

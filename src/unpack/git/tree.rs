@@ -2,9 +2,10 @@
 //! 100755 → executable), symlinks are kept when their target stays inside the tree, submodules
 //! are skipped. Enforces the unpack limits and checks cancellation between entries.
 //!
-//! Each blob is decoded whole by gix before it is written (packed objects are delta-compressed and
-//! cannot be streamed), so memory is bounded by the largest single file, which is checked against
-//! `max_file_bytes` from the object header *before* decoding.
+//! Each blob is decoded whole by gix before it is written (gix reads objects only whole: packed
+//! ones may be deltas), so memory is bounded by the largest single file, which is checked against
+//! `max_file_bytes` and `max_git_file_bytes` (`--max-git-file-bytes`, also gix's own allocation
+//! limit) from the object header *before* decoding.
 
 use gix::objs::tree::EntryKind;
 
@@ -84,6 +85,12 @@ pub(super) fn walk(
                 return Err(UnpackError::TooLarge(format!(
                     "{path}: {size} bytes is more than the limit of {} per file",
                     limits.max_file_bytes
+                )));
+            }
+            if size > limits.max_git_file_bytes {
+                return Err(UnpackError::TooLarge(format!(
+                    "{path}: {size} bytes is more than the limit of {} per git file (--max-git-file-bytes)",
+                    limits.max_git_file_bytes
                 )));
             }
             total = total.saturating_add(size);

@@ -1,32 +1,12 @@
-//! Talking to a registry with `oci-client`: the client for a [`SourceContext`] (https with
-//! verified TLS except for `--insecure-registry` hosts), the credentials for a reference, and what
-//! registry failures mean for a Bundle.
+//! What talking to a registry needs besides HTTP ([`super::registry`]): parsing references,
+//! the credentials to present for one, and running registry futures under cancellation.
 
-use std::time::Duration;
-
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+use oci_client::Reference;
 
 use super::docker_config;
 use crate::unpack::error::UnpackError;
 use crate::unpack::source::{Credentials, SourceContext};
-
-/// A client for one resolve or fetch.
-pub fn client(ctx: &SourceContext) -> Result<Client, UnpackError> {
-    let config = ClientConfig {
-        protocol: ClientProtocol::HttpsExcept(ctx.network.insecure_registries.clone()),
-        // We pick platforms ourselves from the raw index.
-        platform_resolver: None,
-        // A registry that stops answering is a transient failure, not a reconcile stuck forever.
-        connect_timeout: Some(Duration::from_secs(15)),
-        read_timeout: Some(Duration::from_secs(60)),
-        user_agent: concat!("stowage/", env!("CARGO_PKG_VERSION")),
-        ..ClientConfig::default()
-    };
-    Client::try_from(config).map_err(|e| UnpackError::Fetch(format!("creating the registry client: {e}")))
-}
 
 /// Parses an image reference (`registry/repo:tag`, `…@sha256:…`); a malformed one never works.
 pub fn parse_reference(reference: &str) -> Result<Reference, UnpackError> {
@@ -52,33 +32,6 @@ pub fn auth_for(reference: &Reference, credentials: Option<&Credentials>) -> Res
             }
         }
     })
-}
-
-/// What a registry failure while reading `what` (a reference or a blob) means: a digest check
-/// failing is final; everything else (network, TLS, 401, 404, 5xx, garbage) may heal and is
-/// retried.
-pub fn map_error(what: &str, err: OciDistributionError) -> UnpackError {
-    match err {
-        OciDistributionError::DigestError(oci_client::errors::DigestError::VerificationError { expected, actual }) => {
-            UnpackError::DigestMismatch { what: what.to_owned(), expected, actual }
-        }
-        OciDistributionError::DigestError(e) => UnpackError::Unsupported(format!("{what}: {e}")),
-        OciDistributionError::IoError(e) => UnpackError::from_io(what, e),
-        // reqwest's Display hides the cause ("error sending request"): include the chain.
-        OciDistributionError::RequestError(e) => UnpackError::Fetch(format!("{what}: {}", error_chain(&e))),
-        other => UnpackError::Fetch(format!("{what}: {other}")),
-    }
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Runs `future` on the context's runtime from a blocking thread, giving up with

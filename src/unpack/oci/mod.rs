@@ -5,19 +5,20 @@
 //! the platform's manifest when it is an index, then every layer streamed through the validating
 //! tar reader, topmost first, through [`layers::LayerSink`] which applies OCI whiteouts. Every
 //! byte is checked against its descriptor's sha256 and size as it flows; nothing is buffered
-//! whole except manifests, which are refused past 4 MiB ([`manifest_fetch`]).
+//! whole except manifests and tokens, which are read with a bound ([`registry`]).
 
 mod blob;
 mod client;
 pub mod docker_config;
 pub mod layers;
 mod manifest;
-mod manifest_fetch;
+mod registry;
 
 use oci_client::Reference;
 
-use self::client::{auth_for, block_on, map_error, parse_reference, until_cancelled};
+use self::client::{auth_for, block_on, parse_reference, until_cancelled};
 use self::manifest::{check_digest, layer_encoding, select_platform, Descriptor, Manifest};
+use self::registry::Registry;
 use super::error::UnpackError;
 use super::source::{ImageSpec, Resolved, Sink, SourceContext};
 use super::tar_ingest;
@@ -33,10 +34,11 @@ pub async fn resolve(
     let digest = match reference.digest() {
         Some(digest) => digest.to_owned(),
         None => {
-            let client = client::client(ctx)?;
             let auth = auth_for(&reference, ctx.credentials.as_ref())?;
+            let tag = reference.tag().unwrap_or("latest");
             until_cancelled(ctx, async {
-                client.fetch_manifest_digest(&reference, &auth).await.map_err(|e| map_error(&spec.reference, e))
+                let registry = Registry::connect(&ctx.network, &reference, &auth, &spec.reference).await?;
+                registry.resolve(tag, &spec.reference).await
             })
             .await?
         }
@@ -65,9 +67,9 @@ pub fn fetch(
     check_digest(digest, &spec.reference)?;
     let named = parse_reference(&spec.reference)?;
     let by_digest = Reference::with_digest(named.registry().to_owned(), named.repository().to_owned(), digest.clone());
-    let client = client::client(ctx)?;
     let auth = auth_for(&named, ctx.credentials.as_ref())?;
-    let puller = Puller { ctx, client: &client, auth: &auth, reference: &by_digest, name: &spec.reference };
+    let registry = block_on(ctx, Registry::connect(&ctx.network, &by_digest, &auth, &spec.reference))?;
+    let puller = Puller { ctx, registry: &registry, name: &spec.reference };
 
     let top = puller.manifest(digest)?;
     let (image, platform_manifest) = if top.is_index() {
@@ -113,10 +115,8 @@ const MAX_READ_AFTER_ERROR: u64 = 16 << 20;
 /// One image's pulls, all from the same repository with the same credentials.
 struct Puller<'a> {
     ctx: &'a SourceContext,
-    client: &'a oci_client::Client,
-    auth: &'a oci_client::secrets::RegistryAuth,
-    /// The repository, pinned by digest.
-    reference: &'a Reference,
+    /// The image's repository.
+    registry: &'a Registry,
     /// The reference as the user wrote it, for messages.
     name: &'a str,
 }
@@ -125,13 +125,7 @@ impl Puller<'_> {
     /// The manifest or index `digest`, its bytes checked against the digest.
     fn manifest(&self, digest: &str) -> Result<Manifest, UnpackError> {
         let what = format!("{} manifest {digest}", self.name);
-        let reference = Reference::with_digest(
-            self.reference.registry().to_owned(),
-            self.reference.repository().to_owned(),
-            digest.to_owned(),
-        );
-        let bytes =
-            block_on(self.ctx, manifest_fetch::pull_bounded(self.ctx, self.client, &reference, self.auth, &what))?;
+        let bytes = block_on(self.ctx, self.registry.manifest(digest, &what))?;
         let actual = format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes)));
         if actual != digest {
             return Err(UnpackError::DigestMismatch { what, expected: digest.to_owned(), actual });
@@ -150,10 +144,8 @@ impl Puller<'_> {
         let what = format!("{} layer {}", self.name, layer.digest);
         // Only the digest: a descriptor's `urls` must never send us to other hosts.
         let digest: &str = &layer.digest;
-        let stream = block_on(self.ctx, async {
-            self.client.pull_blob_stream(self.reference, digest).await.map_err(|e| map_error(&what, e))
-        })?;
-        let raw = self.ctx.download_reader(blob::StreamReader::new(self.ctx, stream.stream));
+        let stream = block_on(self.ctx, self.registry.blob(digest, &what))?;
+        let raw = self.ctx.download_reader(blob::StreamReader::new(self.ctx, stream));
         let mut verified = blob::VerifyingReader::new(raw, what.clone(), layer.digest.clone(), layer.size);
         let limits = self.ctx.limits.ingest();
         let err = match tar_ingest::ingest(&mut verified, encoding, &limits, sink) {

@@ -14,7 +14,7 @@ use crate::unpack::error::UnpackError;
 use crate::unpack::format::FormatReport;
 use crate::unpack::revisions::{self, CommitError, Expect};
 use crate::unpack::sink::TreeSink;
-use crate::unpack::source::{Budget, Resolved, SourceContext, SourceSpec};
+use crate::unpack::source::{Budget, Resolved, Scratch, SourceContext, SourceSpec};
 use crate::unpack::status::UNFINISHED_REASONS;
 use crate::unpack::{git, http, oci, status};
 
@@ -149,6 +149,7 @@ async fn try_attempt(
             credentials: shared.config.credentials.for_source(&expect.namespace, spec).await?,
             limits: shared.config.limits,
             budget: Arc::new(Budget::default()),
+            scratch: Scratch { dir: shared.config.scratch_dir.clone(), space: Some(shared.store.clone()) },
         };
         let previous = if mode == Mode::Recheck { served.get(i) } else { None };
         resolved.push(resolve(spec, &ctx, previous).await?);

@@ -36,6 +36,8 @@ pub struct ReconcilerConfig {
     pub limits: UnpackLimits,
     pub network: Arc<NetworkPolicy>,
     pub credentials: CredentialSource,
+    /// Where git fetches put their packs (`DATA_DIR/tmp/git`).
+    pub scratch_dir: std::path::PathBuf,
 }
 
 /// `(namespace, name)` of a Bundle.

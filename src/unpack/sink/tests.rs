@@ -11,6 +11,7 @@ fn limits() -> UnpackLimits {
         max_file_bytes: 4 << 20,
         max_path_bytes: 40,
         max_expansion_ratio: 10,
+        ..UnpackLimits::default()
     }
 }
 
