@@ -117,10 +117,10 @@ impl Filter {
 
     /// A BOOKMARK at `rv`; `initial_end` marks the end of a WatchList's initial events.
     fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
-        let mut metadata = json!({"resourceVersion": rv.to_string()});
-        if initial_end {
-            metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
-        }
+        let metadata = match initial_end {
+            true => json!({"resourceVersion": rv.to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}),
+            false => json!({"resourceVersion": rv.to_string()}),
+        };
         let object = json!({"kind": self.def.kind, "apiVersion": API_VERSION, "metadata": metadata});
         // Metadata watchers get every event object, bookmarks included, as PartialObjectMetadata.
         let object = match self.representation {
@@ -132,6 +132,7 @@ impl Filter {
 }
 
 /// Serves a watch for a list request.
+#[allow(clippy::too_many_arguments)] // the parts of the request, as the list handler parsed them
 pub async fn serve(
     app: &AppState,
     def: &'static ResourceDef,

@@ -58,10 +58,9 @@ impl ChunkRef {
         }
         Ok(bytes
             .chunks_exact(CHUNK_REF_LEN)
-            .map(|c| {
-                let mut hash = [0u8; 32];
-                hash.copy_from_slice(&c[..32]);
-                ChunkRef { hash, len: u32::from_le_bytes([c[32], c[33], c[34], c[35]]) }
+            .filter_map(|c| {
+                let (hash, len) = c.split_first_chunk::<32>()?;
+                Some(ChunkRef { hash: *hash, len: u32::from_le_bytes(*len.first_chunk::<4>()?) })
             })
             .collect())
     }
@@ -93,15 +92,15 @@ impl Location {
     pub fn decode(bytes: &[u8]) -> Result<Location> {
         let b: &[u8; LOCATION_LEN] =
             bytes.try_into().map_err(|_| StorageError::Corrupt("chunk index entry has the wrong size".into()))?;
-        let u64_at =
-            |i: usize| u64::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7]]);
-        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        // Offsets within the fixed-size entry; `get` keeps the decoder free of panics.
+        let u64_at = |i: usize| b.get(i..).and_then(<[u8]>::first_chunk::<8>).map_or(0, |v| u64::from_be_bytes(*v));
+        let u32_at = |i: usize| b.get(i..).and_then(<[u8]>::first_chunk::<4>).map_or(0, |v| u32::from_le_bytes(*v));
         Ok(Location {
             block: BlockAt {
                 pack: u64_at(0),
                 payload_offset: u64_at(8),
                 stored_len: u32_at(16),
-                codec: b[20],
+                codec: b.get(20).copied().unwrap_or_default(),
                 raw_len: u32_at(21),
             },
             offset: u32_at(25),

@@ -78,8 +78,9 @@ fn parse_pack_name(name: &str) -> Option<u64> {
     u64::from_str_radix(name.strip_prefix("pack-")?.strip_suffix(".dat")?, 16).ok()
 }
 
+/// The little-endian u32 at the start of `b` (0 if `b` is shorter: callers pass fixed-size parts).
 fn le32(b: &[u8]) -> u32 {
-    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    b.first_chunk::<4>().map_or(0, |b| u32::from_le_bytes(*b))
 }
 
 impl Packs {
@@ -241,10 +242,10 @@ impl Packs {
             }
             let members = directory
                 .chunks_exact(DIRECTORY_ENTRY)
-                .map(|e| {
-                    let mut hash = [0u8; 32];
-                    hash.copy_from_slice(&e[..32]);
-                    Member { hash, offset: le32(&e[32..36]), len: le32(&e[36..40]) }
+                .filter_map(|e| {
+                    let (hash, rest) = e.split_first_chunk::<32>()?;
+                    let (offset, len) = rest.split_at_checked(4)?;
+                    Some(Member { hash: *hash, offset: le32(offset), len: le32(len) })
                 })
                 .collect();
             let payload_offset = offset + (HEADER + directory.len()) as u64;

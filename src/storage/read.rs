@@ -87,7 +87,9 @@ impl Store {
                     stored += share;
                     let from = (delivered - pos) as usize;
                     let to = (end.min(chunk_end) - pos) as usize;
-                    out(&data[from..to])?;
+                    out(data
+                        .get(from..to)
+                        .ok_or_else(|| StorageError::Corrupt(format!("{}: short chunk", entry.path)))?)?;
                     delivered = pos + to as u64;
                     if delivered >= end {
                         return Ok(stored);
@@ -128,7 +130,7 @@ impl Store {
         while pos < end {
             let from = pos.max(trailer_start);
             let n = (end - from).min(BLOCK);
-            out(&ZEROS[..n as usize])?;
+            out(ZEROS.get(..n as usize).unwrap_or(&ZEROS))?;
             pos = from + n;
         }
         Ok(())
@@ -207,7 +209,8 @@ impl Store {
         let mut pos = pos.max(header_start);
         if pos < data_start && pos < end {
             let to = data_start.min(end);
-            out(&header[(pos - header_start) as usize..(to - header_start) as usize])?;
+            let part = header.get((pos - header_start) as usize..(to - header_start) as usize);
+            out(part.ok_or_else(|| StorageError::Corrupt(format!("{}: tar offsets", entry.path)))?)?;
             pos = to;
         }
         if pos < data_end && pos < end {
@@ -217,7 +220,7 @@ impl Store {
         }
         while pos < entry_end && pos < end {
             let to = entry_end.min(end).min(pos + BLOCK);
-            out(&ZEROS[..(to - pos) as usize])?;
+            out(ZEROS.get(..(to - pos) as usize).unwrap_or(&ZEROS))?;
             pos = to;
         }
         Ok(pos.max(entry_end.min(end)))

@@ -205,7 +205,7 @@ impl RevisionWriter {
                     Ok(())
                 })?;
                 let pad = padded(entry.size) - entry.size;
-                tar_hash.update(&[0u8; tarfmt::BLOCK as usize][..pad as usize]);
+                tar_hash.update([0u8; tarfmt::BLOCK as usize].get(..pad as usize).unwrap_or_default());
             }
             batch.insert(tar_index_key(id, offset), entry.path.as_bytes());
             offset += header.len() as u64 + entry.tar_data_len();

@@ -79,12 +79,12 @@ fn split_ustar_path(path: &[u8]) -> Option<(&[u8], &[u8])> {
         .enumerate()
         .rev()
         .filter(|(_, b)| **b == b'/')
-        .map(|(i, _)| (&path[..i], &path[i + 1..]))
+        .filter_map(|(i, _)| Some((path.get(..i)?, path.get(i + 1..)?)))
         .find(|(prefix, name)| prefix.len() <= 155 && name.len() <= 100 && !name.is_empty())
 }
 
 fn truncate(bytes: &[u8], max: usize) -> &[u8] {
-    &bytes[..bytes.len().min(max)]
+    bytes.get(..max).unwrap_or(bytes)
 }
 
 /// Appends one PAX record: "LEN key=value\n", where LEN counts the whole record including itself.
@@ -99,33 +99,41 @@ fn pax_record(out: &mut Vec<u8>, key: &str, value: &str) {
 
 fn ustar_block(prefix: &[u8], name: &[u8], mode: u32, size: u64, kind: u8, link: &[u8]) -> [u8; 512] {
     let mut h = [0u8; 512];
-    h[..name.len()].copy_from_slice(name);
-    octal(&mut h[100..108], mode as u64);
-    octal(&mut h[108..116], 0); // uid
-    octal(&mut h[116..124], 0); // gid
-    octal(&mut h[124..136], size);
-    octal(&mut h[136..148], 0); // mtime
-    h[156] = kind;
-    h[157..157 + link.len()].copy_from_slice(link);
-    h[257..263].copy_from_slice(b"ustar\0");
-    h[263..265].copy_from_slice(b"00");
-    h[345..345 + prefix.len()].copy_from_slice(prefix);
+    put(&mut h, 0, name, 100);
+    octal(&mut h, 100, 8, mode as u64);
+    octal(&mut h, 108, 8, 0); // uid
+    octal(&mut h, 116, 8, 0); // gid
+    octal(&mut h, 124, 12, size);
+    octal(&mut h, 136, 12, 0); // mtime
+    put(&mut h, 156, &[kind], 1);
+    put(&mut h, 157, link, 100);
+    put(&mut h, 257, b"ustar\0", 6);
+    put(&mut h, 263, b"00", 2);
+    put(&mut h, 345, prefix, 155);
     // The checksum is computed with its own field set to spaces.
-    h[148..156].copy_from_slice(b"        ");
+    put(&mut h, 148, b"        ", 8);
     let sum: u32 = h.iter().map(|b| *b as u32).sum();
-    let digits = format!("{sum:06o}\0 ");
-    h[148..156].copy_from_slice(digits.as_bytes());
+    put(&mut h, 148, format!("{sum:06o}\0 ").as_bytes(), 8);
     h
 }
 
-/// Writes `value` as zero-padded octal digits followed by a NUL, filling `field`.
-fn octal(field: &mut [u8], value: u64) {
-    let width = field.len() - 1;
+/// Copies `bytes` (at most `width` of them) into the header field at `at`. Callers pass what fits
+/// (`split_ustar` and the PAX fallback check the lengths); `get_mut` keeps this free of panics.
+fn put(header: &mut [u8; 512], at: usize, bytes: &[u8], width: usize) {
+    let bytes = truncate(bytes, width);
+    if let Some(field) = header.get_mut(at..at + bytes.len()) {
+        field.copy_from_slice(bytes);
+    }
+}
+
+/// Writes `value` as zero-padded octal digits followed by a NUL into the `len`-byte field at `at`.
+fn octal(header: &mut [u8; 512], at: usize, len: usize, value: u64) {
+    let width = len - 1;
     let digits = format!("{value:0width$o}");
     let digits = digits.as_bytes();
     let start = digits.len().saturating_sub(width);
-    field[..width].copy_from_slice(&digits[start..]);
-    field[width] = 0;
+    put(header, at, digits.get(start..).unwrap_or_default(), width);
+    put(header, at + width, &[0], 1);
 }
 
 #[cfg(test)]

@@ -50,14 +50,14 @@ pub struct FormatReport {
 impl FormatReport {
     /// `status.formatDetails` / `BundleContent.spec.formatDetails`.
     pub fn details(&self) -> Value {
-        let mut details = json!({});
+        let mut details = serde_json::Map::new();
         if !self.objects.is_empty() {
-            details["objects"] = json!(self.objects);
+            details.insert("objects".into(), json!(self.objects));
         }
         for (key, value) in &self.facts {
-            details[*key] = json!(value);
+            details.insert((*key).into(), json!(value));
         }
-        details
+        Value::Object(details)
     }
 }
 

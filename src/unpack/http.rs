@@ -225,7 +225,7 @@ struct HashingReader<R> {
 impl<R: Read> Read for HashingReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
+        self.hasher.update(buf.get(..n).unwrap_or_default());
         Ok(n)
     }
 }

@@ -60,7 +60,7 @@ pub fn commit(
                 && owned_by(&e.value, &expect.uid)
         });
         let mut updated = bundle.value.clone();
-        updated["status"] = status::unpacked(&bundle.value, &content, &record, report, resolved);
+        set_status(&mut updated, status::unpacked(&bundle.value, &content, &record, report, resolved));
         let mut writes = vec![ObjectWrite::Put {
             key: bundle_key.clone(),
             object: updated,
@@ -125,7 +125,7 @@ pub fn write_status(store: &Store, expect: &Expect, compute: &dyn Fn(&Value) -> 
     for _ in 0..8 {
         let bundle = current(store, expect)?;
         let mut updated = bundle.value.clone();
-        updated["status"] = compute(&bundle.value);
+        set_status(&mut updated, compute(&bundle.value));
         if updated == bundle.value {
             return Ok(());
         }
@@ -218,4 +218,12 @@ fn content_object(
             "sources": resolved,
         },
     })
+}
+
+/// Sets an object's `status` (a stored object is always a JSON object; `value["status"] = …`
+/// would panic on anything else).
+fn set_status(object: &mut Value, status: Value) {
+    if let Some(map) = object.as_object_mut() {
+        map.insert("status".into(), status);
+    }
 }

@@ -326,7 +326,7 @@ struct HashingReader {
 impl Read for HashingReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
+        self.hasher.update(buf.get(..n).unwrap_or_default());
         Ok(n)
     }
 }

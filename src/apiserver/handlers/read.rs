@@ -167,7 +167,7 @@ impl ListBody {
             ),
         };
         if let Some(list_meta) = list_meta {
-            head["metadata"] = list_meta;
+            crate::apiserver::schema::set_field(&mut head, "metadata", list_meta);
         }
         let mut head = head.to_string();
         head.pop(); // the object's closing brace: the items follow
@@ -183,11 +183,12 @@ impl ListBody {
     fn into_response(mut self, app: AppState, cursor: ListCursor, filter: StepFilter, limited: bool) -> Response {
         let meta = |cursor: &ListCursor| {
             let rv = cursor.resource_version();
-            let mut list_meta = json!({"resourceVersion": rv.to_string()});
-            if let Some(last) = cursor.continue_after() {
-                list_meta["continue"] = json!(paging::continue_token(rv, last));
+            match cursor.continue_after() {
+                Some(last) => {
+                    json!({"resourceVersion": rv.to_string(), "continue": paging::continue_token(rv, last)})
+                }
+                None => json!({"resourceVersion": rv.to_string()}),
             }
-            list_meta
         };
         let headers = [(header::CONTENT_TYPE, "application/json")];
         if cursor.is_done() {
