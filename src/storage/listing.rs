@@ -233,7 +233,10 @@ impl ListCursor {
             if self.count == self.limit {
                 // Another object exists beyond the page.
                 let resource_prefix = self.resource_prefix.len();
-                self.last = self.last_key.take().map(|k| String::from_utf8_lossy(&k[resource_prefix..]).into_owned());
+                self.last = self
+                    .last_key
+                    .take()
+                    .map(|k| String::from_utf8_lossy(k.get(resource_prefix..).unwrap_or_default()).into_owned());
                 self.done = true;
                 return Ok(());
             }

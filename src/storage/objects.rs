@@ -180,7 +180,8 @@ impl Store {
             }
             if out.len() == limit {
                 // Go on after the last object returned.
-                let after = last.map(|l| String::from_utf8_lossy(&l[resource_prefix.len()..]).into_owned());
+                let after = last
+                    .map(|l| String::from_utf8_lossy(l.get(resource_prefix.len()..).unwrap_or_default()).into_owned());
                 return Ok((out, after));
             }
             out.push(decode_object(&v)?);
