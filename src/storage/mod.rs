@@ -474,4 +474,6 @@ fn read_be(bytes: &[u8]) -> Result<u64> {
 }
 
 #[cfg(test)]
+mod scale_tests;
+#[cfg(test)]
 mod tests;
