@@ -23,7 +23,7 @@ pub struct GcReport {
 }
 
 /// Keys removed per sled batch when a revision is released: a batch is held in memory whole.
-const RELEASE_BATCH: usize = 1024;
+pub(super) const RELEASE_BATCH: usize = 1024;
 /// A pack is compacted once less than this fraction of it is still referenced.
 const COMPACT_BELOW_LIVE: f64 = 0.5;
 /// The active pack is sealed for compaction once this many of its bytes are dead (and it is

@@ -266,8 +266,11 @@ pub struct StoreStats {
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
     /// sled's page cache (`cache_capacity`): the memory the store keeps however much it holds.
-    /// sled counts pages by their serialised size, so the cache costs about three times this in
-    /// RSS (32 MiB: ~80–100 MiB with a million keys written or removed; `docs/benchmarks.md`).
+    /// sled counts pages by their serialised size, and freed nodes leave the heap fragmented, so
+    /// it costs about three to four times this in RSS once a million keys went through it: 16 MiB
+    /// keeps a 1,000,000-file refusal under 200 MiB, repeatedly; 32 MiB let it creep to ~290 MiB
+    /// (`docs/benchmarks.md`). The hot metadata (objects, the chunk index of content being served)
+    /// of a typical store fits.
     pub cache_bytes: u64,
     /// zstd level for chunks.
     pub zstd_level: i32,
@@ -281,7 +284,7 @@ pub struct StoreOptions {
 impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
-            cache_bytes: 32 << 20,
+            cache_bytes: 16 << 20,
             zstd_level: 3,
             change_log_len: 100_000,
             min_free_bytes: DEFAULT_MIN_FREE_BYTES,
@@ -470,5 +473,7 @@ fn read_be(bytes: &[u8]) -> Result<u64> {
     Ok(u64::from_be_bytes(arr))
 }
 
+#[cfg(test)]
+mod scale_tests;
 #[cfg(test)]
 mod tests;

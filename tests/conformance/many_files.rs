@@ -22,8 +22,9 @@ use crate::tarutil::*;
 /// run in well under a minute on two cores.
 const FILES: u64 = 150_000;
 /// What sled's page cache may take over the idle server, whatever the number of files: its
-/// `cache_capacity` (32 MiB, `StoreOptions::cache_bytes`) costs about three times that in memory.
-const STORE_CACHE_ALLOWANCE_KIB: u64 = 96 << 10;
+/// `cache_capacity` (16 MiB, `StoreOptions::cache_bytes`) costs up to about four times that in
+/// memory.
+const STORE_CACHE_ALLOWANCE_KIB: u64 = 64 << 10;
 /// Peak growth allowed per file on top of it (the target: < 300 MiB at 1,000,000 files, idle
 /// server included; `docs/benchmarks.md`).
 const MAX_PEAK_BYTES_PER_FILE: u64 = 128;

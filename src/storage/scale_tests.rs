@@ -1,0 +1,185 @@
+//! Store tests at scale: releasing a revision of many files in bounded batches (and finishing one a
+//! crash cut short), the owner index (and building it for a store that predates it), and lists read
+//! in steps.
+
+use serde_json::json;
+
+use super::*;
+
+/// Opens the store, waiting for a background collection pass of a handle dropped just before to
+/// release the database lock.
+fn open(dir: &Path) -> Store {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match Store::open(dir, StoreOptions::default()) {
+            Err(StorageError::Engine(e)) if std::time::Instant::now() < deadline && e.to_string().contains("lock") => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            other => return other.unwrap(),
+        }
+    }
+}
+
+fn keys_with_prefix(store: &Store, kind: u8, id: RevisionId) -> usize {
+    store.tree().scan_prefix(key(kind, &[&be(id)])).count()
+}
+
+#[test]
+fn a_release_a_crash_cut_short_is_finished_at_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let id;
+    {
+        let store = open(dir.path());
+        let mut writer = store.begin_revision().unwrap();
+        for i in 0..3000 {
+            writer.add_file(&format!("f/{i:05}"), false, &mut &b""[..]).unwrap();
+        }
+        let mut pending = writer.finalize().unwrap();
+        id = pending.record().id;
+        let attach = ObjectWrite::Put {
+            key: ObjectKey::new("bundlecontents", "ns", "c"),
+            object: json!({"metadata": {"name": "c"}}),
+            precondition: Precondition::MustNotExist,
+            revision: Some(id),
+        };
+        pending.commit(vec![attach]).unwrap();
+        assert_eq!((keys_with_prefix(&store, b'f', id), keys_with_prefix(&store, b't', id)), (3000, 3000));
+        // A release that got through its first batch, then the process died.
+        let mut record = store.revision_record(id).unwrap();
+        record.state = RevisionState::Deleting;
+        let mut batch = sled::Batch::default();
+        batch.insert(objects::key_revision(id), encode_json(&record));
+        for k in store.tree().scan_prefix(key(b'f', &[&be(id)])).keys().take(gc::RELEASE_BATCH) {
+            batch.remove(k.unwrap());
+        }
+        store.tree().apply_batch(batch).unwrap();
+        store.flush().unwrap();
+    }
+    let store = open(dir.path());
+    assert_eq!((keys_with_prefix(&store, b'f', id), keys_with_prefix(&store, b't', id)), (0, 0));
+    assert!(store.revision_record(id).is_err(), "the record goes with the rest");
+    let stats = store.stats().unwrap();
+    assert_eq!((stats.revisions_committed, stats.revisions_deleting, stats.revisions_staging), (0, 0, 0));
+}
+
+fn owned(name: &str, owners: &[&str]) -> ObjectWrite {
+    let refs: Vec<_> = owners.iter().map(|uid| json!({"uid": uid, "name": "o", "kind": "Bundle"})).collect();
+    ObjectWrite::Put {
+        key: ObjectKey::new("bundles", "ns", name),
+        object: json!({"metadata": {"name": name, "namespace": "ns", "ownerReferences": refs}}),
+        precondition: Precondition::None,
+        revision: None,
+    }
+}
+
+fn dependent_names(store: &Store, uid: &str) -> Vec<String> {
+    let mut names: Vec<String> = store
+        .dependents("ns", uid)
+        .unwrap()
+        .into_iter()
+        .map(|(_, o)| o.value["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn the_owner_index_follows_every_write_and_is_built_for_older_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        store.write_objects(vec![owned("a", &["u1"]), owned("b", &["u1", "u2"]), owned("c", &["u2"])]).unwrap();
+        // A uid that is a prefix of another finds only its own dependents.
+        store.write_objects(vec![owned("d", &["u"])]).unwrap();
+        assert_eq!(dependent_names(&store, "u1"), ["a", "b"]);
+        assert_eq!(dependent_names(&store, "u"), ["d"]);
+        // Owners replaced, an object deleted: the index moves with them, in the same write.
+        store.write_objects(vec![owned("b", &["u2"])]).unwrap();
+        store
+            .write_objects(vec![ObjectWrite::Delete {
+                key: ObjectKey::new("bundles", "ns", "c"),
+                precondition: Precondition::None,
+            }])
+            .unwrap();
+        assert_eq!(dependent_names(&store, "u1"), ["a"]);
+        assert_eq!(dependent_names(&store, "u2"), ["b"]);
+        assert!(store.dependents("other-ns", "u2").unwrap().is_empty());
+        // As a store from before the index: no `d` keys, no marker.
+        let mut batch = sled::Batch::default();
+        for k in store.tree().scan_prefix(b"d").keys() {
+            batch.remove(k.unwrap());
+        }
+        batch.remove(b"mownerindex".to_vec());
+        store.tree().apply_batch(batch).unwrap();
+        assert_eq!(dependent_names(&store, "u2"), ["b"], "found by a scan meanwhile");
+        store.flush().unwrap();
+    }
+    let store = open(dir.path());
+    assert!(store.tree().scan_prefix(b"d").next().is_some(), "built at open");
+    assert_eq!(dependent_names(&store, "u1"), ["a"]);
+    assert_eq!(dependent_names(&store, "u2"), ["b"]);
+}
+
+/// Keeps at most `step` objects per step.
+struct Steps {
+    items: Vec<serde_json::Value>,
+    in_step: usize,
+    step: usize,
+}
+
+impl ListSink for Steps {
+    fn push(&mut self, object: serde_json::Value) {
+        self.items.push(object);
+        self.in_step += 1;
+    }
+    fn restart(&mut self) {
+        self.items.clear();
+        self.in_step = 0;
+    }
+    fn is_full(&self) -> bool {
+        self.in_step >= self.step
+    }
+}
+
+#[test]
+fn a_list_read_in_steps_is_the_snapshot_of_its_first_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let put = |name: String, v: u64| ObjectWrite::Put {
+        key: ObjectKey::new("bundles", "ns", &name),
+        object: json!({"metadata": {"name": name}, "v": v}),
+        precondition: Precondition::None,
+        revision: None,
+    };
+    store.write_objects((0..100).map(|i| put(format!("o{i:03}"), 0)).collect()).unwrap();
+    let expected = store
+        .list_page(
+            &ListQuery { resource: "bundles", namespace: Some("ns"), at: None, after: None, limit: None },
+            &|_| true,
+        )
+        .unwrap();
+    let query = ListQuery { resource: "bundles", namespace: Some("ns"), at: None, after: None, limit: None };
+    let mut sink = Steps { items: Vec::new(), in_step: 0, step: 7 };
+    let mut cursor = store.list_start(&query, &|_| true, &mut sink).unwrap();
+    let mut steps = 1;
+    while !cursor.is_done() {
+        // Writers go on between steps: changed, new and deleted objects.
+        let i = steps * 7;
+        store
+            .write_objects(vec![
+                put(format!("o{:03}", (i + 3) % 100), 1),
+                put(format!("o{i:03}x"), 1),
+                ObjectWrite::Delete {
+                    key: ObjectKey::new("bundles", "ns", &format!("o{:03}", (i + 5) % 100)),
+                    precondition: Precondition::None,
+                },
+            ])
+            .unwrap();
+        sink.in_step = 0;
+        cursor.fill(&store, &|_| true, &mut sink).unwrap();
+        steps += 1;
+    }
+    assert!(steps > 10, "read in {steps} steps");
+    assert_eq!(cursor.resource_version(), expected.resource_version);
+    assert_eq!(sink.items, expected.items, "every step is at the first step's resourceVersion");
+}
