@@ -46,6 +46,10 @@ fi
 export STOWAGE_CORPUS="$corpus"
 
 cargo fmt --all -- --check
+# No panic reachable from input: unwrap, expect, panic and unchecked indexing are denied outside
+# tests (Cargo.toml [lints.clippy], clippy.toml), and every other clippy warning fails too.
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+cargo clippy --locked --all-targets -- -D warnings
 # The provisioner example is run by the conformance suite as the program a user would run.
 cargo build --locked --examples
 cargo test --locked --all-targets

@@ -191,13 +191,13 @@ impl FileEntry {
     /// Decodes the record of the entry at `path`.
     fn decode_at(path: &str, value: &[u8]) -> Result<FileEntry> {
         let corrupt = || StorageError::Corrupt("undecodable file record".into());
-        if value.len() < FILE_RECORD {
+        let (Some(&flags), Some(sha256), Some(rest)) = (value.first(), value.get(9..41), value.get(FILE_RECORD..))
+        else {
             return Err(corrupt());
-        }
-        let u64_at = |i: usize| read_le(&value[i..i + 8]);
-        let flags = value[0];
+        };
+        let u64_at = |i: usize| value.get(i..).map_or(0, read_le);
         let target = if flags & FLAG_SYMLINK != 0 {
-            Some(String::from_utf8(value[FILE_RECORD..].to_vec()).map_err(|_| corrupt())?)
+            Some(String::from_utf8(rest.to_vec()).map_err(|_| corrupt())?)
         } else {
             None
         };
@@ -206,7 +206,7 @@ impl FileEntry {
             target,
             executable: flags & FLAG_EXECUTABLE != 0,
             size: u64_at(1),
-            sha256: hex::encode(&value[9..41]),
+            sha256: hex::encode(sha256),
             file_id: u64_at(41),
             tar_offset: u64_at(49),
         })
@@ -461,10 +461,9 @@ fn be(n: u64) -> [u8; 8] {
     n.to_be_bytes()
 }
 
+/// The little-endian u64 at the start of `bytes` (0 if shorter: callers check record lengths).
 fn read_le(bytes: &[u8]) -> u64 {
-    let mut arr = [0u8; 8];
-    arr.copy_from_slice(&bytes[..8]);
-    u64::from_le_bytes(arr)
+    bytes.first_chunk::<8>().map_or(0, |b| u64::from_le_bytes(*b))
 }
 
 fn read_be(bytes: &[u8]) -> Result<u64> {
