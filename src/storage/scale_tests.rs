@@ -4,21 +4,8 @@
 
 use serde_json::json;
 
+use super::tests::open;
 use super::*;
-
-/// Opens the store, waiting for a background collection pass of a handle dropped just before to
-/// release the database lock.
-fn open(dir: &Path) -> Store {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        match Store::open(dir, StoreOptions::default()) {
-            Err(StorageError::Engine(e)) if std::time::Instant::now() < deadline && e.to_string().contains("lock") => {
-                std::thread::sleep(std::time::Duration::from_millis(20))
-            }
-            other => return other.unwrap(),
-        }
-    }
-}
 
 fn keys_with_prefix(store: &Store, kind: u8, id: RevisionId) -> usize {
     store.tree().scan_prefix(key(kind, &[&be(id)])).count()

@@ -10,7 +10,7 @@ use sha2::Digest;
 
 /// Opens the store, waiting for a background collection pass of a handle dropped just before to
 /// release the database lock (only a test reopens a store within one process).
-fn open(dir: &Path) -> Store {
+pub(super) fn open(dir: &Path) -> Store {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         match Store::open(dir, StoreOptions::default()) {

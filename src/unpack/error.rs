@@ -95,3 +95,19 @@ impl UnpackError {
         std::io::Error::other(self)
     }
 }
+
+/// An error and its causes on one line, each cause once: the top-level messages of gix and
+/// reqwest alone ("Transport handshake failed", "error sending request") do not say what went wrong.
+pub(crate) fn describe(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
+}

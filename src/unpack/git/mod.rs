@@ -195,7 +195,7 @@ fn ls_remote(
     let listing = Arc::new(Listing::default());
     let fail = |what: &str, e: &gix::Error| match listing.too_large.load(Ordering::Relaxed) {
         true => listing_too_large(&shown),
-        false => UnpackError::Fetch(format!("git source {shown}: {what}: {}", describe(e))),
+        false => UnpackError::Fetch(format!("git source {shown}: {what}: {}", crate::unpack::error::describe(e))),
     };
     // gix needs a repository to hang a remote on; an empty, isolated one in a temp dir.
     let tmp = TempDir::new(scratch)?;
@@ -224,22 +224,6 @@ fn ls_remote(
         }
     }
     Err(UnpackError::Fetch(format!("git source {shown}: {wanted} not found on the remote")))
-}
-
-/// An error and its causes on one line (gix's top-level messages alone, like "Transport
-/// handshake failed", do not say what went wrong).
-fn describe(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let more = cause.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// An empty bare repository that ignores the process's git configuration (no credential helpers,
@@ -317,7 +301,7 @@ fn fetch_into(
     let shown = redact(url);
     let limits = &ctx.limits;
     let fail = |what: &str, e: &gix::Error| {
-        let text = describe(e);
+        let text = crate::unpack::error::describe(e);
         if let Some(stop) = meter.stopped(&format!("git source {shown}")) {
             stop
         } else if meter.listing().too_large.load(Ordering::Relaxed) {

@@ -302,17 +302,7 @@ fn header(headers: &HeaderMap, name: &str) -> Option<String> {
 /// A request that failed below HTTP (connection, TLS, timeout), with its causes (reqwest's own
 /// message alone says little) and without the URL.
 fn failed(what: &str, err: &reqwest::Error) -> UnpackError {
-    let mut text = err.to_string();
-    let mut source = std::error::Error::source(err);
-    while let Some(cause) = source {
-        let more = cause.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = cause.source();
-    }
-    UnpackError::Fetch(format!("{what}: {text}"))
+    UnpackError::Fetch(format!("{what}: {}", crate::unpack::error::describe(err)))
 }
 
 /// Verified TLS; a redirect only to https or to a registry allowed plain http. reqwest drops the
