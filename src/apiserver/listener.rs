@@ -62,7 +62,8 @@ pub struct ListenerLimits {
     /// sent, so it also ends idle HTTP/1 keep-alive connections).
     pub request_header_timeout: Duration,
     /// How long a connection may stay open with no request in flight. A watch or a download is in
-    /// flight until its response ends, so it is never cut.
+    /// flight until its response ends, so it is never cut for idleness (a stalled client is cut
+    /// through [`ConnectionCut`]).
     pub idle_timeout: Duration,
     /// Concurrent streams on one HTTP/2 connection (kube-apiserver's
     /// `--http2-max-streams-per-connection`); more are refused by the protocol and clients queue.
