@@ -169,45 +169,31 @@ async fn a_git_file_is_held_in_memory_only_up_to_the_configured_size() {
 /// A "git server" whose ref advertisement never ends (up to 512 MiB of refs); returns its
 /// `HOST:PORT` and the bytes it got to send.
 fn endless_refs_server() -> (String, Arc<AtomicU64>) {
-    use std::io::{BufRead, BufReader};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let host = listener.local_addr().unwrap().to_string();
     let sent = Arc::new(AtomicU64::new(0));
     let counter = sent.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            let counter = counter.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut line = String::new();
-                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
-                    line.clear();
-                }
-                let sha = "1".repeat(40);
-                let mut head = String::from(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/x-git-upload-pack-advertisement\r\n\
-                     Connection: close\r\n\r\n001e# service=git-upload-pack\n0000",
-                );
-                let first = format!("{sha} HEAD\0multi_ack side-band-64k\n");
-                head.push_str(&format!("{:04x}{first}", first.len() + 4));
-                if stream.write_all(head.as_bytes()).is_err() {
-                    return;
-                }
-                let mut total = 0u64;
-                for i in 0u64.. {
-                    let mut block = String::with_capacity(64 << 10);
-                    for j in 0..1000 {
-                        let ref_line = format!("{sha} refs/heads/b{:012}\n", i * 1000 + j);
-                        block.push_str(&format!("{:04x}{ref_line}", ref_line.len() + 4));
-                    }
-                    if total > 512 * MIB || stream.write_all(block.as_bytes()).is_err() {
-                        return;
-                    }
-                    total += block.len() as u64;
-                    counter.fetch_add(block.len() as u64, Ordering::Relaxed);
-                }
-            });
+    let host = crate::hostile_http::serve(move |_request, stream| {
+        let sha = "1".repeat(40);
+        let mut head = String::from(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/x-git-upload-pack-advertisement\r\n\
+             Connection: close\r\n\r\n001e# service=git-upload-pack\n0000",
+        );
+        let first = format!("{sha} HEAD\0multi_ack side-band-64k\n");
+        head.push_str(&format!("{:04x}{first}", first.len() + 4));
+        if stream.write_all(head.as_bytes()).is_err() {
+            return;
+        }
+        let mut total = 0u64;
+        for i in 0u64.. {
+            let mut block = String::with_capacity(64 << 10);
+            for j in 0..1000 {
+                let ref_line = format!("{sha} refs/heads/b{:012}\n", i * 1000 + j);
+                block.push_str(&format!("{:04x}{ref_line}", ref_line.len() + 4));
+            }
+            if total > 512 * MIB || stream.write_all(block.as_bytes()).is_err() {
+                return;
+            }
+            total += block.len() as u64;
+            counter.fetch_add(block.len() as u64, Ordering::Relaxed);
         }
     });
     (host, sent)

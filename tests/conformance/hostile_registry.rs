@@ -6,14 +6,14 @@
 //! And the token flow the bounded client implements, against the real registry behind a token
 //! service whose tokens expire after one request.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
+use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use serde_json::json;
 
 use crate::harness::*;
+use crate::hostile_http;
 use crate::unpack::{condition, create, wait_reason};
 
 /// What a hostile registry offers before it stops by itself.
@@ -34,72 +34,50 @@ enum Misbehaviour {
 /// A registry on 127.0.0.1 misbehaving as told; returns `HOST:PORT` and the count of bytes it
 /// sent in endless bodies.
 fn hostile_registry(how: Misbehaviour) -> (String, Arc<AtomicU64>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let host = listener.local_addr().unwrap().to_string();
     let sent = Arc::new(AtomicU64::new(0));
-    let (counter, realm) = (sent.clone(), format!("http://{host}/token"));
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            let (counter, realm) = (counter.clone(), realm.clone());
-            std::thread::spawn(move || {
-                let mut request_line = String::new();
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let _ = reader.read_line(&mut request_line);
-                let mut line = String::new();
-                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
-                    line.clear();
-                }
-                let (method, path) = {
-                    let mut parts = request_line.split_whitespace();
-                    (parts.next().unwrap_or("").to_owned(), parts.next().unwrap_or("").to_owned())
-                };
-                let reply = |stream: &mut std::net::TcpStream, status: &str, headers: &str, body: &str| {
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 {status}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                };
-                let endless = |stream: &mut std::net::TcpStream, content_type: &str, start: &str| {
-                    let head =
-                        format!("HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nConnection: close\r\n\r\n{start}");
-                    if stream.write_all(head.as_bytes()).is_err() {
-                        return;
-                    }
-                    let block = vec![b'a'; 64 << 10];
-                    let mut total = 0u64;
-                    while total < OFFERED && stream.write_all(&block).is_ok() {
-                        total += block.len() as u64;
-                        counter.fetch_add(block.len() as u64, Ordering::Relaxed);
-                    }
-                };
-                let manifest_type = "application/vnd.oci.image.manifest.v1+json";
-                match how {
-                    Misbehaviour::EndlessManifest if path == "/v2/" => reply(&mut stream, "200 OK", "", "{}"),
-                    Misbehaviour::EndlessManifest if path.contains("/manifests/") && method == "HEAD" => {
-                        // A HEAD answer: headers only, and no digest among them.
-                        let _ = write!(
-                            stream,
-                            "HTTP/1.1 200 OK\r\nContent-Type: {manifest_type}\r\nContent-Length: 1000\r\n\
-                             Connection: close\r\n\r\n"
-                        );
-                    }
-                    Misbehaviour::EndlessManifest if path.contains("/manifests/") => {
-                        endless(&mut stream, manifest_type, "{\"schemaVersion\": 2, \"x\": \"")
-                    }
-                    Misbehaviour::EndlessToken if path.starts_with("/token") => {
-                        endless(&mut stream, "application/json", "{\"token\": \"")
-                    }
-                    Misbehaviour::EndlessToken => {
-                        let challenge = format!("WWW-Authenticate: Bearer realm=\"{realm}\",service=\"hostile\"\r\n");
-                        reply(&mut stream, "401 Unauthorized", &challenge, "{}")
-                    }
-                    _ => reply(&mut stream, "404 Not Found", "", "{}"),
-                }
-            });
+    let counter = sent.clone();
+    // The token realm names the server itself, whose address is known only once it listens.
+    let realm = Arc::new(std::sync::OnceLock::<String>::new());
+    let own = realm.clone();
+    let host = hostile_http::serve(move |request, stream| {
+        let reply = |stream: &mut std::net::TcpStream, status: &str, headers: &str, body: &str| {
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        };
+        let endless = |stream: &mut std::net::TcpStream, content_type: &str, start: &str| {
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nConnection: close\r\n\r\n{start}");
+            hostile_http::endless(stream, &head, b'a', OFFERED, &counter);
+        };
+        let manifest_type = "application/vnd.oci.image.manifest.v1+json";
+        let (method, path) = (request.method.as_str(), request.path.as_str());
+        match how {
+            Misbehaviour::EndlessManifest if path == "/v2/" => reply(stream, "200 OK", "", "{}"),
+            Misbehaviour::EndlessManifest if path.contains("/manifests/") && method == "HEAD" => {
+                // A HEAD answer: headers only, and no digest among them.
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: {manifest_type}\r\nContent-Length: 1000\r\n\
+                     Connection: close\r\n\r\n"
+                );
+            }
+            Misbehaviour::EndlessManifest if path.contains("/manifests/") => {
+                endless(stream, manifest_type, "{\"schemaVersion\": 2, \"x\": \"")
+            }
+            Misbehaviour::EndlessToken if path.starts_with("/token") => {
+                endless(stream, "application/json", "{\"token\": \"")
+            }
+            Misbehaviour::EndlessToken => {
+                let realm = own.get().map(String::as_str).unwrap_or_default();
+                let challenge = format!("WWW-Authenticate: Bearer realm=\"{realm}\",service=\"hostile\"\r\n");
+                reply(stream, "401 Unauthorized", &challenge, "{}")
+            }
+            _ => reply(stream, "404 Not Found", "", "{}"),
         }
     });
+    let _ = realm.set(format!("http://{host}/token"));
     (host, sent)
 }
 

@@ -13,6 +13,7 @@
 mod fault_ops;
 mod git_server;
 mod harness;
+mod hostile_http;
 mod http_server;
 mod load_workers;
 mod raw_client;

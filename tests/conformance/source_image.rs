@@ -314,41 +314,19 @@ async fn malicious_layers_are_refused() {
 /// the fetch stops at the 4 MiB manifest limit with `LimitExceeded`, having read a bounded amount.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_endless_manifest_is_refused_at_the_limit() {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     init();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let host = listener.local_addr().unwrap().to_string();
     let offered: u64 = 256 << 20;
     let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let counter = sent.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            let counter = counter.clone();
-            std::thread::spawn(move || {
-                let mut request_line = String::new();
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let _ = reader.read_line(&mut request_line);
-                let mut line = String::new();
-                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
-                    line.clear();
-                }
-                if !request_line.contains("/manifests/") {
-                    let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}");
-                    return;
-                }
-                let head = "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nConnection: close\r\n\r\n";
-                if stream.write_all(head.as_bytes()).is_err() {
-                    return;
-                }
-                let block = vec![b' '; 64 << 10];
-                let mut total = 0u64;
-                while total < offered && stream.write_all(&block).is_ok() {
-                    total += block.len() as u64;
-                    counter.fetch_add(block.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                }
-            });
+    let host = crate::hostile_http::serve(move |request, stream| {
+        if !request.path.contains("/manifests/") {
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}");
+            return;
         }
+        let head =
+            "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nConnection: close\r\n\r\n";
+        crate::hostile_http::endless(stream, head, b' ', offered, &counter);
     });
     let ctx = context(&host, None, UnpackLimits::default());
     let reference = format!("{host}/evil/endless@sha256:{}", "ab".repeat(32));
