@@ -167,22 +167,33 @@ pub struct Fairness {
     users: Mutex<HashMap<(UserPool, String), Arc<UserSeats>>>,
 }
 
-/// A granted seat; dropping it frees the seat.
+/// A request's hold on its user's share, from the time it queues until its seat is freed; the last
+/// hold of a user removes the user's entry, so the map holds only active users (also when a
+/// waiting request is dropped because its client went away).
+struct ShareHold {
+    fairness: Arc<Fairness>,
+    key: (UserPool, String),
+    seats: Arc<UserSeats>,
+}
+
+impl Drop for ShareHold {
+    fn drop(&mut self) {
+        self.fairness.forget_idle_user(&self.key, &self.seats);
+    }
+}
+
+/// A granted seat; dropping it frees the seat. (Fields drop in order: the permits before the hold.)
 pub struct Seat {
     fairness: Arc<Fairness>,
     class: Class,
-    user_key: (UserPool, String),
-    user: Option<Arc<UserSeats>>,
     _user_permit: Option<OwnedSemaphorePermit>,
     _total_permit: OwnedSemaphorePermit,
+    _share: Option<ShareHold>,
 }
 
 impl Drop for Seat {
     fn drop(&mut self) {
         self.fairness.class(self.class).counters.inflight.fetch_sub(1, Ordering::Relaxed);
-        if let Some(user) = &self.user {
-            self.fairness.forget_idle_user(&self.user_key, user);
-        }
     }
 }
 
@@ -253,17 +264,19 @@ impl Fairness {
     /// Takes a seat of `class` for `user` (`None`: a user with no per-user share): at once if free,
     /// else after waiting in a bounded queue (as many waiters as seats) for at most the queue wait.
     pub async fn admit(self: &Arc<Self>, class: Class, user: Option<&str>) -> Result<Seat, Rejection> {
-        let key = (class.user_pool(), user.unwrap_or_default().to_string());
-        let seats = user.map(|_| self.user_seats(&key));
+        let share = user.map(|user| {
+            let key = (class.user_pool(), user.to_string());
+            ShareHold { fairness: self.clone(), seats: self.user_seats(&key), key }
+        });
         let deadline = tokio::time::Instant::now() + self.limits.queue_wait;
-        let user_limit = self.user_limit(key.0);
+        let user_limit = self.user_limit(class.user_pool());
         let class_seats = self.class(class);
         let counters = &class_seats.counters;
         let result = async {
-            let user_permit = match &seats {
-                Some(seats) => {
-                    Some(acquire(&seats.seats, &seats.waiting, user_limit, deadline, &counters.waiting).await?)
-                }
+            let user_permit = match &share {
+                Some(share) => Some(
+                    acquire(&share.seats.seats, &share.seats.waiting, user_limit, deadline, &counters.waiting).await?,
+                ),
                 None => None,
             };
             let total_permit =
@@ -278,10 +291,9 @@ impl Fairness {
                 Ok(Seat {
                     fairness: self.clone(),
                     class,
-                    user_key: key,
-                    user: seats,
                     _user_permit: user_permit,
                     _total_permit: total_permit,
+                    _share: share,
                 })
             }
             Err(rejection) => {
@@ -290,9 +302,6 @@ impl Fairness {
                     Rejection::TimedOut => &counters.rejected_timed_out,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
-                if let Some(seats) = &seats {
-                    self.forget_idle_user(&key, seats);
-                }
                 Err(rejection)
             }
         }
@@ -457,6 +466,18 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(1));
         drop(seat);
         assert!(queued.await.unwrap());
+        assert!(fairness.users.lock().unwrap().is_empty());
+        // A waiter whose client went away leaves nothing behind either.
+        let seat = fairness.admit(Class::Mutating, Some("gone")).await.unwrap();
+        let waiter = {
+            let fairness = fairness.clone();
+            tokio::spawn(async move { fairness.admit(Class::Mutating, Some("gone")).await.is_ok() })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The seat goes while the waiter still queues; the waiter goes before it runs again.
+        drop(seat);
+        waiter.abort();
+        let _ = waiter.await;
         assert!(fairness.users.lock().unwrap().is_empty());
         let mut text = String::new();
         fairness.write_metrics(&mut text).unwrap();
