@@ -25,7 +25,7 @@ use tower::ServiceExt as _;
 
 use self::lingering::Lingering;
 use super::connection_activity::ConnectionActivity;
-use super::stall::ConnectionCut;
+use super::stall::{Abandons, AnsweredBody, ConnectionCut};
 use crate::auth::tls::TlsSetup;
 use crate::auth::trust::ClientTrust;
 
@@ -211,22 +211,26 @@ async fn serve_connection(
     let activity = ConnectionActivity::new();
     // A download whose client stopped taking bytes closes the connection through this.
     let cut = ConnectionCut::default();
+    let abandons = Abandons::new(cut.clone());
     let service = {
         let activity = activity.clone();
         let cut = cut.clone();
         tower::service_fn(move |mut request: http::Request<Incoming>| {
             let in_flight = activity.begin();
+            let answering = abandons.begin();
             request.extensions_mut().insert(peer_certificate.clone());
             request.extensions_mut().insert(cut.clone());
             let app = app.clone();
             async move {
                 let response = app.oneshot(request).await?;
-                // The request stays in flight until its body is sent or dropped.
+                // The request stays in flight until its body is sent or dropped; dropped before
+                // its end, it was abandoned.
                 Ok::<_, Infallible>(response.map(|body| {
-                    Body::new(body.map_frame(move |frame| {
+                    let body = body.map_frame(move |frame| {
                         let _in_flight = &in_flight;
                         frame
-                    }))
+                    });
+                    Body::new(AnsweredBody::new(body, answering))
                 }))
             }
         })

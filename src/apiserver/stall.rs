@@ -2,16 +2,19 @@
 //! body, so ending the body frees nothing: the connection itself is closed, through the
 //! [`ConnectionCut`] the listener puts in every request's extensions. Downloads detect a stall
 //! themselves (`content/stream.rs`); a watch is watched by [`watch_for_stall`], and only while
-//! events wait for it — a quiet watch is never cut.
+//! events wait for it — a quiet watch is never cut. A connection whose client abandons many
+//! requests before their answers are ready (HTTP/2 streams reset as soon as they are opened, the
+//! "rapid reset" attack) is cut too ([`Abandons`]).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use futures_util::Stream;
+use hyper::body::{Body as HttpBody, Frame as BodyFrame, SizeHint};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +25,112 @@ use super::ChannelStream;
 pub struct ConnectionCut(pub CancellationToken);
 
 type Frame = Result<Bytes, std::io::Error>;
+
+/// Requests one connection may abandon within [`ABANDON_WINDOW`]. h2 itself ends a connection
+/// whose streams are reset before the server accepted them; a stream reset just after it was
+/// accepted still starts a handler, and no client but an attacker abandons dozens in ten seconds.
+const MAX_ABANDONED: u32 = 32;
+const ABANDON_WINDOW: Duration = Duration::from_secs(10);
+
+/// The requests a connection's client abandoned before their answers were ready.
+pub struct Abandons {
+    cut: ConnectionCut,
+    /// The current window's start and count.
+    window: Mutex<(Instant, u32)>,
+}
+
+/// Counts a request as abandoned if it is dropped before [`Answering::answered`].
+pub struct Answering(Option<Arc<Abandons>>);
+
+impl Abandons {
+    pub fn new(cut: ConnectionCut) -> Arc<Abandons> {
+        Arc::new(Abandons { cut, window: Mutex::new((Instant::now(), 0)) })
+    }
+
+    /// A request starts: dropping the result before `answered` counts it abandoned.
+    pub fn begin(self: &Arc<Self>) -> Answering {
+        Answering(Some(self.clone()))
+    }
+
+    fn abandoned(&self) {
+        let mut window = self.window.lock().unwrap_or_else(PoisonError::into_inner);
+        if window.0.elapsed() > ABANDON_WINDOW {
+            *window = (Instant::now(), 0);
+        }
+        window.1 = window.1.saturating_add(1);
+        if window.1 > MAX_ABANDONED && !self.cut.0.is_cancelled() {
+            tracing::info!(
+                abandoned = window.1,
+                "cutting a connection whose client abandons requests as fast as it opens them"
+            );
+            self.cut.0.cancel();
+        }
+    }
+}
+
+impl Answering {
+    pub fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+/// A response body that counts as abandoned if it is dropped before its end: a stream reset while
+/// its answer (a watch, a download) was still being sent.
+pub struct AnsweredBody<B: HttpBody> {
+    inner: B,
+    answering: Option<Answering>,
+}
+
+impl<B: HttpBody> AnsweredBody<B> {
+    pub fn new(inner: B, answering: Answering) -> AnsweredBody<B> {
+        AnsweredBody { inner, answering: Some(answering) }
+    }
+}
+
+impl<B: HttpBody + Unpin> HttpBody for AnsweredBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<BodyFrame<B::Data>, B::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            if let Some(answering) = self.answering.take() {
+                answering.answered();
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B: HttpBody> Drop for AnsweredBody<B> {
+    fn drop(&mut self) {
+        // hyper drops a body it knows is complete without polling it to its end: not an abandon.
+        if let Some(answering) = self.answering.take() {
+            if self.inner.is_end_stream() {
+                answering.answered();
+            }
+        }
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        if let Some(abandons) = self.0.take() {
+            abandons.abandoned();
+        }
+    }
+}
 
 /// A response body stream that counts the frames the client has taken.
 pub struct Counted {
@@ -81,6 +190,22 @@ pub fn watch_for_stall(
 mod tests {
     use super::*;
     use futures_util::StreamExt as _;
+
+    #[test]
+    fn a_connection_abandoning_requests_fast_is_cut() {
+        let cut = ConnectionCut::default();
+        let abandons = Abandons::new(cut.clone());
+        for _ in 0..1000 {
+            abandons.begin().answered();
+        }
+        assert!(!cut.0.is_cancelled(), "answered requests count for nothing");
+        for _ in 0..MAX_ABANDONED {
+            drop(abandons.begin());
+        }
+        assert!(!cut.0.is_cancelled());
+        drop(abandons.begin());
+        assert!(cut.0.is_cancelled(), "{} abandoned requests did not cut the connection", MAX_ABANDONED + 1);
+    }
 
     #[tokio::test]
     async fn a_full_channel_nobody_reads_is_cut_a_quiet_or_read_one_is_not() {
