@@ -25,7 +25,7 @@ use tower::ServiceExt as _;
 
 use self::lingering::Lingering;
 use super::connection_activity::ConnectionActivity;
-use super::stall::{Abandons, AnsweredBody, ConnectionCut};
+use super::stall::{Abandons, ConnectionCut};
 use crate::auth::tls::TlsSetup;
 use crate::auth::trust::ClientTrust;
 
@@ -223,14 +223,15 @@ async fn serve_connection(
             let app = app.clone();
             async move {
                 let response = app.oneshot(request).await?;
-                // The request stays in flight until its body is sent or dropped; dropped before
-                // its end, it was abandoned.
+                // A stream reset before this point abandoned the request (its handler was dropped);
+                // a body dropped unread is not counted: clients that only wanted the status do that.
+                answering.answered();
+                // The request stays in flight until its body is sent or dropped.
                 Ok::<_, Infallible>(response.map(|body| {
-                    let body = body.map_frame(move |frame| {
+                    Body::new(body.map_frame(move |frame| {
                         let _in_flight = &in_flight;
                         frame
-                    });
-                    Body::new(AnsweredBody::new(body, answering))
+                    }))
                 }))
             }
         })

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use futures_util::Stream;
-use hyper::body::{Body as HttpBody, Frame as BodyFrame, SizeHint};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -71,56 +70,6 @@ impl Abandons {
 impl Answering {
     pub fn answered(mut self) {
         self.0 = None;
-    }
-}
-
-/// A response body that counts as abandoned if it is dropped before its end: a stream reset while
-/// its answer (a watch, a download) was still being sent.
-pub struct AnsweredBody<B: HttpBody> {
-    inner: B,
-    answering: Option<Answering>,
-}
-
-impl<B: HttpBody> AnsweredBody<B> {
-    pub fn new(inner: B, answering: Answering) -> AnsweredBody<B> {
-        AnsweredBody { inner, answering: Some(answering) }
-    }
-}
-
-impl<B: HttpBody + Unpin> HttpBody for AnsweredBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<BodyFrame<B::Data>, B::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(None) = polled {
-            if let Some(answering) = self.answering.take() {
-                answering.answered();
-            }
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl<B: HttpBody> Drop for AnsweredBody<B> {
-    fn drop(&mut self) {
-        // hyper drops a body it knows is complete without polling it to its end: not an abandon.
-        if let Some(answering) = self.answering.take() {
-            if self.inner.is_end_stream() {
-                answering.answered();
-            }
-        }
     }
 }
 
