@@ -136,18 +136,6 @@ impl Store {
         Ok(())
     }
 
-    /// Streams a tar of the entries under `prefix` (paths kept whole), in the same format.
-    pub fn write_subtree_tar(&self, rev: RevisionId, prefix: &str, out: &mut Sink<'_>) -> Result<()> {
-        for entry in self.files(rev, prefix) {
-            let entry = entry?;
-            let len = tarfmt::header_len(&entry.header_spec()) + entry.tar_data_len();
-            let mut relocated = entry.clone();
-            relocated.tar_offset = 0;
-            self.emit_entry(rev, &relocated, 0, len, out)?;
-        }
-        out(&[0u8; tarfmt::TRAILER_LEN as usize])
-    }
-
     /// Entries under `prefix` whose path sorts after `after` (all of them for `None`), in path
     /// order: a listing resumed where an earlier step stopped.
     pub fn files_after(

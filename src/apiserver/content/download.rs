@@ -18,7 +18,8 @@ use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::{blocking, AppState, API_VERSION};
 use crate::storage::{tarfmt, FileEntry, ObjectKey, RangeSpec, RevisionId, RevisionRecord, StorageError, Store};
 
-use super::stream::{self, ConnectionCut, Producer};
+use super::stream::{self, Producer};
+use crate::apiserver::stall::ConnectionCut;
 
 /// How a download body is streamed: the store, when to cut a stalled client, and how.
 #[derive(Clone)]

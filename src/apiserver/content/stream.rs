@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-pub use crate::apiserver::stall::ConnectionCut;
+use crate::apiserver::stall::ConnectionCut;
 use crate::apiserver::ChannelStream;
 use crate::storage::{StorageError, Store};
 use axum::body::{Body, Bytes};
