@@ -198,7 +198,8 @@ impl Store {
         out: &mut Sink<'_>,
     ) -> Result<(u64, u64)> {
         let mut stored = 0u64;
-        let mut delivered = start;
+        // A later segment starts past `start`: what came before it was delivered already.
+        let mut delivered = start.max(pos);
         for chunk in refs {
             if delivered >= end {
                 break;

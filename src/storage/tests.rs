@@ -129,6 +129,28 @@ fn every_range_equals_the_slice_of_the_whole() {
 }
 
 #[test]
+fn a_file_whose_chunk_list_spans_segments_reads_back_across_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    // More than 2 × 1024 chunks of at most 64 KiB: three segment chunks.
+    let data = noise(21, 70 << 20);
+    let rev = attach("big", write(&store, &[("big.bin", data.clone())]));
+    let entry = store.file(rev, "big.bin").unwrap().unwrap();
+    assert!(matches!(&entry.chunks, manifest::ChunkList::Segments(s) if s.len() >= 2), "{:?}", entry.chunks);
+    for (start, end) in [(0, data.len()), (1000, 40 << 20), (33 << 20, (33 << 20) + 10)] {
+        let mut read = Vec::new();
+        let range = RangeSpec { start: start as u64, end: end as u64 };
+        store
+            .read_file(rev, &entry, range, &mut |b| {
+                read.extend_from_slice(b);
+                Ok(())
+            })
+            .unwrap();
+        assert!(read == data[start..end], "bytes {start}..{end} differ");
+    }
+}
+
+#[test]
 fn identical_files_are_stored_once_and_deleting_releases_space() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
