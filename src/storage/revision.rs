@@ -15,8 +15,8 @@ use super::chunks::{BlockBuilder, ChunkRef, AVG_CHUNK, MAX_CHUNK, MIN_CHUNK};
 use super::objects::key_revision;
 use super::tarfmt::{self, padded};
 use super::{
-    be, encode_json, key, FileEntry, ObjectWrite, Result, RevisionId, RevisionRecord, RevisionState, StorageError,
-    Store, WriteOutcome,
+    be, encode_json, key, EntryKind, FileEntry, ObjectWrite, Result, RevisionId, RevisionRecord, RevisionState,
+    StorageError, Store, WriteOutcome, PERMISSION_BITS,
 };
 
 /// Chunk references per segment record (36 bytes each: a 9 KiB sled value).
@@ -80,8 +80,9 @@ impl RevisionWriter {
         self.id
     }
 
-    /// Adds a regular file, streaming `data` through the chunker.
-    pub fn add_file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<()> {
+    /// Adds a regular file with permission bits `mode` (masked to 0o777), streaming `data`
+    /// through the chunker.
+    pub fn add_file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<()> {
         self.ensure_new(path)?;
         let file_id = self.take_file_id();
         let mut sha = Sha256::new();
@@ -129,8 +130,9 @@ impl RevisionWriter {
         }
         let entry = FileEntry {
             path: path.to_string(),
+            kind: EntryKind::File,
             target: None,
-            executable,
+            mode: mode & PERMISSION_BITS,
             size,
             sha256: hex::encode(sha.finalize()),
             file_id,
@@ -144,14 +146,35 @@ impl RevisionWriter {
         self.ensure_new(path)?;
         let entry = FileEntry {
             path: path.to_string(),
+            kind: EntryKind::Symlink,
             target: Some(target.to_string()),
-            executable: false,
+            mode: 0o777,
             size: 0,
             sha256: hex::encode(Sha256::digest(target.as_bytes())),
             file_id: self.take_file_id(),
             tar_offset: 0,
         };
         self.store.tree().insert(file_key(self.id, path), entry.encode())?;
+        Ok(())
+    }
+
+    /// Adds a directory the archive names (an empty one included), with permission bits `mode`
+    /// (masked to 0o777). Its path is stored with a trailing `/`, so it sorts right before its
+    /// contents and never collides with a file's key.
+    pub fn add_dir(&mut self, path: &str, mode: u32) -> Result<()> {
+        let path = format!("{}/", path.trim_end_matches('/'));
+        self.ensure_new(&path)?;
+        let entry = FileEntry {
+            path: path.clone(),
+            kind: EntryKind::Directory,
+            target: None,
+            mode: mode & PERMISSION_BITS,
+            size: 0,
+            sha256: hex::encode(Sha256::digest(b"")),
+            file_id: self.take_file_id(),
+            tar_offset: 0,
+        };
+        self.store.tree().insert(file_key(self.id, &path), entry.encode())?;
         Ok(())
     }
 
@@ -164,8 +187,8 @@ impl RevisionWriter {
             Some(v) => FileEntry::decode_at(target, &v)?,
             None => return Err(invalid("hard link target is not an earlier file of the archive")),
         };
-        if source.is_symlink() {
-            return Err(invalid("hard link target is a symlink"));
+        if source.kind != EntryKind::File {
+            return Err(invalid("hard link target is not a regular file"));
         }
         let file_id = self.take_file_id();
         let prefix = key(b'k', &[&be(self.id), &be(source.file_id)]);
@@ -199,7 +222,7 @@ impl RevisionWriter {
             entry.tar_offset = offset;
             let header = tarfmt::header_bytes(&entry.header_spec());
             tar_hash.update(&header);
-            if !entry.is_symlink() {
+            if entry.kind == EntryKind::File {
                 stored += store.for_each_chunk(id, &entry, 0, entry.size, &mut |bytes| {
                     tar_hash.update(bytes);
                     Ok(())
@@ -209,7 +232,8 @@ impl RevisionWriter {
             }
             batch.insert(tar_index_key(id, offset), entry.path.as_bytes());
             offset += header.len() as u64 + entry.tar_data_len();
-            files += 1;
+            // Files and symlinks: what `status.files` counts (directories hold no content).
+            files += u64::from(!entry.is_dir());
             size += entry.size;
             batch.insert(k, entry.encode());
             batched += 1;

@@ -19,7 +19,7 @@ fn a_release_a_crash_cut_short_is_finished_at_the_next_open() {
         let store = open(dir.path());
         let mut writer = store.begin_revision().unwrap();
         for i in 0..3000 {
-            writer.add_file(&format!("f/{i:05}"), false, &mut &b""[..]).unwrap();
+            writer.add_file(&format!("f/{i:05}"), 0o644, &mut &b""[..]).unwrap();
         }
         let mut pending = writer.finalize().unwrap();
         id = pending.record().id;

@@ -77,6 +77,9 @@ fn schema() -> Value {
             "paused": boolean(),
             "revisionHistoryLimit": integer(),
             "pollInterval": doc_string("How often to re-resolve floating references (e.g. 10m); empty = resolve once."),
+            "allowEmpty": {"type": "boolean", "description": "Accept content that holds no files (nothing, or only \
+                directories). By default such an archive or source is refused (`archive holds no files`) and the \
+                Bundle keeps serving its last good content."},
         }),
     );
     let status = object(
@@ -195,6 +198,11 @@ fn validate_source(path: &str, source: &Value) -> Vec<Cause> {
         ));
     }
     causes
+}
+
+/// `spec.allowEmpty`: whether content without files is intended (absent = false).
+pub fn allows_empty(bundle: &Value) -> bool {
+    bundle.pointer("/spec/allowEmpty").and_then(Value::as_bool).unwrap_or(false)
 }
 
 /// The longest duration [`parse_duration`] accepts: Go's `time.Duration` range (2^63-1 ns, about
