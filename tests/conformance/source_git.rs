@@ -23,14 +23,16 @@ pub(crate) struct RecordingSink {
 
 impl EntrySink for RecordingSink {
     type Error = UnpackError;
-    fn file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
+        assert!(mode == 0o644 || mode == 0o755, "{path}: git knows only 0644 and 0755, got {mode:o}");
         let mut bytes = Vec::new();
         data.read_to_end(&mut bytes).map_err(|e| UnpackError::from_io(path, e))?;
-        assert!(
-            self.tree.insert(path.to_owned(), Node::File { data: bytes, exec: executable }).is_none(),
-            "{path} twice"
-        );
+        let exec = mode == 0o755;
+        assert!(self.tree.insert(path.to_owned(), Node::File { data: bytes, exec }).is_none(), "{path} twice");
         Ok(())
+    }
+    fn dir(&mut self, path: &str, _: u32) -> Result<(), UnpackError> {
+        panic!("{path}: a git tree has no directory entries (its directories hold files)");
     }
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {
         assert!(self.tree.insert(path.to_owned(), Node::Symlink(target.to_owned())).is_none(), "{path} twice");
