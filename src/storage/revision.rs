@@ -1,8 +1,8 @@
 //! Writing a revision: stream files in, cut them into chunks, then finalize into the served form.
 //!
-//! A revision is `Staging` while written. Files arrive in any order; each is chunked with FastCDC
-//! (content-defined, so an edit moves few cut points), its chunk list written in segments of at most
-//! [`SEGMENT_CHUNKS`] references (small sled values, bounded writer memory). `finalize` walks the
+//! A revision is `Staging` while written. Entries (files, symlinks, directories) arrive in any
+//! order; a file is chunked with FastCDC (content-defined, so an edit moves few cut points), its
+//! chunk list written in segments of at most [`SEGMENT_CHUNKS`] references (small sled values, bounded writer memory). `finalize` walks the
 //! entries in path order, assigns each its offset in the deterministic tar, and hashes that tar by
 //! reading every chunk back (which also verifies them) — the digest. The revision becomes visible
 //! only when an API object attaches it ([`PendingRevision::commit`]), after everything was flushed.

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::harness::*;
 use crate::http_server::{HttpAuth, HttpServer};
+use crate::kubectl::Kubectl;
 use crate::tarutil::*;
 use crate::unpack::{condition, create, http_server_args, merge_patch, wait_reason};
 
@@ -191,16 +192,21 @@ async fn an_upload_without_files_is_refused_unless_empty_content_is_intended() {
     assert_eq!(digest_of(&server.download(&bundle_content("fidelity", "app")).await), digest);
     assert_eq!(server.bundlecontent_names("fidelity").await.len(), 1, "nothing stored");
 
-    // Meant to be empty: accepted, and served as it came.
-    let resp = server
-        .client()
-        .patch(server.url(&bundle("fidelity", "app")))
-        .header("Content-Type", "application/merge-patch+json")
-        .body(json!({"spec": {"allowEmpty": true}}).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
+    // Meant to be empty: a spec field kubectl knows about; then accepted, and served as it came.
+    let kubectl = Kubectl::new(&server);
+    let explained = kubectl.ok(&["explain", "bundle.spec.allowEmpty"]);
+    assert!(explained.contains("boolean") && explained.contains("archive holds no files"), "{explained}");
+    kubectl.ok(&[
+        "patch",
+        "bundle",
+        "app",
+        "-n",
+        "fidelity",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"allowEmpty":true}}"#,
+    ]);
     let b = server.upload_ok("fidelity", "app", tar_of_entries(&only_dirs), None).await;
     assert_eq!((u64_at(&b, "/status/files"), u64_at(&b, "/status/size")), (0, 0), "{b:#}");
     let served = server.download(&bundle_content("fidelity", "app")).await;
