@@ -59,7 +59,7 @@ scenario_footprint() {
         record "$section" "distinct chunks" count "$chunks"
         record "$section" "live compressed chunk bytes" "$u" "$stored"
         record "$section" "pack files, apparent" "$u" "$pack_app"
-        record "$section" "sled dir, apparent" "$u" "$sled_app"
+        record "$section" "sled dir, apparent" "$u" "$sled_app" "<=1"
         record "$section" "**total on disk, apparent** (packs + sled)" "$u" "$((pack_app + sled_app))" "<=3"
         record "$section" "pack files, allocated (du)" "$u" "$pack_alloc"
         record "$section" "sled dir, allocated (du)" "$u" "$sled_alloc"
@@ -88,7 +88,10 @@ record_disk_vs_live() {
     local section="$1" label="$2" store="$3/store"
     record "$section" "$label: live compressed chunk bytes" bytes "$M_STORED"
     record "$section" "$label: stowage_disk_bytes (apparent)" bytes "$M_DISK"
-    record "$section" "$label: pack files (apparent)" bytes "$(file_bytes "$store/packs")"
+    local packs
+    packs="$(file_bytes "$store/packs")"
+    record "$section" "$label: pack files (apparent)" bytes "$packs"
+    record "$section" "$label: dead share of the pack files" % "$(calc "100 * ($packs - $M_STORED) / $packs")" "<20"
     record "$section" "$label: sled dir (apparent)" bytes "$(file_bytes "$store/db")"
     record "$section" "**$label: disk / live**" x "$(calc "$M_DISK / $M_STORED")" "<=2"
     record "$section" "$label: allocated (du) / live" x "$(calc "$(alloc_bytes "$store") / $M_STORED")"
@@ -98,6 +101,12 @@ scenario_churn() {
     local section="Space amplification: $ROUNDS rounds of upload-all-corpus / delete-previous-round"
     local bundles=()
     mapfile -t bundles < <(corpus_bundles)
+    # What a fresh store takes, to compare an emptied one with.
+    start_server "$WORK/churn-fresh"
+    settle
+    stop_server
+    local fresh
+    fresh="$(file_bytes "$WORK/churn-fresh/store")"
     local run
     for run in $(seq 1 "$RUNS"); do
         log "churn: run $run/$RUNS (${#bundles[@]} bundles × $ROUNDS rounds)"
@@ -142,6 +151,8 @@ scenario_churn() {
         record "$section" "all deleted, after restart: pack files (apparent)" bytes "$(file_bytes "$data/store/packs")"
         record "$section" "all deleted, after restart: sled dir (apparent)" bytes "$(file_bytes "$data/store/db")"
         record "$section" "all deleted, after restart: allocated (du)" bytes "$(alloc_bytes "$data/store")"
+        record "$section" "**all deleted, after restart: store dir beyond a fresh one's** ($fresh bytes)" bytes \
+            "$(($(file_bytes "$data/store") - fresh))" "<=1048576"
         stop_server
         rm -rf "$data"
     done

@@ -6,14 +6,11 @@
 //! block and its range inside. An index entry is only ever *added* if absent (or moved by
 //! compaction, compare-and-swap): a second copy of a chunk never redirects readers of the first.
 //!
-//! Garbage collection uses reference counts (`r` keys) changed only under the [`Pins`] lock, in the
-//! same atomic batch as the segment records that add or drop the references. A writer *pins* a hash
-//! before it checks whether the chunk exists and keeps it pinned until its segment (with the count
-//! increment) is written; the sweep deletes a chunk only if its count is zero and it is not pinned,
-//! under the same lock. So a chunk a writer is about to reuse can never be swept under it.
-//!
-//! Candidates for the sweep are marked with `z` keys (new chunks, and chunks whose count fell to
-//! zero), so collection costs O(garbage), not O(store), and chunks orphaned by a crash are found.
+//! Collection is mark and sweep ([`super::gc`]): a chunk stays while a finalized revision's
+//! manifest reaches it or a writer has it *pinned*. A writer pins a hash before it checks whether
+//! the chunk exists and keeps it pinned until its manifest is recorded; the sweep deletes a chunk
+//! only if it is unmarked and not pinned, under the same lock. So a chunk a writer is about to
+//! reuse can never be swept under it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -27,8 +24,8 @@ pub const AVG_CHUNK: u32 = 32 * 1024;
 pub const MAX_CHUNK: u32 = 64 * 1024;
 /// Raw bytes collected before a block is sealed.
 pub const BLOCK_TARGET: usize = 256 * 1024;
-/// Sweep candidates handled per batch.
-const SWEEP_GROUP: usize = 1024;
+/// Index entries swept per batch.
+pub(super) const SWEEP_GROUP: usize = 1024;
 /// Decompressed blocks kept for sequential reads.
 const BLOCK_CACHE_ENTRIES: usize = 16;
 
@@ -167,7 +164,7 @@ impl BlockCache {
     }
 }
 
-/// Hashes pinned by writers that have not yet recorded their references.
+/// Hashes pinned by writers whose manifests are not recorded yet.
 #[derive(Default)]
 pub struct Pins {
     counts: HashMap<Hash, u32>,
@@ -187,21 +184,13 @@ impl Pins {
         }
     }
 
-    fn is_pinned(&self, hash: &Hash) -> bool {
+    pub(super) fn is_pinned(&self, hash: &Hash) -> bool {
         self.counts.contains_key(hash)
     }
 }
 
-fn chunk_key(hash: &Hash) -> Vec<u8> {
+pub(super) fn chunk_key(hash: &Hash) -> Vec<u8> {
     key(b'c', &[hash])
-}
-
-fn ref_key(hash: &Hash) -> Vec<u8> {
-    key(b'r', &[hash])
-}
-
-fn candidate_key(hash: &Hash) -> Vec<u8> {
-    key(b'z', &[hash])
 }
 
 /// Compresses a block unless that does not pay: (codec, payload).
@@ -239,8 +228,8 @@ fn slice_verified(hash: &Hash, at: &Location, block: &[u8]) -> Result<Vec<u8>> {
 }
 
 impl Store {
-    /// Pins `hash` and tells whether the store already has the chunk. The caller must record its
-    /// reference with [`Store::record_refs`] (which unpins) or [`Store::unpin`] it.
+    /// Pins `hash` and tells whether the store already has the chunk. The caller unpins it with
+    /// [`Store::unpin_all`] once its manifest is recorded (or it gave up).
     pub(super) fn pin_and_check(&self, hash: Hash) -> Result<bool> {
         self.lock_pins().pin(hash);
         match self.tree().contains_key(chunk_key(&hash)) {
@@ -267,7 +256,6 @@ impl Store {
         for m in &builder.members {
             if !self.tree().contains_key(chunk_key(&m.hash))? {
                 batch.insert(chunk_key(&m.hash), Location { block, offset: m.offset, len: m.len }.encode());
-                batch.insert(candidate_key(&m.hash), &[][..]);
             }
         }
         self.tree().apply_batch(batch)?;
@@ -335,85 +323,15 @@ impl Store {
         Ok((data, at.stored_share()))
     }
 
-    /// Applies `batch` together with reference-count changes (`delta` per occurrence in `refs`),
-    /// atomically; then unpins `unpin` (the hashes this writer pinned for these references).
-    pub(super) fn record_refs(
-        &self,
-        mut batch: sled::Batch,
-        refs: &[ChunkRef],
-        delta: i64,
-        unpin: &[ChunkRef],
-    ) -> Result<()> {
+    /// Releases a writer's pins.
+    pub(super) fn unpin_all(&self, hashes: &[Hash]) {
         let mut pins = self.lock_pins();
-        let mut changes: HashMap<Hash, i64> = HashMap::new();
-        for r in refs {
-            *changes.entry(r.hash).or_insert(0) += delta;
-        }
-        for (hash, change) in &changes {
-            let current = match self.tree().get(ref_key(hash))? {
-                Some(v) => super::read_be(&v)?,
-                None => 0,
-            };
-            let next = (current as i64 + change).max(0) as u64;
-            if next == 0 {
-                batch.remove(ref_key(hash));
-                batch.insert(candidate_key(hash), &[][..]);
-            } else {
-                batch.insert(ref_key(hash), &super::be(next)[..]);
-            }
-        }
-        let result = self.tree().apply_batch(batch);
-        for r in unpin {
-            pins.unpin(&r.hash);
-        }
-        result.map_err(Into::into)
-    }
-
-    /// Releases pins without recording references (a writer that gave up).
-    pub(super) fn unpin(&self, refs: &[ChunkRef]) {
-        let mut pins = self.lock_pins();
-        for r in refs {
-            pins.unpin(&r.hash);
+        for hash in hashes {
+            pins.unpin(hash);
         }
     }
 
-    /// Deletes every candidate chunk that has no references and no pin. Returns chunks removed.
-    pub(super) fn sweep_chunks(&self) -> Result<u64> {
-        let mut removed = 0;
-        // Candidates in bounded groups: one scan, one batch and one lock hold per group.
-        let mut after: Vec<u8> = key(b'z', &[]);
-        loop {
-            let group: Vec<Hash> = self
-                .tree()
-                .range(after.clone()..key(b'z' + 1, &[]))
-                .keys()
-                .filter_map(|k| k.ok())
-                .filter(|k| k.as_ref() != after.as_slice())
-                .filter_map(|k| k.get(1..33).and_then(|h| h.try_into().ok()))
-                .take(SWEEP_GROUP)
-                .collect();
-            let Some(last) = group.last() else { return Ok(removed) };
-            after = candidate_key(last);
-            let pins = self.lock_pins();
-            let mut batch = sled::Batch::default();
-            for hash in &group {
-                // A pinned chunk stays a candidate: its writer may still die (or the process
-                // crash) before its reference is recorded, and only the mark lets a later pass,
-                // or recovery, find it then.
-                if pins.is_pinned(hash) {
-                    continue;
-                }
-                batch.remove(candidate_key(hash));
-                if self.tree().get(ref_key(hash))?.is_none() {
-                    batch.remove(chunk_key(hash));
-                    removed += 1;
-                }
-            }
-            self.tree().apply_batch(batch)?;
-        }
-    }
-
-    fn lock_pins(&self) -> std::sync::MutexGuard<'_, Pins> {
+    pub(super) fn lock_pins(&self) -> std::sync::MutexGuard<'_, Pins> {
         // A poisoned lock only means another thread panicked while holding it; the map is still
         // consistent (every mutation is a single insert/remove).
         self.inner.pins.lock().unwrap_or_else(|e| e.into_inner())

@@ -114,53 +114,33 @@ fn a_directory_heads_its_subtree_and_lists_with_its_mode() {
 }
 
 #[test]
-fn records_round_trip_and_older_records_decode_as_they_served() {
-    let entry = |kind, mode, target: Option<&str>| FileEntry {
-        path: "p".into(),
+fn kinds_and_modes_round_trip_through_a_manifest_page() {
+    use super::manifest::{decode_page, encode_entry, ChunkList};
+    let entry = |path: &str, kind, mode, target: Option<&str>| FileEntry {
+        path: path.into(),
         kind,
         target: target.map(str::to_string),
         mode,
-        size: 7,
+        size: 0,
         sha256: "ab".repeat(32),
-        file_id: 3,
         tar_offset: 1024,
+        chunks: if kind == EntryKind::File { ChunkList::Inline(Vec::new()) } else { ChunkList::None },
     };
-    for (kind, mode, target) in [
-        (EntryKind::File, 0o644, None),
-        (EntryKind::File, 0o755, None),
-        (EntryKind::File, 0o600, None),
-        (EntryKind::File, 0o000, None),
-        (EntryKind::File, 0o744, None),
-        (EntryKind::Directory, 0o755, None),
-        (EntryKind::Directory, 0o700, None),
-        (EntryKind::Symlink, 0o777, Some("../t")),
-    ] {
-        let e = entry(kind, mode, target);
-        let back = FileEntry::decode_at("p", &e.encode()).unwrap();
-        assert_eq!((back.kind, back.mode(), back.target.as_deref()), (kind, mode, target), "{mode:o}");
-        assert_eq!((back.size, back.sha256.as_str(), back.file_id, back.tar_offset), (7, e.sha256.as_str(), 3, 1024));
+    let entries = [
+        entry("a", EntryKind::File, 0o644, None),
+        entry("b", EntryKind::File, 0o600, None),
+        entry("c", EntryKind::File, 0o000, None),
+        entry("d/", EntryKind::Directory, 0o700, None),
+        entry("e/", EntryKind::Directory, 0o755, None),
+        entry("f", EntryKind::Symlink, 0o777, Some("../t")),
+    ];
+    let mut page = (entries.len() as u32).to_le_bytes().to_vec();
+    for e in &entries {
+        encode_entry(e, &mut page);
     }
-    // The common modes cost no byte: their records are what older stores wrote.
-    let old = |flags: u8, target: &[u8]| {
-        let mut v = vec![flags];
-        v.extend_from_slice(&7u64.to_le_bytes());
-        v.extend_from_slice(&[0xab; 32]);
-        v.extend_from_slice(&3u64.to_le_bytes());
-        v.extend_from_slice(&1024u64.to_le_bytes());
-        v.extend_from_slice(target);
-        v
-    };
-    assert_eq!(entry(EntryKind::File, 0o644, None).encode(), old(0, b""));
-    assert_eq!(entry(EntryKind::File, 0o755, None).encode(), old(1, b""));
-    assert_eq!(entry(EntryKind::Symlink, 0o777, Some("t")).encode(), old(2, b"t"));
-    let exec = FileEntry::decode_at("p", &old(1, b"")).unwrap();
-    assert_eq!((exec.kind, exec.mode()), (EntryKind::File, 0o755));
-    let plain = FileEntry::decode_at("p", &old(0, b"")).unwrap();
-    assert_eq!((plain.kind, plain.mode()), (EntryKind::File, 0o644));
-    let link = FileEntry::decode_at("p", &old(2, b"x/y")).unwrap();
-    assert_eq!((link.kind, link.mode(), link.target.as_deref()), (EntryKind::Symlink, 0o777, Some("x/y")));
-    // A record cut short where its mode should be is corrupt, not a guess.
-    let mut cut = entry(EntryKind::File, 0o600, None).encode();
-    cut.truncate(cut.len() - 1);
-    assert!(matches!(FileEntry::decode_at("p", &cut), Err(StorageError::Corrupt(_))));
+    let back = decode_page(&page).unwrap();
+    for (e, b) in entries.iter().zip(&back) {
+        assert_eq!((&b.path, b.kind, b.mode(), &b.target), (&e.path, e.kind, e.mode, &e.target), "{}", e.path);
+        assert_eq!(&b.chunks, &e.chunks);
+    }
 }

@@ -1,18 +1,24 @@
 //! Garbage collection and crash recovery.
 //!
-//! Releasing a revision drops its chunk references segment by segment, each drop atomic with the
-//! removal of the segment record, so a crash mid-release never counts a reference twice; its file
-//! and tar-index keys go in bounded batches, and its record last, so a release cut short is
-//! finished by the next pass. The chunk
-//! sweep then deletes unreferenced, unpinned chunks ([`super::chunks`]). On open, revisions left
-//! `Staging` by a crash are released and the sweep collects chunks that were written but never
-//! referenced.
+//! Releasing a revision is one key: its record goes, and with it the only path to its manifest.
+//! Chunks are then collected by mark and sweep: every finalized revision's manifest is walked (root,
+//! pages, segment lists, file chunks) into a [`LiveSet`], and every chunk index entry that is
+//! neither marked nor pinned by a writer is deleted. A writer that records its manifest while a
+//! pass runs bumps a generation counter before it unpins; the sweep, under the pins lock, sees the
+//! counter moved and marks the new manifests before it deletes anything. Packs whose bytes are
+//! mostly dead are then rewritten at a bounded rate ([`COMPACTION_BYTES_PER_SEC`]).
+//!
+//! On open, revisions left `Staging` by a crash are released, their staging files removed, and a
+//! full pass collects chunks that were written but never reached by a manifest.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
-use super::chunks::{decode_block, BlockBuilder, ChunkRef, Location};
+use super::chunks::{chunk_key, decode_block, BlockBuilder, ChunkRef, Hash, Location, SWEEP_GROUP};
+use super::manifest::ChunkList;
 use super::objects::key_revision;
-use super::{be, decode_json, encode_json, key, Result, RevisionId, RevisionRecord, RevisionState, Store};
+use super::{decode_json, encode_json, key, Result, RevisionId, RevisionRecord, RevisionState, Store};
 
 /// What a collection pass did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -22,13 +28,59 @@ pub struct GcReport {
     pub packs_compacted: u64,
 }
 
-/// Keys removed per sled batch when a revision is released: a batch is held in memory whole.
-pub(super) const RELEASE_BATCH: usize = 1024;
-/// A pack is compacted once less than this fraction of it is still referenced.
-const COMPACT_BELOW_LIVE: f64 = 0.5;
+/// A pack is compacted once less than this fraction of it is still referenced: the dead share of
+/// the packs stays under a fifth, at the cost of copying up to four live bytes per dead one.
+const COMPACT_BELOW_LIVE: f64 = 0.8;
 /// The active pack is sealed for compaction once this many of its bytes are dead (and it is
 /// mostly dead): small enough to matter on a nearly full disk, big enough not to litter small packs.
 const ROLL_ACTIVE_DEAD_BYTES: u64 = 4 << 20;
+/// Live bytes compaction copies per second at most, so that it never takes the disk from readers
+/// and writers for long.
+pub const COMPACTION_BYTES_PER_SEC: u64 = 64 << 20;
+/// Bits of the mark filter (8 MiB): memory of a pass is this, whatever the store holds.
+const LIVE_SET_BITS: usize = 1 << 26;
+/// Probes per chunk in the mark filter.
+const LIVE_SET_PROBES: usize = 4;
+
+/// The chunks a pass found reachable: a Bloom filter, so its memory is fixed. A false positive
+/// keeps a dead chunk until a later pass (each pass salts its probes differently); a live chunk is
+/// never missed.
+pub(super) struct LiveSet {
+    bits: Vec<u64>,
+    salt: u64,
+}
+
+impl LiveSet {
+    fn new(bits: usize) -> LiveSet {
+        // Any value that differs between passes will do.
+        let salt = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
+        LiveSet { bits: vec![0; bits.div_ceil(64).max(1)], salt }
+    }
+
+    fn probes(&self, hash: &Hash) -> [(usize, u64); LIVE_SET_PROBES] {
+        let len = self.bits.len() as u64 * 64;
+        std::array::from_fn(|i| {
+            // Chunk hashes are BLAKE3 digests: any eight of their bytes are uniformly distributed.
+            let word = hash.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+            let bit = (word ^ self.salt.rotate_left(i as u32 * 16)) % len;
+            ((bit / 64) as usize, 1u64 << (bit % 64))
+        })
+    }
+
+    pub(super) fn insert(&mut self, hash: &Hash) {
+        for (word, mask) in self.probes(hash) {
+            if let Some(w) = self.bits.get_mut(word) {
+                *w |= mask;
+            }
+        }
+    }
+
+    pub(super) fn contains(&self, hash: &Hash) -> bool {
+        self.probes(hash).into_iter().all(|(word, mask)| self.bits.get(word).is_some_and(|w| w & mask != 0))
+    }
+}
+
+use std::hash::BuildHasher;
 
 impl Store {
     pub(super) fn recover(&self) -> Result<()> {
@@ -49,7 +101,9 @@ impl Store {
             }
         }
         self.tree().apply_batch(batch)?;
-        let mut report = self.collect()?;
+        // No writer runs yet: every staging directory is a crashed writer's.
+        let _ = std::fs::remove_dir_all(self.staging_root());
+        let mut report = self.collect_with(true)?;
         // The previous run's active pack is sealed now: it may be worth compacting.
         report.packs_compacted += self.compact_packs()?;
         if report.revisions_released > 0 || report.chunks_removed > 0 {
@@ -58,8 +112,12 @@ impl Store {
         Ok(())
     }
 
-    /// Frees every `Deleting` revision, then sweeps unreferenced chunks.
+    /// Frees every `Deleting` revision, then sweeps chunks no manifest reaches.
     pub fn collect(&self) -> Result<GcReport> {
+        self.collect_with(false)
+    }
+
+    fn collect_with(&self, full: bool) -> Result<GcReport> {
         let _guard = self.inner.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.ensure_space(super::WriteKind::Metadata)?;
         let mut report = GcReport::default();
@@ -73,10 +131,14 @@ impl Store {
             .map(|r| r.id)
             .collect();
         for id in deleting {
-            self.free_revision(id)?;
+            // A writer that gave up removed its files; one that crashed left them for `recover`.
+            let _ = std::fs::remove_dir_all(self.staging_dir(id));
+            self.tree().remove(key_revision(id))?;
             report.revisions_released += 1;
         }
-        report.chunks_removed = self.sweep_chunks()?;
+        if full || report.revisions_released > 0 {
+            report.chunks_removed = self.mark_and_sweep()?;
+        }
         self.flush()?;
         if report.revisions_released > 0 {
             give_back_freed_memory();
@@ -88,32 +150,94 @@ impl Store {
         Ok(report)
     }
 
-    fn free_revision(&self, id: RevisionId) -> Result<()> {
-        for item in self.tree().scan_prefix(key(b'k', &[&be(id)])) {
-            let (k, v) = item?;
-            let refs = ChunkRef::decode_all(&v)?;
+    /// Where writers stage uploads.
+    pub(super) fn staging_root(&self) -> std::path::PathBuf {
+        self.inner.dir.join("staging")
+    }
+
+    pub(super) fn staging_dir(&self, id: RevisionId) -> std::path::PathBuf {
+        super::staging::dir_of(&self.staging_root(), id)
+    }
+
+    /// Called by a writer after its manifest is recorded and before it unpins.
+    pub(super) fn manifest_recorded(&self) {
+        self.inner.manifest_generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Marks every finalized revision's chunks, then deletes the index entries of the others.
+    /// Returns the chunks removed.
+    fn mark_and_sweep(&self) -> Result<u64> {
+        let mut live = LiveSet::new(LIVE_SET_BITS);
+        let mut marked: HashSet<RevisionId> = HashSet::new();
+        let mut generation = self.inner.manifest_generation.load(Ordering::Acquire);
+        self.mark_new(&mut live, &mut marked)?;
+        let mut removed = 0;
+        let mut after: Vec<u8> = key(b'c', &[]);
+        loop {
+            let group: Vec<Hash> = self
+                .tree()
+                .range(after.clone()..key(b'c' + 1, &[]))
+                .keys()
+                .filter_map(|k| k.ok())
+                .filter(|k| k.as_ref() != after.as_slice())
+                .filter_map(|k| k.get(1..33).and_then(|h| h.try_into().ok()))
+                .take(SWEEP_GROUP)
+                .collect();
+            let Some(last) = group.last() else { return Ok(removed) };
+            after = chunk_key(last);
+            let pins = self.lock_pins();
+            let now = self.inner.manifest_generation.load(Ordering::Acquire);
+            if now != generation {
+                // A writer recorded a manifest (and may have unpinned) since the mark.
+                generation = now;
+                self.mark_new(&mut live, &mut marked)?;
+            }
             let mut batch = sled::Batch::default();
-            batch.remove(k);
-            self.record_refs(batch, &refs, -1, &[])?;
-        }
-        // In bounded batches: one batch of every key of a 1,000,000-file revision held gigabytes
-        // in sled until restart. A crash in between leaves the revision `Deleting` with fewer
-        // keys, and the next pass (at the latest, the one at open) removes the rest.
-        for prefix in [b'f', b't'] {
-            let mut batch = sled::Batch::default();
-            let mut batched = 0;
-            for k in self.tree().scan_prefix(key(prefix, &[&be(id)])).keys() {
-                batch.remove(k?);
-                batched += 1;
-                if batched == RELEASE_BATCH {
-                    self.tree().apply_batch(std::mem::take(&mut batch))?;
-                    batched = 0;
+            for hash in &group {
+                if !live.contains(hash) && !pins.is_pinned(hash) {
+                    batch.remove(chunk_key(hash));
+                    removed += 1;
                 }
             }
             self.tree().apply_batch(batch)?;
         }
-        // The record goes last: while it is there, the revision is still to be released.
-        self.tree().remove(key_revision(id))?;
+    }
+
+    /// Marks the chunks of finalized revisions not marked yet.
+    fn mark_new(&self, live: &mut LiveSet, marked: &mut HashSet<RevisionId>) -> Result<()> {
+        for item in self.tree().scan_prefix(b"v") {
+            let (_, v) = item?;
+            let record: RevisionRecord = decode_json(&v)?;
+            if record.state == RevisionState::Deleting || record.manifest.is_empty() || marked.contains(&record.id) {
+                continue;
+            }
+            self.mark_revision(&record, live)?;
+            marked.insert(record.id);
+        }
+        Ok(())
+    }
+
+    fn mark_revision(&self, record: &RevisionRecord, live: &mut LiveSet) -> Result<()> {
+        let root = record.manifest_root()?;
+        live.insert(&root.hash);
+        let manifest = self.manifest_of(record)?;
+        for page in &manifest.pages {
+            live.insert(&page.chunk.hash);
+            for entry in self.page(&page.chunk)? {
+                match &entry.chunks {
+                    ChunkList::Inline(refs) => refs.iter().for_each(|r| live.insert(&r.hash)),
+                    ChunkList::Segments(segments) => {
+                        for (_, segment) in segments {
+                            live.insert(&segment.hash);
+                            for r in ChunkRef::decode_all(&self.get_chunk(segment)?.0)? {
+                                live.insert(&r.hash);
+                            }
+                        }
+                    }
+                    ChunkList::None | ChunkList::Staged { .. } => {}
+                }
+            }
+        }
         Ok(())
     }
 
@@ -180,6 +304,7 @@ impl Store {
     }
 
     fn compact_pack(&self, id: u64) -> Result<()> {
+        let mut pace = Pace::new(COMPACTION_BYTES_PER_SEC);
         let mut builder = BlockBuilder::default();
         let mut moved: Vec<Location> = Vec::new();
         self.inner.packs.scan(id, |mut scanned| {
@@ -203,6 +328,7 @@ impl Store {
                 moved.push(at);
                 if builder.is_full() {
                     self.seal_relocated(&mut builder, &mut moved)?;
+                    pace.copied(super::chunks::BLOCK_TARGET as u64);
                 }
             }
             Ok(())
@@ -224,6 +350,27 @@ fn give_back_freed_memory() {
     // SAFETY: malloc_trim only releases free heap memory; it has no preconditions.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// Keeps a copy at or under a rate by sleeping after each block.
+struct Pace {
+    started: Instant,
+    bytes: u64,
+    per_sec: u64,
+}
+
+impl Pace {
+    fn new(per_sec: u64) -> Pace {
+        Pace { started: Instant::now(), bytes: 0, per_sec: per_sec.max(1) }
+    }
+
+    fn copied(&mut self, bytes: u64) {
+        self.bytes += bytes;
+        let due = Duration::from_secs_f64(self.bytes as f64 / self.per_sec as f64);
+        if let Some(ahead) = due.checked_sub(self.started.elapsed()) {
+            std::thread::sleep(ahead);
+        }
     }
 }
 

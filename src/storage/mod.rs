@@ -1,40 +1,44 @@
 //! The store: API objects and bundle content in one embedded sled database.
 //!
 //! sled is used deliberately narrowly (it is unmaintained and has known weak spots): it holds only
-//! small metadata (chunk index, reference counts, file lists, API objects); chunk payloads,
+//! small metadata — API objects, the chunk index and one record per revision; chunk payloads,
 //! zstd-compressed by us, go to append-only pack files ([`packs`]) because sled kept every written
-//! value in memory. Every acknowledged write is flushed first (packs fsynced, then sled), and every
-//! multi-key change that must be atomic is one `Batch` on one tree. A batch is held in memory
-//! whole (and sled reclaims nothing while it applies), so every batch is bounded: work on many keys
-//! (releasing a revision, building an index) goes in batches of about a thousand. Nothing outside
-//! this module sees sled.
+//! value in memory, and so do revision manifests ([`manifest`]): the file records of a revision are
+//! chunks too, so a revision costs sled one key however many files it has. Uploads are staged in
+//! plain files ([`staging`]). Every acknowledged write is flushed first (packs fsynced, then sled),
+//! and every multi-key change that must be atomic is one `Batch` on one tree. A batch is held in
+//! memory whole, so every batch is bounded. Nothing outside this module sees sled.
+//!
+//! Chunks are collected by mark and sweep ([`gc`]): what no finalized revision's manifest reaches
+//! and no writer has pinned goes. Releasing a revision is deleting its record.
 //!
 //! Layout of the single tree (first byte = record kind, integers big-endian so keys sort):
 //!
 //! | key | value |
 //! |---|---|
 //! | `c` hash(32) | where the chunk is: its block in the pack files, and its range in it ([`chunks`]) |
-//! | `r` hash(32) | reference count of the chunk (u64) |
-//! | `z` hash(32) | "may be garbage" marker: a new chunk, or one whose count fell to 0 |
-//! | `v` rev(8) | [`RevisionRecord`] (JSON) |
-//! | `f` rev(8) path | [`FileEntry`] (compact binary record; a directory's path ends with `/`) |
-//! | `k` rev(8) file(8) start(8) | a segment of a file's chunk list ([`revision`]) |
-//! | `t` rev(8) tar_offset(8) | path of the entry starting at that offset of the served tar |
+//! | `v` rev(8) | [`RevisionRecord`] (JSON), naming its manifest's root chunk |
 //! | `o` resource `/` namespace `/` name | an API object ([`objects`]) |
 //! | `d` namespace `/` owner(16) resource `/` name | an object's owner reference: owner = hash of its uid ([`objects`]) |
 //! | `l` rv(8) | change-log entry for watches |
 //! | `m` name | counters |
+//!
+//! Stores written before manifests (`f` file, `k` segment, `t` tar-index, `r` reference-count and
+//! `z` candidate keys) are converted at open ([`migrate`]).
 
 mod chunks;
 mod commit;
 mod entry;
 mod gc;
 mod listing;
+mod manifest;
+mod migrate;
 mod objects;
 mod packs;
 mod read;
 mod revision;
 mod space;
+mod staging;
 pub mod tarfmt;
 
 use std::path::Path;
@@ -134,6 +138,15 @@ pub struct RevisionRecord {
     /// Compressed bytes of the chunks the revision references (before cross-revision dedup).
     #[serde(default)]
     pub stored_size: u64,
+    /// Hex BLAKE3 of the manifest's root chunk; empty until finalized.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub manifest: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub manifest_len: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl RevisionRecord {
@@ -141,6 +154,14 @@ impl RevisionRecord {
     /// download of it again would cost a core and save next to nothing.
     pub fn compresses_poorly(&self) -> bool {
         self.size > 0 && self.stored_size.saturating_mul(10) >= self.size.saturating_mul(9)
+    }
+
+    /// The manifest's root chunk (an error for a revision not finalized).
+    pub(crate) fn manifest_root(&self) -> Result<chunks::ChunkRef> {
+        let mut hash = [0u8; 32];
+        hex::decode_to_slice(&self.manifest, &mut hash)
+            .map_err(|_| StorageError::Corrupt(format!("revision {} has no manifest", self.id)))?;
+        Ok(chunks::ChunkRef { hash, len: self.manifest_len })
     }
 }
 
@@ -205,8 +226,11 @@ struct Inner {
     object_lock: Mutex<()>,
     /// Flushes of object writes, shared by concurrent writers ([`commit`]).
     commits: commit::Commits,
-    /// Guards reference counts and chunk deletion; see [`chunks`].
+    /// Chunks writers hold until their manifest is recorded; see [`chunks`] and [`gc`].
     pins: Mutex<chunks::Pins>,
+    /// Bumped whenever a finalize records a manifest: a collection in progress marks it too.
+    manifest_generation: std::sync::atomic::AtomicU64,
+    manifests: manifest::ManifestCache,
     /// Serialises garbage collection passes.
     gc_lock: Mutex<()>,
     /// Held (shared) by a writer from appending a block until its chunks are indexed; rolling the
@@ -246,6 +270,8 @@ impl Store {
                 object_lock: Mutex::new(()),
                 commits: commit::Commits::default(),
                 pins: Mutex::new(chunks::Pins::default()),
+                manifest_generation: std::sync::atomic::AtomicU64::new(0),
+                manifests: manifest::ManifestCache::default(),
                 gc_lock: Mutex::new(()),
                 sealing: std::sync::RwLock::new(()),
                 events,
@@ -256,6 +282,7 @@ impl Store {
             }),
         };
         store.start_commits()?;
+        store.migrate()?;
         // A store from before the owner index gets it now (on a disk at the floor, at a later
         // start: until then dependents are found by a scan).
         if store.ensure_space(WriteKind::Metadata).is_ok() {
@@ -354,11 +381,6 @@ fn key(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
 
 fn be(n: u64) -> [u8; 8] {
     n.to_be_bytes()
-}
-
-/// The little-endian u64 at the start of `bytes` (0 if shorter: callers check record lengths).
-fn read_le(bytes: &[u8]) -> u64 {
-    bytes.first_chunk::<8>().map_or(0, |b| u64::from_le_bytes(*b))
 }
 
 fn read_be(bytes: &[u8]) -> Result<u64> {

@@ -1,13 +1,16 @@
 //! Reading committed revisions: one file, a byte range of a file, a byte range of the served tar,
 //! or the tar of a subtree — all streamed chunk by chunk, each chunk verified on the way out.
 //!
-//! A tar range starts by looking up the entry containing its first byte in the `t` offset index,
-//! then walks entries in path order; nothing is materialised.
+//! Entries come from the revision's manifest ([`super::manifest`]): its index is read once (and
+//! kept in a small cache), a page at a time after that. A tar range starts at the page and entry
+//! holding its first byte, then walks entries in path order; nothing is materialised.
+
+use std::sync::Arc;
 
 use super::chunks::ChunkRef;
-use super::revision::{file_key, segment_key, tar_index_key};
+use super::manifest::{decode_page, ChunkList, Manifest};
 use super::tarfmt::{self, BLOCK};
-use super::{be, key, read_be, FileEntry, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store};
+use super::{FileEntry, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store};
 
 /// A resolved, satisfiable byte range `[start, end)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,17 +22,72 @@ pub struct RangeSpec {
 /// Receives output bytes; returning an error (e.g. [`StorageError::Cancelled`]) stops the read.
 pub type Sink<'a> = dyn FnMut(&[u8]) -> Result<()> + 'a;
 
-/// Entries of a revision under a path prefix, in path order.
-pub struct FileListing<'a> {
-    iter: sled::Iter,
-    _store: &'a Store,
+/// Entries of a revision in path order, from some starting point, a page at a time.
+pub struct FileListing {
+    store: Store,
+    manifest: Arc<Manifest>,
+    next_page: usize,
+    page: std::vec::IntoIter<FileEntry>,
+    /// Entries before this path (or up to and including it, with `exclusive`) are skipped.
+    skip_before: Option<(String, bool)>,
+    prefix: String,
+    failed: Option<StorageError>,
+    done: bool,
 }
 
-impl Iterator for FileListing<'_> {
+impl FileListing {
+    fn failed(store: &Store, error: StorageError) -> FileListing {
+        FileListing {
+            store: store.clone(),
+            manifest: Arc::default(),
+            next_page: 0,
+            page: Vec::new().into_iter(),
+            skip_before: None,
+            prefix: String::new(),
+            failed: Some(error),
+            done: false,
+        }
+    }
+}
+
+impl Iterator for FileListing {
     type Item = Result<FileEntry>;
     fn next(&mut self) -> Option<Self::Item> {
-        let item = self.iter.next()?;
-        Some(item.map_err(StorageError::from).and_then(|(k, v)| FileEntry::decode(&k, &v)))
+        if let Some(e) = self.failed.take() {
+            self.done = true;
+            return Some(Err(e));
+        }
+        loop {
+            if self.done {
+                return None;
+            }
+            let Some(entry) = self.page.next() else {
+                let Some(page) = self.manifest.pages.get(self.next_page) else {
+                    self.done = true;
+                    return None;
+                };
+                self.next_page += 1;
+                match self.store.page(&page.chunk) {
+                    Ok(entries) => self.page = entries.into_iter(),
+                    Err(e) => {
+                        self.done = true;
+                        return Some(Err(e));
+                    }
+                }
+                continue;
+            };
+            if let Some((start, exclusive)) = &self.skip_before {
+                if entry.path < *start || (*exclusive && entry.path == *start) {
+                    continue;
+                }
+                self.skip_before = None;
+            }
+            if !entry.path.starts_with(&self.prefix) {
+                self.done = true;
+                return None;
+            }
+            return Some(Ok(entry));
+        }
     }
 }
 
@@ -45,80 +103,138 @@ impl Store {
         Ok(record)
     }
 
+    /// The decoded manifest index of a finalized revision.
+    pub(super) fn manifest(&self, rev: RevisionId) -> Result<Arc<Manifest>> {
+        let record = self.revision_record(rev)?;
+        self.manifest_of(&record)
+    }
+
+    pub(super) fn manifest_of(&self, record: &RevisionRecord) -> Result<Arc<Manifest>> {
+        let root = record.manifest_root()?;
+        if let Some(manifest) = self.inner.manifests.get(&root.hash) {
+            return Ok(manifest);
+        }
+        let (bytes, _) = self.get_chunk(&root)?;
+        let manifest = Arc::new(Manifest::decode(&bytes)?);
+        self.inner.manifests.put(root.hash, manifest.clone());
+        Ok(manifest)
+    }
+
+    /// The entries of one manifest page.
+    pub(super) fn page(&self, chunk: &ChunkRef) -> Result<Vec<FileEntry>> {
+        decode_page(&self.get_chunk(chunk)?.0)
+    }
+
     pub fn file(&self, rev: RevisionId, path: &str) -> Result<Option<FileEntry>> {
-        self.tree().get(file_key(rev, path))?.map(|v| FileEntry::decode_at(path, &v)).transpose()
+        let manifest = self.manifest(rev)?;
+        let Some(page) = manifest.pages.get(manifest.page_for_path(path)) else { return Ok(None) };
+        let entries = self.page(&page.chunk)?;
+        Ok(entries.binary_search_by(|e| e.path.as_str().cmp(path)).ok().and_then(|i| entries.into_iter().nth(i)))
     }
 
     /// Entries whose path starts with `prefix` (all entries for `""`).
-    pub fn files(&self, rev: RevisionId, prefix: &str) -> FileListing<'_> {
-        FileListing { iter: self.tree().scan_prefix(file_key(rev, prefix)), _store: self }
+    pub fn files(&self, rev: RevisionId, prefix: &str) -> FileListing {
+        self.listing(rev, prefix, prefix, false)
+    }
+
+    /// Entries under `prefix` from `start` on (after it, with `exclusive`), in path order.
+    fn listing(&self, rev: RevisionId, prefix: &str, start: &str, exclusive: bool) -> FileListing {
+        let manifest = match self.manifest(rev) {
+            Ok(m) => m,
+            Err(e) => return FileListing::failed(self, e),
+        };
+        FileListing {
+            store: self.clone(),
+            next_page: manifest.page_for_path(start),
+            manifest,
+            page: Vec::new().into_iter(),
+            skip_before: Some((start.to_string(), exclusive)),
+            prefix: prefix.to_string(),
+            failed: None,
+            done: false,
+        }
     }
 
     /// Streams bytes `[start, end)` of a regular file. Returns the stored bytes of the chunks read.
-    pub(super) fn for_each_chunk(
-        &self,
-        rev: RevisionId,
-        entry: &FileEntry,
-        start: u64,
-        end: u64,
-        out: &mut Sink<'_>,
-    ) -> Result<u64> {
+    pub(super) fn for_each_chunk(&self, entry: &FileEntry, start: u64, end: u64, out: &mut Sink<'_>) -> Result<u64> {
         if start >= end {
             return Ok(0);
         }
-        let prefix = key(b'k', &[&be(rev), &be(entry.file_id)]);
-        // The segment containing `start` is the last one starting at or before it.
-        let first = self
-            .tree()
-            .range(prefix.clone()..=segment_key(rev, entry.file_id, start))
-            .next_back()
-            .transpose()?
-            .map(|(k, _)| k)
-            .ok_or_else(|| StorageError::Corrupt(format!("{}: no chunk list", entry.path)))?;
-        let mut stored = 0u64;
-        let mut delivered = start;
-        for item in self.tree().range(first.to_vec()..segment_key(rev, entry.file_id, u64::MAX)) {
-            let (k, v) = item?;
-            let mut pos = read_be(k.get(prefix.len()..).unwrap_or_default())?;
-            for chunk in ChunkRef::decode_all(&v)? {
-                let chunk_end = pos + chunk.len as u64;
-                if chunk_end > delivered {
-                    let (data, share) = self.get_chunk(&chunk)?;
-                    stored += share;
-                    let from = (delivered - pos) as usize;
-                    let to = (end.min(chunk_end) - pos) as usize;
-                    out(data
-                        .get(from..to)
-                        .ok_or_else(|| StorageError::Corrupt(format!("{}: short chunk", entry.path)))?)?;
-                    delivered = pos + to as u64;
+        let short = || StorageError::Corrupt(format!("{}: chunk list shorter than the file", entry.path));
+        match &entry.chunks {
+            ChunkList::Inline(refs) => {
+                let (stored, delivered) = self.stream_refs(refs, 0, start, end, out)?;
+                if delivered < end {
+                    return Err(short());
+                }
+                Ok(stored)
+            }
+            ChunkList::Segments(segments) => {
+                // The segment containing `start` is the last one starting at or before it.
+                let first = segments.partition_point(|(s, _)| *s <= start).saturating_sub(1);
+                let mut stored = 0;
+                for (segment_start, segment) in segments.get(first..).unwrap_or_default() {
+                    let refs = ChunkRef::decode_all(&self.get_chunk(segment)?.0)?;
+                    let (read, delivered) = self.stream_refs(&refs, *segment_start, start, end, out)?;
+                    stored += read;
                     if delivered >= end {
                         return Ok(stored);
                     }
                 }
-                pos = chunk_end;
+                Err(short())
             }
+            ChunkList::None | ChunkList::Staged { .. } => Err(short()),
         }
-        Err(StorageError::Corrupt(format!("{}: chunk list shorter than the file", entry.path)))
+    }
+
+    /// Streams the part of `[start, end)` covered by `refs`, whose first chunk starts at file
+    /// offset `pos`. Returns the stored bytes read and the offset delivered up to.
+    pub(super) fn stream_refs(
+        &self,
+        refs: &[ChunkRef],
+        mut pos: u64,
+        start: u64,
+        end: u64,
+        out: &mut Sink<'_>,
+    ) -> Result<(u64, u64)> {
+        let mut stored = 0u64;
+        // A later segment starts past `start`: what came before it was delivered already.
+        let mut delivered = start.max(pos);
+        for chunk in refs {
+            if delivered >= end {
+                break;
+            }
+            let chunk_end = pos + chunk.len as u64;
+            if chunk_end > delivered {
+                let (data, share) = self.get_chunk(chunk)?;
+                stored += share;
+                let from = (delivered - pos) as usize;
+                let to = (end.min(chunk_end) - pos) as usize;
+                out(data.get(from..to).ok_or_else(|| StorageError::Corrupt("short chunk".into()))?)?;
+                delivered = pos + to as u64;
+            }
+            pos = chunk_end;
+        }
+        Ok((stored, delivered.max(start.min(end))))
     }
 
     /// Streams bytes `[start, end)` of a regular file.
-    pub fn read_file(&self, rev: RevisionId, entry: &FileEntry, range: RangeSpec, out: &mut Sink<'_>) -> Result<()> {
-        self.for_each_chunk(rev, entry, range.start, range.end.min(entry.size), out).map(|_| ())
+    pub fn read_file(&self, _rev: RevisionId, entry: &FileEntry, range: RangeSpec, out: &mut Sink<'_>) -> Result<()> {
+        self.for_each_chunk(entry, range.start, range.end.min(entry.size), out).map(|_| ())
     }
 
     /// Streams bytes `[start, end)` of the revision's deterministic tar.
     pub fn read_tar(&self, rev: RevisionId, tar_size: u64, range: RangeSpec, out: &mut Sink<'_>) -> Result<()> {
         let end = range.end.min(tar_size);
         let mut pos = range.start;
-        let first_path = self
-            .tree()
-            .range(tar_index_key(rev, 0)..=tar_index_key(rev, pos))
-            .next_back()
-            .transpose()?
-            .map(|(_, path)| path);
-        if let Some(path) = first_path {
-            let path = String::from_utf8_lossy(&path).into_owned();
-            for entry in self.entries_from(rev, &path) {
+        let manifest = self.manifest(rev)?;
+        let first_page = manifest.page_for_tar_offset(pos);
+        if let Some(page) = manifest.pages.get(first_page) {
+            let entries = self.page(&page.chunk)?;
+            // The entry holding `pos`: the last one starting at or before it.
+            let first = entries.partition_point(|e| e.tar_offset <= pos).saturating_sub(1);
+            let start_path = entries.get(first).map(|e| e.path.clone()).unwrap_or_default();
+            for entry in self.listing(rev, "", &start_path, false) {
                 if pos >= end {
                     break;
                 }
@@ -144,20 +260,10 @@ impl Store {
         prefix: &str,
         after: Option<&str>,
     ) -> impl Iterator<Item = Result<FileEntry>> + '_ {
-        let prefix_key = file_key(rev, prefix);
-        let start = match after {
-            // The smallest key past `after`'s: its own key with a zero byte appended.
-            Some(after) => {
-                let mut start = file_key(rev, after);
-                start.push(0);
-                start.max(prefix_key.clone())
-            }
-            None => prefix_key.clone(),
-        };
-        self.tree()
-            .range(start..)
-            .take_while(move |item| item.as_ref().map_or(true, |(k, _)| k.starts_with(&prefix_key)))
-            .map(|item| item.map_err(StorageError::from).and_then(|(k, v)| FileEntry::decode(&k, &v)))
+        match after {
+            Some(after) if after >= prefix => self.listing(rev, prefix, after, true),
+            _ => self.listing(rev, prefix, prefix, false),
+        }
     }
 
     /// Length of `entry` in a tar (header, data, padding).
@@ -180,15 +286,9 @@ impl Store {
         self.emit_entry(rev, &relocated, from, to, out).map(|_| ())
     }
 
-    fn entries_from(&self, rev: RevisionId, path: &str) -> impl Iterator<Item = Result<FileEntry>> + '_ {
-        self.tree()
-            .range(file_key(rev, path)..key(b'f', &[&be(rev + 1)]))
-            .map(|item| item.map_err(StorageError::from).and_then(|(k, v)| FileEntry::decode(&k, &v)))
-    }
-
     /// Emits the part of `entry` (header, data, padding) that falls in `[pos, end)`; returns the
     /// position after it.
-    fn emit_entry(&self, rev: RevisionId, entry: &FileEntry, pos: u64, end: u64, out: &mut Sink<'_>) -> Result<u64> {
+    fn emit_entry(&self, _rev: RevisionId, entry: &FileEntry, pos: u64, end: u64, out: &mut Sink<'_>) -> Result<u64> {
         let header = tarfmt::header_bytes(&entry.header_spec());
         let header_start = entry.tar_offset;
         let data_start = header_start + header.len() as u64;
@@ -203,7 +303,7 @@ impl Store {
         }
         if pos < data_end && pos < end {
             let to = data_end.min(end);
-            self.for_each_chunk(rev, entry, pos - data_start, to - data_start, out)?;
+            self.for_each_chunk(entry, pos - data_start, to - data_start, out)?;
             pos = to;
         }
         while pos < entry_end && pos < end {

@@ -1,0 +1,300 @@
+//! Staging of a revision being written, outside sled: entries and chunk lists go to files in
+//! `staging/<revision>/`, and finalize reads them back in path order.
+//!
+//! Files arrive in archive order, the manifest wants path order, and neither the entries nor their
+//! paths may be held in memory whole (a million-file archive). So entries are appended to
+//! `entries`, their chunk refs to `refs`, and (path, entry offset) pairs are collected in a run
+//! that is sorted and written out whenever it reaches [`RUN_BYTES`]; finalize merges the sorted
+//! runs. The only per-entry memory is a 64-bit path hash → entry offset map (duplicate paths and
+//! hard link targets are found through it), about 30 bytes an entry, which the file-count limit
+//! bounds. A crash leaves the directory behind; the next open removes every staging directory.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::fs::File;
+use std::hash::{BuildHasher, Hasher};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::chunks::{ChunkRef, CHUNK_REF_LEN};
+use super::manifest::{decode_entry, encode_entry, ChunkList, Cursor};
+use super::{EntryKind, FileEntry, Result, RevisionId, StorageError};
+
+/// Path bytes (plus a little per entry) collected in memory before a sorted run is written.
+const RUN_BYTES: usize = 4 << 20;
+
+/// The staging files of one revision.
+pub struct Staging {
+    dir: PathBuf,
+    entries: BufWriter<File>,
+    entries_len: u64,
+    refs: BufWriter<File>,
+    refs_len: u64,
+    by_hash: HashMap<u64, u64>,
+    /// Paths whose hash another path already has (practically never).
+    collisions: HashMap<String, u64>,
+    run: Vec<(String, u64)>,
+    run_bytes: usize,
+    runs: Vec<PathBuf>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+fn invalid(path: &str, reason: &str) -> StorageError {
+    StorageError::InvalidEntry { path: path.into(), reason: reason.into() }
+}
+
+/// The staging directory of a revision under the store's `staging/` directory.
+pub fn dir_of(root: &Path, rev: RevisionId) -> PathBuf {
+    root.join(format!("{rev:016x}"))
+}
+
+impl Staging {
+    pub fn create(dir: PathBuf) -> Result<Staging> {
+        // A directory left by a crash of an earlier process with the same id cannot exist (ids are
+        // never reused), but an empty start is cheap to guarantee.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let open = |name: &str| -> Result<BufWriter<File>> {
+            let file = std::fs::OpenOptions::new().create_new(true).read(true).append(true).open(dir.join(name))?;
+            Ok(BufWriter::with_capacity(64 << 10, file))
+        };
+        Ok(Staging {
+            entries: open("entries")?,
+            refs: open("refs")?,
+            dir,
+            entries_len: 0,
+            refs_len: 0,
+            by_hash: HashMap::new(),
+            collisions: HashMap::new(),
+            run: Vec::new(),
+            run_bytes: 0,
+            runs: Vec::new(),
+            hasher: std::collections::hash_map::RandomState::new(),
+        })
+    }
+
+    fn hash_of(&self, path: &str) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write(path.as_bytes());
+        h.finish()
+    }
+
+    /// Where the entry at `path` was staged, if it was.
+    fn find(&mut self, path: &str) -> Result<Option<u64>> {
+        if let Some(&offset) = self.collisions.get(path) {
+            return Ok(Some(offset));
+        }
+        let Some(&offset) = self.by_hash.get(&self.hash_of(path)) else { return Ok(None) };
+        let entry = self.read_entry(offset)?;
+        Ok((entry.path == path).then_some(offset))
+    }
+
+    /// Refuses a path already staged.
+    pub fn ensure_new(&mut self, path: &str) -> Result<()> {
+        if self.find(path)?.is_some() {
+            return Err(invalid(path, "duplicate path"));
+        }
+        Ok(())
+    }
+
+    /// Appends chunk refs of the file being written; returns their index in the refs file.
+    pub fn push_refs(&mut self, refs: &[ChunkRef]) -> Result<()> {
+        let mut bytes = Vec::with_capacity(refs.len() * CHUNK_REF_LEN);
+        for r in refs {
+            r.encode_into(&mut bytes);
+        }
+        self.refs.write_all(&bytes)?;
+        self.refs_len += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Refs written so far (the start of the next file's list).
+    pub fn refs_written(&self) -> u64 {
+        self.refs_len / CHUNK_REF_LEN as u64
+    }
+
+    /// Stages an entry (whose chunks, for a file, are `ChunkList::Staged`).
+    pub fn add(&mut self, entry: &FileEntry) -> Result<()> {
+        let mut record = Vec::with_capacity(96 + entry.path.len());
+        encode_entry(entry, &mut record);
+        let offset = self.entries_len;
+        self.entries.write_all(&(record.len() as u32).to_le_bytes())?;
+        self.entries.write_all(&record)?;
+        self.entries_len += 4 + record.len() as u64;
+        let hash = self.hash_of(&entry.path);
+        match self.by_hash.entry(hash) {
+            std::collections::hash_map::Entry::Occupied(_) => {
+                self.collisions.insert(entry.path.clone(), offset);
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(offset);
+            }
+        }
+        self.run_bytes += entry.path.len() + 32;
+        self.run.push((entry.path.clone(), offset));
+        if self.run_bytes >= RUN_BYTES {
+            self.write_run()?;
+        }
+        Ok(())
+    }
+
+    /// The staged regular file at `path` (a hard link's target).
+    pub fn regular_file(&mut self, path: &str) -> Result<Option<FileEntry>> {
+        let Some(offset) = self.find(path)? else { return Ok(None) };
+        Ok(Some(self.read_entry(offset)?).filter(|e| e.kind == EntryKind::File))
+    }
+
+    fn write_run(&mut self) -> Result<()> {
+        let mut run = std::mem::take(&mut self.run);
+        self.run_bytes = 0;
+        run.sort_unstable();
+        let path = self.dir.join(format!("run-{}", self.runs.len()));
+        let mut out = BufWriter::with_capacity(64 << 10, File::create(&path)?);
+        for (p, offset) in &run {
+            out.write_all(&(p.len() as u32).to_le_bytes())?;
+            out.write_all(p.as_bytes())?;
+            out.write_all(&offset.to_le_bytes())?;
+        }
+        out.flush()?;
+        self.runs.push(path);
+        Ok(())
+    }
+
+    /// Reads back the entry staged at `offset`.
+    pub fn read_entry(&mut self, offset: u64) -> Result<FileEntry> {
+        self.entries.flush()?;
+        let file = self.entries.get_ref();
+        let mut len = [0u8; 4];
+        file.read_exact_at(&mut len, offset)?;
+        let mut record = vec![0u8; u32::from_le_bytes(len) as usize];
+        file.read_exact_at(&mut record, offset + 4)?;
+        decode_entry(&mut Cursor::new(&record))
+    }
+
+    /// Reads `count` refs starting at ref index `first`.
+    pub fn read_refs(&mut self, first: u64, count: u64) -> Result<Vec<ChunkRef>> {
+        self.refs.flush()?;
+        let mut bytes = vec![0u8; usize::try_from(count).unwrap_or(usize::MAX).saturating_mul(CHUNK_REF_LEN)];
+        self.refs.get_ref().read_exact_at(&mut bytes, first * CHUNK_REF_LEN as u64)?;
+        ChunkRef::decode_all(&bytes)
+    }
+
+    /// Entry offsets in path order.
+    pub fn sorted(&mut self) -> Result<Sorted> {
+        self.entries.flush()?;
+        if self.runs.is_empty() {
+            let mut run = std::mem::take(&mut self.run);
+            run.sort_unstable();
+            return Ok(Sorted::Memory(run.into_iter()));
+        }
+        if !self.run.is_empty() {
+            self.write_run()?;
+        }
+        let mut readers = Vec::with_capacity(self.runs.len());
+        let mut heap = BinaryHeap::new();
+        for (i, path) in self.runs.iter().enumerate() {
+            let mut reader = BufReader::with_capacity(64 << 10, File::open(path)?);
+            if let Some((p, offset)) = read_run_item(&mut reader)? {
+                heap.push(Reverse((p, offset, i)));
+            }
+            readers.push(reader);
+        }
+        Ok(Sorted::Merge { readers, heap })
+    }
+
+    /// Removes the staging files.
+    pub fn remove(&self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn read_run_item(reader: &mut BufReader<File>) -> Result<Option<(String, u64)>> {
+    if reader.fill_buf()?.is_empty() {
+        return Ok(None);
+    }
+    let mut len = [0u8; 4];
+    reader.read_exact(&mut len)?;
+    let mut path = vec![0u8; u32::from_le_bytes(len) as usize];
+    reader.read_exact(&mut path)?;
+    let mut offset = [0u8; 8];
+    reader.read_exact(&mut offset)?;
+    let path = String::from_utf8(path).map_err(|_| StorageError::Corrupt("staging run holds a bad path".into()))?;
+    Ok(Some((path, u64::from_le_bytes(offset))))
+}
+
+/// Staged entry offsets in path order: one run sorted in memory, or a merge of runs on disk.
+pub enum Sorted {
+    Memory(std::vec::IntoIter<(String, u64)>),
+    Merge { readers: Vec<BufReader<File>>, heap: BinaryHeap<Reverse<(String, u64, usize)>> },
+}
+
+impl Iterator for Sorted {
+    type Item = Result<u64>;
+
+    fn next(&mut self) -> Option<Result<u64>> {
+        match self {
+            Sorted::Memory(items) => items.next().map(|(_, offset)| Ok(offset)),
+            Sorted::Merge { readers, heap } => {
+                let Reverse((_, offset, run)) = heap.pop()?;
+                let reader = readers.get_mut(run)?;
+                match read_run_item(reader) {
+                    Ok(Some((p, next))) => heap.push(Reverse((p, next, run))),
+                    Ok(None) => {}
+                    Err(e) => return Some(Err(e)),
+                }
+                Some(Ok(offset))
+            }
+        }
+    }
+}
+
+impl ChunkList {
+    /// The staged refs range of a staged file.
+    pub fn staged(&self) -> Option<(u64, u64)> {
+        match self {
+            ChunkList::Staged { offset, count } => Some((*offset, *count)),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str) -> FileEntry {
+        FileEntry {
+            path: path.into(),
+            kind: EntryKind::File,
+            target: None,
+            mode: 0o644,
+            size: 1,
+            sha256: "00".repeat(32),
+            tar_offset: 0,
+            chunks: ChunkList::Staged { offset: 0, count: 0 },
+        }
+    }
+
+    #[test]
+    fn entries_come_back_in_path_order_across_runs_and_duplicates_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut staging = Staging::create(dir.path().join("s")).unwrap();
+        // Enough long paths for several runs.
+        let pad = "p".repeat(2000);
+        let mut expected: Vec<String> = (0..6000).map(|i| format!("{}/{pad}", (i * 7919) % 6000)).collect();
+        for p in &expected {
+            staging.add(&file(p)).unwrap();
+        }
+        assert!(staging.runs.len() >= 2, "the entries spilled into runs");
+        assert!(staging.ensure_new(&expected[10]).is_err());
+        assert!(staging.ensure_new("new").is_ok());
+        assert_eq!(staging.regular_file(&expected[3]).unwrap().unwrap().path, expected[3]);
+        expected.sort();
+        let sorted: Vec<u64> = staging.sorted().unwrap().map(Result::unwrap).collect();
+        let paths: Vec<String> = sorted.into_iter().map(|o| staging.read_entry(o).unwrap().path).collect();
+        assert_eq!(paths, expected);
+        staging.remove();
+        assert!(!dir.path().join("s").exists());
+    }
+}
