@@ -327,6 +327,14 @@ mod tests {
     }
 
     #[test]
+    fn empty_content_is_intended_only_when_the_spec_says_so() {
+        assert!(allows_empty(&json!({"spec": {"sources": [{"upload": {}}], "allowEmpty": true}})));
+        assert!(!allows_empty(&json!({"spec": {"sources": [{"upload": {}}], "allowEmpty": false}})));
+        assert!(!allows_empty(&json!({"spec": {"sources": [{"upload": {}}]}})));
+        assert_eq!(schema().pointer("/properties/spec/properties/allowEmpty/type"), Some(&json!("boolean")));
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("1h30m").map(|d| d.as_secs()), Some(5400));
         assert_eq!(parse_duration("10m").map(|d| d.as_secs()), Some(600));
