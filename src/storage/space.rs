@@ -22,7 +22,7 @@ use std::path::Path;
 use super::{Result, StorageError};
 
 /// Default reserve: an order of magnitude above what concurrent writers can overshoot it by (one
-/// 256 KiB block per writer between checks, plus sled's 512 KiB log segments), and negligible on
+/// 1 MiB block per writer between checks, plus sled's 512 KiB log segments), and negligible on
 /// any real volume.
 pub const DEFAULT_MIN_FREE_BYTES: u64 = 64 << 20;
 
