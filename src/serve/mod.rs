@@ -61,6 +61,10 @@ pub struct ServeOptions {
     /// continuation from further back gets 410 Gone and re-lists.
     #[arg(long, default_value_t = StoreOptions::default().change_log_len)]
     pub change_log_length: u64,
+    /// Bytes (compressed) the change log may hold, whatever its length: the oldest changes go
+    /// first, and a watch or list continuation from before them gets 410 Gone and re-lists.
+    #[arg(long, default_value_t = StoreOptions::default().change_log_bytes)]
+    pub change_log_bytes: u64,
     /// Free bytes the data directory's filesystem must keep: below this, uploads, unpacks and
     /// creating or changing objects fail with 507 InsufficientStorage (reads and deletes still
     /// work); below a quarter of it every write stops, so the store never meets a full disk.
@@ -84,6 +88,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         let dir = options.data_dir.join("store");
         let store_options = StoreOptions {
             change_log_len: options.change_log_length.max(1),
+            change_log_bytes: options.change_log_bytes,
             min_free_bytes: options.min_free_bytes,
             ..StoreOptions::default()
         };

@@ -26,7 +26,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::objects::decode_envelope;
-use super::{be, decode_json, key, read_be, Result, StorageError, Store};
+use super::{be, key, read_be, Result, StorageError, Store};
 
 /// What to list.
 pub struct ListQuery<'a> {
@@ -295,7 +295,7 @@ impl Changed {
         for item in store.tree().range(key(b'l', &[&be(self.seen + 1)])..key(b'm', &[])) {
             let (log_key, entry) = item?;
             seen = seen.max(read_be(log_key.get(1..).unwrap_or_default())?);
-            let change: ChangeHead = decode_json(&entry)?;
+            let change: ChangeHead = super::objects::decode_log(&entry)?;
             let object_key = key(
                 b'o',
                 &[change.resource.as_bytes(), b"/", change.namespace.as_bytes(), b"/", change.name.as_bytes()],
@@ -329,7 +329,7 @@ impl Changed {
         let Some(Some(log_key)) = self.first.get(object_key) else { return Ok(None) };
         // Gone from the log since it was read: trimmed, so the log no longer covers `at`.
         let entry = store.tree().get(log_key)?.ok_or(StorageError::Expired(self.at))?;
-        let previous: Previous = decode_json(&entry)?;
+        let previous: Previous = super::objects::decode_log(&entry)?;
         // Entries written before the log kept previous states cannot be replayed.
         previous.previous.map(Some).ok_or(StorageError::Expired(self.at))
     }

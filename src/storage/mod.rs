@@ -192,6 +192,9 @@ pub struct StoreOptions {
     pub zstd_level: i32,
     /// Change-log entries kept for watches.
     pub change_log_len: u64,
+    /// Bytes (compressed) the change log may hold: with whole objects in every entry, a busy
+    /// store's log would otherwise outweigh its content many times.
+    pub change_log_bytes: u64,
     /// Free bytes on the data directory's filesystem below which new content is refused
     /// ([`space`]).
     pub min_free_bytes: u64,
@@ -203,6 +206,7 @@ impl Default for StoreOptions {
             cache_bytes: 16 << 20,
             zstd_level: 3,
             change_log_len: 100_000,
+            change_log_bytes: 1 << 20,
             min_free_bytes: DEFAULT_MIN_FREE_BYTES,
         }
     }
@@ -231,6 +235,9 @@ struct Inner {
     /// Bumped whenever a finalize records a manifest: a collection in progress marks it too.
     manifest_generation: std::sync::atomic::AtomicU64,
     manifests: manifest::ManifestCache,
+    /// Compressed bytes in the change log, and the lock of its trimming.
+    log_bytes: std::sync::atomic::AtomicU64,
+    log_trim: Mutex<()>,
     /// Serialises garbage collection passes.
     gc_lock: Mutex<()>,
     /// Held (shared) by a writer from appending a block until its chunks are indexed; rolling the
@@ -272,6 +279,8 @@ impl Store {
                 pins: Mutex::new(chunks::Pins::default()),
                 manifest_generation: std::sync::atomic::AtomicU64::new(0),
                 manifests: manifest::ManifestCache::default(),
+                log_bytes: std::sync::atomic::AtomicU64::new(0),
+                log_trim: Mutex::new(()),
                 gc_lock: Mutex::new(()),
                 sealing: std::sync::RwLock::new(()),
                 events,
@@ -282,6 +291,7 @@ impl Store {
             }),
         };
         store.start_commits()?;
+        store.count_log_bytes()?;
         store.migrate()?;
         // A store from before the owner index gets it now (on a disk at the floor, at a later
         // start: until then dependents are found by a scan).

@@ -6,6 +6,8 @@
 //! object may *own* a content revision: deleting the object releases it (the garbage collector
 //! does the rest).
 
+use std::sync::atomic::Ordering;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -275,6 +277,7 @@ impl Store {
         let mut batch = sled::Batch::default();
         let mut objects = Vec::with_capacity(writes.len());
         let mut collect = false; // a revision changed state: let the collector look
+        let mut log_bytes = 0u64;
         for (i, write) in writes.into_iter().enumerate() {
             // Each change gets its own change-log slot so watchers see every event in order.
             let log_key = key(b'l', &[&be(rv), &(i as u32).to_be_bytes()]);
@@ -299,7 +302,9 @@ impl Store {
                     let envelope = Envelope { rv, revision, object: object.clone() };
                     batch.insert(key.encode(), encode_json(&envelope));
                     let previous = existing.map(|e| e.value);
-                    batch.insert(log_key, encode_json(&change(kind, &key, &object, previous)));
+                    let entry = encode_log(&change(kind, &key, &object, previous));
+                    log_bytes += entry.len() as u64;
+                    batch.insert(log_key, entry);
                     objects.push(object);
                 }
                 ObjectWrite::Delete { key, precondition } => {
@@ -316,19 +321,22 @@ impl Store {
                     }
                     index_owners(&mut batch, &key, Some(&existing.value), None);
                     batch.remove(key.encode());
-                    batch.insert(log_key, encode_json(&change("DELETED", &key, &object, Some(existing.value))));
+                    let entry = encode_log(&change("DELETED", &key, &object, Some(existing.value)));
+                    log_bytes += entry.len() as u64;
+                    batch.insert(log_key, entry);
                     objects.push(object);
                 }
             }
         }
         batch.insert(RV_COUNTER, &be(rv)[..]);
         self.tree().apply_batch(batch)?;
+        let logged = self.inner.log_bytes.fetch_add(log_bytes, Ordering::AcqRel) + log_bytes;
         drop(guard);
         drop(applying);
         self.make_durable(rv)?;
-        // Trim in steps (each is a range delete), often enough that the log stays near its length.
+        // Trim in steps (each is a range delete), often enough that the log stays near its bounds.
         let trim_every = (self.inner.options.change_log_len / 4).clamp(1, 1024);
-        if rv % trim_every == 0 {
+        if rv % trim_every == 0 || logged > self.inner.options.change_log_bytes {
             self.trim_change_log(rv)?;
         }
         if collect {
@@ -345,7 +353,7 @@ impl Store {
         self.tree().range(key(b'l', &[&be(after.saturating_add(1))])..end).map(|item| {
             let (k, v) = item?;
             let rv = read_be(k.get(1..).unwrap_or_default())?;
-            Ok((rv, decode_json(&v)?))
+            Ok((rv, decode_log(&v)?))
         })
     }
 
@@ -373,14 +381,43 @@ impl Store {
         Ok(after.saturating_add(1) >= start)
     }
 
+    /// Drops the oldest entries beyond the log's length, and beyond its byte budget (down to three
+    /// quarters of it), whole resourceVersions at a time; the newest one always stays.
     fn trim_change_log(&self, rv: u64) -> Result<()> {
-        let keep_from = rv.saturating_sub(self.inner.options.change_log_len);
+        let _trimming = self.inner.log_trim.lock().unwrap_or_else(|e| e.into_inner());
+        let count_floor = rv.saturating_sub(self.inner.options.change_log_len);
+        let target = self.inner.options.change_log_bytes / 4 * 3;
+        let total = self.inner.log_bytes.load(Ordering::Acquire);
         let mut batch = sled::Batch::default();
-        for k in self.tree().range(key(b'l', &[])..key(b'l', &[&be(keep_from)])).keys() {
-            batch.remove(k?);
+        let (mut freed, mut keep_from, mut removing) = (0u64, count_floor, None::<u64>);
+        for item in self.tree().range(key(b'l', &[])..key(b'm', &[])) {
+            let (k, v) = item?;
+            let entry_rv = read_be(k.get(1..).unwrap_or_default())?;
+            if removing != Some(entry_rv) {
+                // A new resourceVersion: decided as a whole.
+                let over = total.saturating_sub(freed) > target;
+                if entry_rv >= rv || (entry_rv >= count_floor && !over) {
+                    break;
+                }
+                removing = Some(entry_rv);
+                keep_from = keep_from.max(entry_rv + 1);
+            }
+            freed += v.len() as u64;
+            batch.remove(k);
         }
         batch.insert(LOG_START, &be(keep_from)[..]);
         self.tree().apply_batch(batch)?;
+        self.inner.log_bytes.fetch_sub(freed.min(total), Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// At open: the bytes the change log holds.
+    pub(super) fn count_log_bytes(&self) -> Result<()> {
+        let mut total = 0u64;
+        for item in self.tree().range(key(b'l', &[])..key(b'm', &[])) {
+            total += item?.1.len() as u64;
+        }
+        self.inner.log_bytes.store(total, Ordering::Release);
         Ok(())
     }
 
@@ -392,6 +429,26 @@ impl Store {
     pub(super) fn lock_objects(&self) -> std::sync::MutexGuard<'_, ()> {
         self.inner.object_lock.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Log entries are zstd-compressed JSON (Kubernetes objects shrink three- to fivefold); entries
+/// written before compression are plain JSON, told apart by zstd's magic number.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+/// Largest decompressed log entry accepted (objects are limited far below this).
+const MAX_LOG_ENTRY: usize = 64 << 20;
+
+fn encode_log(event: &ChangeEvent) -> Vec<u8> {
+    let json = encode_json(event);
+    zstd::bulk::compress(&json, 1).unwrap_or(json)
+}
+
+pub(super) fn decode_log<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    if bytes.starts_with(&ZSTD_MAGIC) {
+        let json = zstd::bulk::decompress(bytes, MAX_LOG_ENTRY)
+            .map_err(|e| StorageError::Corrupt(format!("undecodable change-log entry: {e}")))?;
+        return decode_json(&json);
+    }
+    decode_json(bytes)
 }
 
 pub(super) fn key_revision(id: RevisionId) -> Vec<u8> {

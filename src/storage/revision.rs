@@ -274,15 +274,15 @@ impl RevisionWriter {
 
 impl Drop for RevisionWriter {
     fn drop(&mut self) {
+        // Unpinned before the release is recorded: the pass the release triggers must find these
+        // chunks unpinned, or they would stay until some later pass.
+        self.store.unpin_all(&std::mem::take(&mut self.pinned));
         if self.open {
             self.staging.remove();
             if let Err(e) = self.store.release_revision(self.id) {
                 tracing::warn!(revision = self.id, error = %e, "could not release an abandoned revision");
             }
         }
-        // After the release is recorded: a collection that runs in between sees the revision as
-        // garbage only once it is marked so, and then takes its chunks (unless pinned elsewhere).
-        self.store.unpin_all(&std::mem::take(&mut self.pinned));
     }
 }
 

@@ -277,6 +277,43 @@ fn mostly_dead_packs_are_compacted() {
 }
 
 #[test]
+fn the_change_log_stays_within_its_byte_budget_and_says_what_it_no_longer_covers() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions { change_log_bytes: 64 << 10, ..StoreOptions::default() };
+    let store = Store::open(dir.path(), options.clone()).unwrap();
+    let mut last = 0;
+    for i in 0..3000u64 {
+        // Incompressible enough that the budget, not the length, bounds the log.
+        let noise = hex::encode(noise(i, 200));
+        last = store.write_objects(vec![put_v(&format!("o{}", i % 50), i)]).unwrap().resource_version;
+        let mut object = serde_json::json!({"metadata": {"name": format!("n{i}")}, "data": noise});
+        object["i"] = serde_json::json!(i);
+        store
+            .write_objects(vec![ObjectWrite::Put {
+                key: ObjectKey::new("bundles", "ns", &format!("n{}", i % 50)),
+                object,
+                precondition: Precondition::None,
+                revision: None,
+            }])
+            .unwrap();
+    }
+    let logged: u64 = store.tree().range(key(b'l', &[])..key(b'm', &[])).map(|i| i.unwrap().1.len() as u64).sum();
+    assert!(logged <= 64 << 10, "the log holds {logged} bytes");
+    assert!(!store.log_covers(1).unwrap(), "the oldest changes went");
+    assert!(store.log_covers(last).unwrap());
+    let recent: Vec<u64> = store.changes_since(last - 1).map(|c| c.unwrap().0).collect();
+    assert_eq!(recent, vec![last, last + 1], "recent changes read back whole");
+    // Reopened, the budget still holds (the log's size is counted at open).
+    drop(store);
+    let store = Store::open(dir.path(), options).unwrap();
+    for i in 0..500u64 {
+        store.write_objects(vec![put_v("again", i)]).unwrap();
+    }
+    let logged: u64 = store.tree().range(key(b'l', &[])..key(b'm', &[])).map(|i| i.unwrap().1.len() as u64).sum();
+    assert!(logged <= 64 << 10, "the log holds {logged} bytes after a restart");
+}
+
+#[test]
 fn resource_versions_are_monotonic_and_preconditions_hold() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
