@@ -50,7 +50,7 @@ pub(super) fn with_revision(
 ) -> Outcome {
     let mut writer = store().begin_revision().unwrap_or_else(|e| panic!("begin_revision: {e}"));
     let mut sink = TreeSink::new(&mut writer, limits, Default::default());
-    let filled = fill(&mut sink).and_then(|()| sink.finish(declared, false).map(drop));
+    let filled = fill(&mut sink).and_then(|()| sink.finish(declared, false, false).map(drop));
     if let Err(err) = filled {
         let client_error = matches!(
             err,
@@ -58,6 +58,7 @@ pub(super) fn with_revision(
                 | UnpackError::InvalidFormat { .. }
                 | UnpackError::TooLarge(_)
                 | UnpackError::CorruptArchive(_)
+                | UnpackError::Empty
         );
         assert!(client_error, "bad input failed as a server error: {err:?}");
         return Err(err.to_string());
@@ -66,23 +67,34 @@ pub(super) fn with_revision(
 }
 
 /// Forwards entries to `inner` after asserting the [`EntrySink`] contract: normalised relative
-/// paths, each once, never both a file and a directory; symlinks that stay inside the tree; hard
-/// links to an earlier regular file; after OCI layers, no whiteout names.
+/// paths, each once, never both a file and a directory; permission bits only; symlinks that stay
+/// inside the tree; hard links to an earlier regular file; after OCI layers, no whiteout names.
 pub(super) struct CheckedSink<'s, 'a> {
     inner: &'s mut Sink<'a>,
     after_layers: bool,
     /// Files and symlinks.
     leaves: HashSet<String>,
     regular_files: HashSet<String>,
+    /// Directories implied by a path or named by a directory entry.
     dirs: HashSet<String>,
+    /// Directories named by a directory entry.
+    named_dirs: HashSet<String>,
 }
 
 impl<'s, 'a> CheckedSink<'s, 'a> {
     pub(super) fn new(inner: &'s mut Sink<'a>, after_layers: bool) -> Self {
-        CheckedSink { inner, after_layers, leaves: HashSet::new(), regular_files: HashSet::new(), dirs: HashSet::new() }
+        CheckedSink {
+            inner,
+            after_layers,
+            leaves: HashSet::new(),
+            regular_files: HashSet::new(),
+            dirs: HashSet::new(),
+            named_dirs: HashSet::new(),
+        }
     }
 
-    fn check_path(&mut self, path: &str) {
+    /// Checks a path and records its ancestors as directories.
+    fn check_path_shape(&mut self, path: &str) {
         assert!(
             !path.is_empty() && path.split('/').all(|c| !c.is_empty() && c != "." && c != ".."),
             "sink received an unnormalised path {path:?}"
@@ -91,7 +103,6 @@ impl<'s, 'a> CheckedSink<'s, 'a> {
         if self.after_layers {
             assert!(!path.split('/').any(|c| c.starts_with(".wh.")), "a whiteout reached the tree: {path:?}");
         }
-        assert!(!self.leaves.contains(path) && !self.dirs.contains(path), "sink received {path:?} twice");
         let mut ancestor = String::new();
         for comp in path.split('/').take(path.split('/').count() - 1) {
             if !ancestor.is_empty() {
@@ -101,6 +112,12 @@ impl<'s, 'a> CheckedSink<'s, 'a> {
             assert!(!self.leaves.contains(&ancestor), "{path:?} is below the file or link {ancestor:?}");
             self.dirs.insert(ancestor.clone());
         }
+    }
+
+    /// Checks the path of a file or link, received once and never where a directory is.
+    fn check_path(&mut self, path: &str) {
+        assert!(!self.leaves.contains(path) && !self.dirs.contains(path), "sink received {path:?} twice");
+        self.check_path_shape(path);
         self.leaves.insert(path.to_owned());
     }
 }
@@ -108,10 +125,20 @@ impl<'s, 'a> CheckedSink<'s, 'a> {
 impl EntrySink for CheckedSink<'_, '_> {
     type Error = UnpackError;
 
-    fn file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
+        assert!(mode <= 0o777, "{path:?}: mode {mode:o} has more than permission bits");
         self.check_path(path);
         self.regular_files.insert(path.to_owned());
-        self.inner.file(path, executable, data)
+        self.inner.file(path, mode, data)
+    }
+
+    fn dir(&mut self, path: &str, mode: u32) -> Result<(), UnpackError> {
+        assert!(mode <= 0o777, "{path:?}: mode {mode:o} has more than permission bits");
+        assert!(!self.leaves.contains(path), "directory {path:?} is also a file or link");
+        assert!(self.named_dirs.insert(path.to_owned()), "directory {path:?} received twice");
+        self.check_path_shape(path);
+        self.dirs.insert(path.to_owned());
+        self.inner.dir(path, mode)
     }
 
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {

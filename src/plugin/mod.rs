@@ -106,7 +106,11 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
             let files = content.files(&namespace, &name, revision.as_deref()).await?;
             print_lines(files.into_iter().map(|f| {
                 let link = f.target.map(|t| format!(" -> {t}")).unwrap_or_default();
-                let short: String = f.sha256.chars().take(12).collect();
+                // A directory has no content to hash.
+                let short: String = match f.kind.as_str() {
+                    "directory" => "-".into(),
+                    _ => f.sha256.chars().take(12).collect(),
+                };
                 format!("{:o} {:>12} {short} {}{link}", f.mode, f.size, f.path)
             }))?;
         }

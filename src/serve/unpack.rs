@@ -25,7 +25,7 @@ pub struct UnpackOptions {
     /// Largest total size of one Bundle's files, uploaded or pulled (compression-bomb limit).
     #[arg(long, default_value_t = UnpackLimits::default().max_total_bytes)]
     pub max_unpacked_bytes: u64,
-    /// Most files (and symlinks) in one Bundle.
+    /// Most files, symlinks and directories in one Bundle.
     #[arg(long, default_value_t = UnpackLimits::default().max_files)]
     pub max_files: u64,
     /// Largest single file in bytes.

@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use super::chunks::{ChunkRef, Hash, CHUNK_REF_LEN};
-use super::{FileEntry, Result, StorageError};
+use super::{EntryKind, FileEntry, Result, StorageError, PERMISSION_BITS};
 
 /// Raw bytes of entries collected before a page is closed.
 pub const PAGE_TARGET: usize = 64 * 1024;
@@ -118,7 +118,11 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 /// Appends `entry`'s encoding (see the module doc).
 pub(super) fn encode_entry(entry: &FileEntry, out: &mut Vec<u8>) {
     put_str(out, &entry.path);
-    let kind = if entry.is_symlink() { KIND_SYMLINK } else { KIND_FILE };
+    let kind = match entry.kind {
+        EntryKind::File => KIND_FILE,
+        EntryKind::Symlink => KIND_SYMLINK,
+        EntryKind::Directory => KIND_DIRECTORY,
+    };
     out.push(kind);
     out.extend_from_slice(&entry.mode().to_le_bytes());
     out.extend_from_slice(&entry.size.to_le_bytes());
@@ -127,12 +131,10 @@ pub(super) fn encode_entry(entry: &FileEntry, out: &mut Vec<u8>) {
     let _ = hex::decode_to_slice(&entry.sha256, &mut sha);
     out.extend_from_slice(&sha);
     out.extend_from_slice(&entry.tar_offset.to_le_bytes());
-    if let Some(target) = &entry.target {
-        put_str(out, target);
-        return;
-    }
-    if kind != KIND_FILE {
-        return;
+    match entry.kind {
+        EntryKind::Symlink => return put_str(out, entry.target.as_deref().unwrap_or_default()),
+        EntryKind::Directory => return,
+        EntryKind::File => {}
     }
     match &entry.chunks {
         ChunkList::None => {
@@ -170,9 +172,9 @@ pub(super) fn decode_entry(c: &mut Cursor<'_>) -> Result<FileEntry> {
     let size = c.u64()?;
     let sha256 = hex::encode(c.hash()?);
     let tar_offset = c.u64()?;
-    let (target, chunks) = match kind {
-        KIND_SYMLINK => (Some(c.string()?), ChunkList::None),
-        KIND_DIRECTORY => (None, ChunkList::None),
+    let (kind, target, chunks) = match kind {
+        KIND_SYMLINK => (EntryKind::Symlink, Some(c.string()?), ChunkList::None),
+        KIND_DIRECTORY => (EntryKind::Directory, None, ChunkList::None),
         KIND_FILE => {
             let list = match c.u8()? {
                 LIST_INLINE => {
@@ -186,11 +188,12 @@ pub(super) fn decode_entry(c: &mut Cursor<'_>) -> Result<FileEntry> {
                 LIST_STAGED => ChunkList::Staged { offset: c.u64()?, count: c.u64()? },
                 _ => return Err(corrupt()),
             };
-            (None, list)
+            (EntryKind::File, None, list)
         }
         _ => return Err(corrupt()),
     };
-    Ok(FileEntry { path, target, executable: mode & 0o111 != 0, size, sha256, tar_offset, chunks })
+    let mode = mode & PERMISSION_BITS;
+    Ok(FileEntry { path, kind, target, mode, size, sha256, tar_offset, chunks })
 }
 
 /// One page of a manifest, as the index names it.
@@ -351,8 +354,9 @@ mod tests {
     fn entry(path: &str, chunks: ChunkList) -> FileEntry {
         FileEntry {
             path: path.into(),
+            kind: EntryKind::File,
             target: None,
-            executable: true,
+            mode: 0o755,
             size: 7,
             sha256: "ab".repeat(32),
             tar_offset: 512,
@@ -381,9 +385,8 @@ mod tests {
                 e.chunks = long.clone();
             }
             if i == 18 {
-                e.target = Some("../x".into());
+                (e.kind, e.target, e.mode) = (EntryKind::Symlink, Some("../x".into()), 0o777);
                 e.chunks = ChunkList::None;
-                e.executable = false;
             }
             builder.push(&e, &mut store).unwrap();
             expected.push(e);

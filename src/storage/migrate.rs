@@ -11,7 +11,9 @@ use super::chunks::{BlockBuilder, ChunkRef, Hash};
 use super::manifest::{chunk_list, ChunkList, ManifestBuilder};
 use super::objects::key_revision;
 use super::revision::MetaChunks;
-use super::{be, decode_json, encode_json, key, FileEntry, Result, RevisionRecord, RevisionState, StorageError, Store};
+use super::{
+    be, decode_json, encode_json, key, EntryKind, FileEntry, Result, RevisionRecord, RevisionState, StorageError, Store,
+};
 
 /// Kinds of the old per-file and per-chunk keys.
 const OLD_KINDS: [u8; 5] = [b'f', b'k', b't', b'r', b'z'];
@@ -32,11 +34,19 @@ fn decode_old_entry(path: &str, value: &[u8]) -> Result<(FileEntry, u64)> {
     let u64_at = |i: usize| value.get(i..).and_then(<[u8]>::first_chunk::<8>).map_or(0, |b| u64::from_le_bytes(*b));
     let target =
         if flags & FLAG_SYMLINK != 0 { Some(String::from_utf8(rest.to_vec()).map_err(|_| corrupt())?) } else { None };
+    // What the old layout served: 0777 symlinks, 0755 files with the executable flag, else 0644;
+    // so the converted revision's tar, and its digest, stay the same.
+    let (kind, mode) = match (target.is_some(), flags & FLAG_EXECUTABLE != 0) {
+        (true, _) => (EntryKind::Symlink, 0o777),
+        (false, true) => (EntryKind::File, 0o755),
+        (false, false) => (EntryKind::File, 0o644),
+    };
     let entry = FileEntry {
         path: path.to_string(),
+        kind,
         chunks: if target.is_some() { ChunkList::None } else { ChunkList::Inline(Vec::new()) },
         target,
-        executable: flags & FLAG_EXECUTABLE != 0,
+        mode,
         size: u64_at(1),
         sha256: hex::encode(sha256),
         tar_offset: u64_at(49),
@@ -184,7 +194,7 @@ mod tests {
             assert_eq!(store.tree().scan_prefix([kind]).count(), 0, "old {} keys remain", kind as char);
         }
         let file = store.file(id, "a.bin").unwrap().expect("the file is listed");
-        assert!(file.executable);
+        assert_eq!((file.kind, file.mode()), (EntryKind::File, 0o755), "the executable flag is mode 0755");
         assert_eq!(file.sha256, sha);
         let mut read = Vec::new();
         store
@@ -195,7 +205,7 @@ mod tests {
             .unwrap();
         assert_eq!(read, data);
         let link = store.file(id, "b.link").unwrap().unwrap();
-        assert_eq!(link.target.as_deref(), Some("a.bin"));
+        assert_eq!((link.kind, link.target.as_deref()), (EntryKind::Symlink, Some("a.bin")));
         // Its chunks survive a collection: the manifest reaches them.
         drop(store);
         let store = open(dir.path());

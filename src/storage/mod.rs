@@ -28,6 +28,7 @@
 
 mod chunks;
 mod commit;
+mod entry;
 mod gc;
 mod listing;
 mod manifest;
@@ -46,6 +47,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 pub use commit::CommitCounts;
+pub use entry::{EntryKind, FileEntry, PERMISSION_BITS};
 pub use gc::GcReport;
 pub use listing::{ListCursor, ListPage, ListQuery, ListSink};
 pub use objects::{ChangeEvent, ObjectKey, ObjectWrite, Precondition, StoredObject, WriteOutcome};
@@ -160,59 +162,6 @@ impl RevisionRecord {
         hex::decode_to_slice(&self.manifest, &mut hash)
             .map_err(|_| StorageError::Corrupt(format!("revision {} has no manifest", self.id)))?;
         Ok(chunks::ChunkRef { hash, len: self.manifest_len })
-    }
-}
-
-/// One entry (regular file or symlink) of a revision.
-#[derive(Clone, Debug)]
-pub struct FileEntry {
-    pub path: String,
-    pub target: Option<String>,
-    pub executable: bool,
-    pub size: u64,
-    /// Hex sha256 of the file's bytes (of the target string for symlinks).
-    pub sha256: String,
-    /// Offset of this entry's header in the served tar; set when the revision is finalized.
-    pub tar_offset: u64,
-    /// Where a regular file's chunk list is.
-    pub(crate) chunks: manifest::ChunkList,
-}
-
-impl FileEntry {
-    pub fn is_symlink(&self) -> bool {
-        self.target.is_some()
-    }
-
-    /// Unix mode as served.
-    pub fn mode(&self) -> u32 {
-        match (self.is_symlink(), self.executable) {
-            (true, _) => 0o777,
-            (false, true) => 0o755,
-            (false, false) => 0o644,
-        }
-    }
-
-    /// Bytes of data the entry carries in the tar (none for a symlink).
-    fn data_size(&self) -> u64 {
-        if self.is_symlink() {
-            0
-        } else {
-            self.size
-        }
-    }
-
-    /// Data plus padding to the next tar block.
-    fn tar_data_len(&self) -> u64 {
-        tarfmt::padded(self.data_size())
-    }
-
-    fn header_spec(&self) -> tarfmt::HeaderSpec<'_> {
-        tarfmt::HeaderSpec {
-            path: &self.path,
-            link_target: self.target.as_deref(),
-            executable: self.executable,
-            size: self.size,
-        }
     }
 }
 
@@ -450,6 +399,8 @@ fn read_be(bytes: &[u8]) -> Result<u64> {
     Ok(u64::from_be_bytes(arr))
 }
 
+#[cfg(test)]
+mod fidelity_tests;
 #[cfg(test)]
 mod scale_tests;
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Writing a revision: stream files in, cut them into chunks, then finalize into the served form.
 //!
-//! A revision is `Staging` while written. Files arrive in any order; each is chunked with FastCDC
-//! (content-defined, so an edit moves few cut points) and staged outside sled ([`super::staging`]).
+//! A revision is `Staging` while written. Entries (files, symlinks, directories) arrive in any
+//! order; a file is chunked with FastCDC (content-defined, so an edit moves few cut points); all
+//! are staged outside sled ([`super::staging`]).
 //! `finalize` walks the entries in path order, assigns each its offset in the deterministic tar,
 //! hashes that tar by reading every chunk back (which also verifies them) — the digest — and writes
 //! the manifest ([`super::manifest`]) as chunks; the revision record then names the manifest's root.
@@ -21,8 +22,8 @@ use super::objects::key_revision;
 use super::staging::Staging;
 use super::tarfmt::{self, padded};
 use super::{
-    encode_json, FileEntry, ObjectWrite, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store,
-    WriteOutcome,
+    encode_json, EntryKind, FileEntry, ObjectWrite, Result, RevisionId, RevisionRecord, RevisionState, StorageError,
+    Store, WriteOutcome, PERMISSION_BITS,
 };
 
 /// Chunk refs buffered per file before they go to the staging file.
@@ -112,8 +113,9 @@ impl RevisionWriter {
         self.id
     }
 
-    /// Adds a regular file, streaming `data` through the chunker.
-    pub fn add_file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<()> {
+    /// Adds a regular file with permission bits `mode` (masked to 0o777), streaming `data`
+    /// through the chunker.
+    pub fn add_file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<()> {
         self.staging.ensure_new(path)?;
         let first_ref = self.staging.refs_written();
         let mut sha = Sha256::new();
@@ -145,8 +147,9 @@ impl RevisionWriter {
         count += refs.len() as u64;
         self.staging.add(&FileEntry {
             path: path.to_string(),
+            kind: EntryKind::File,
             target: None,
-            executable,
+            mode: mode & PERMISSION_BITS,
             size,
             sha256: hex::encode(sha.finalize()),
             tar_offset: 0,
@@ -158,10 +161,29 @@ impl RevisionWriter {
         self.staging.ensure_new(path)?;
         self.staging.add(&FileEntry {
             path: path.to_string(),
+            kind: EntryKind::Symlink,
             target: Some(target.to_string()),
-            executable: false,
+            mode: 0o777,
             size: 0,
             sha256: hex::encode(Sha256::digest(target.as_bytes())),
+            tar_offset: 0,
+            chunks: ChunkList::None,
+        })
+    }
+
+    /// Adds a directory the archive names (an empty one included), with permission bits `mode`
+    /// (masked to 0o777). Its path is stored with a trailing `/`, so it sorts right before its
+    /// contents and never collides with a file's path.
+    pub fn add_dir(&mut self, path: &str, mode: u32) -> Result<()> {
+        let path = format!("{}/", path.trim_end_matches('/'));
+        self.staging.ensure_new(&path)?;
+        self.staging.add(&FileEntry {
+            path,
+            kind: EntryKind::Directory,
+            target: None,
+            mode: mode & PERMISSION_BITS,
+            size: 0,
+            sha256: hex::encode(Sha256::digest(b"")),
             tar_offset: 0,
             chunks: ChunkList::None,
         })
@@ -213,7 +235,8 @@ impl RevisionWriter {
                 entry.chunks = chunk_list(refs, &mut put)?;
             }
             offset += header.len() as u64 + entry.tar_data_len();
-            files += 1;
+            // Files and symlinks: what `status.files` counts (directories hold no content).
+            files += u64::from(!entry.is_dir());
             size += entry.size;
             manifest.push(&entry, &mut put)?;
         }

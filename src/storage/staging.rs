@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use super::chunks::{ChunkRef, CHUNK_REF_LEN};
 use super::manifest::{decode_entry, encode_entry, ChunkList, Cursor};
-use super::{FileEntry, Result, RevisionId, StorageError};
+use super::{EntryKind, FileEntry, Result, RevisionId, StorageError};
 
 /// Path bytes (plus a little per entry) collected in memory before a sorted run is written.
 const RUN_BYTES: usize = 4 << 20;
@@ -142,7 +142,7 @@ impl Staging {
     /// The staged regular file at `path` (a hard link's target).
     pub fn regular_file(&mut self, path: &str) -> Result<Option<FileEntry>> {
         let Some(offset) = self.find(path)? else { return Ok(None) };
-        Ok(Some(self.read_entry(offset)?).filter(|e| !e.is_symlink()))
+        Ok(Some(self.read_entry(offset)?).filter(|e| e.kind == EntryKind::File))
     }
 
     fn write_run(&mut self) -> Result<()> {
@@ -266,8 +266,9 @@ mod tests {
     fn file(path: &str) -> FileEntry {
         FileEntry {
             path: path.into(),
+            kind: EntryKind::File,
             target: None,
-            executable: false,
+            mode: 0o644,
             size: 1,
             sha256: "00".repeat(32),
             tar_offset: 0,

@@ -1,10 +1,11 @@
 //! The deterministic tar format every revision is served as.
 //!
-//! The same entry list always yields the same bytes: sorted paths (by the store), ustar headers with
-//! fixed metadata (uid/gid 0, mtime 0, no user names), mode 0644/0755 (files) or 0777 (symlinks),
-//! and PAX extended headers only where ustar cannot hold a path, link target or size. Because each
-//! header's length is a pure function of the entry, the store can compute every entry's offset at
-//! commit time and serve any byte range without materialising the archive.
+//! The same entry list always yields the same bytes: sorted paths (by the store: a directory, whose
+//! path ends with `/`, comes right before its contents), ustar headers with fixed metadata
+//! (uid/gid 0, mtime 0, no user names), the entry's permission bits (0777 for symlinks), and PAX
+//! extended headers only where ustar cannot hold a path, link target or size. Because each header's
+//! length is a pure function of the entry, the store can compute every entry's offset at commit
+//! time and serve any byte range without materialising the archive.
 
 /// Size of a tar block; headers and data are padded to it.
 pub const BLOCK: u64 = 512;
@@ -16,11 +17,22 @@ const USTAR_MAX_SIZE: u64 = 0o77777777777;
 
 /// What a tar header needs to know about an entry.
 pub struct HeaderSpec<'a> {
+    /// A directory's ends with `/` (added if missing).
     pub path: &'a str,
-    /// `None` for a regular file, the target for a symlink.
-    pub link_target: Option<&'a str>,
-    pub executable: bool,
-    pub size: u64,
+    pub kind: Kind<'a>,
+    /// Permission bits (masked to 0o777; ignored for symlinks, which are 0777).
+    pub mode: u32,
+}
+
+/// The type of a tar entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind<'a> {
+    File {
+        size: u64,
+    },
+    /// A symbolic link to the target.
+    Symlink(&'a str),
+    Directory,
 }
 
 /// Bytes of data plus padding to the next block boundary.
@@ -31,18 +43,28 @@ pub fn padded(len: u64) -> u64 {
 /// The header bytes (optional PAX header + ustar header) that precede an entry's data.
 pub fn header_bytes(spec: &HeaderSpec<'_>) -> Vec<u8> {
     let mut pax = Vec::new();
-    let (prefix, name) = match split_ustar_path(spec.path.as_bytes()) {
+    let path = match spec.kind {
+        Kind::Directory if !spec.path.ends_with('/') => std::borrow::Cow::Owned(format!("{}/", spec.path)),
+        _ => std::borrow::Cow::Borrowed(spec.path),
+    };
+    let (prefix, name) = match split_ustar_path(path.as_bytes()) {
         Some(split) => split,
         None => {
-            pax_record(&mut pax, "path", spec.path);
-            (&b""[..], truncate(spec.path.as_bytes(), 100))
+            pax_record(&mut pax, "path", &path);
+            (&b""[..], truncate(path.as_bytes(), 100))
         }
     };
-    let link = spec.link_target.unwrap_or("");
+    let link = match spec.kind {
+        Kind::Symlink(target) => target,
+        Kind::File { .. } | Kind::Directory => "",
+    };
     if link.len() > 100 {
         pax_record(&mut pax, "linkpath", link);
     }
-    let size = if spec.link_target.is_some() { 0 } else { spec.size };
+    let size = match spec.kind {
+        Kind::File { size } => size,
+        Kind::Symlink(_) | Kind::Directory => 0,
+    };
     if size > USTAR_MAX_SIZE {
         pax_record(&mut pax, "size", &size.to_string());
     }
@@ -54,10 +76,10 @@ pub fn header_bytes(spec: &HeaderSpec<'_>) -> Vec<u8> {
         out.extend_from_slice(&pax);
         out.resize(out.len() + (padded(pax_len) - pax_len) as usize, 0);
     }
-    let (mode, kind) = match spec.link_target {
-        Some(_) => (0o777, b'2'),
-        None if spec.executable => (0o755, b'0'),
-        None => (0o644, b'0'),
+    let (mode, kind) = match spec.kind {
+        Kind::File { .. } => (spec.mode & 0o777, b'0'),
+        Kind::Symlink(_) => (0o777, b'2'),
+        Kind::Directory => (spec.mode & 0o777, b'5'),
     };
     let size_field = if size > USTAR_MAX_SIZE { 0 } else { size };
     out.extend_from_slice(&ustar_block(prefix, name, mode, size_field, kind, truncate(link.as_bytes(), 100)));
@@ -155,11 +177,14 @@ mod tests {
     #[test]
     fn readers_see_paths_modes_links_and_data() {
         let long = format!("{}/{}", "d".repeat(150), "f".repeat(120));
+        let long_dir = format!("{}/{}/", "d".repeat(150), "e".repeat(99));
         let tar = archive(&[
-            (HeaderSpec { path: "a/b.yaml", link_target: None, executable: false, size: 5 }, b"hello"),
-            (HeaderSpec { path: "bin/run", link_target: None, executable: true, size: 2 }, b"#!"),
-            (HeaderSpec { path: &long, link_target: None, executable: false, size: 1 }, b"x"),
-            (HeaderSpec { path: "l", link_target: Some("a/b.yaml"), executable: false, size: 0 }, b""),
+            (HeaderSpec { path: "a/b.yaml", kind: Kind::File { size: 5 }, mode: 0o644 }, b"hello"),
+            (HeaderSpec { path: "bin/run", kind: Kind::File { size: 2 }, mode: 0o755 }, b"#!"),
+            (HeaderSpec { path: &long, kind: Kind::File { size: 1 }, mode: 0o600 }, b"x"),
+            (HeaderSpec { path: "l", kind: Kind::Symlink("a/b.yaml"), mode: 0o644 }, b""),
+            (HeaderSpec { path: "charts/", kind: Kind::Directory, mode: 0o700 }, b""),
+            (HeaderSpec { path: &long_dir, kind: Kind::Directory, mode: 0o4755 }, b""),
         ]);
         let mut seen = Vec::new();
         let mut ar = tar::Archive::new(&tar[..]);
@@ -168,14 +193,18 @@ mod tests {
             let path = e.path().unwrap().to_string_lossy().into_owned();
             let mode = e.header().mode().unwrap();
             let link = e.link_name().unwrap().map(|l| l.to_string_lossy().into_owned());
+            let kind = e.header().entry_type();
             let mut data = Vec::new();
             e.read_to_end(&mut data).unwrap();
-            seen.push((path, mode, link, data));
+            seen.push((path, mode, link, data, kind));
         }
-        assert_eq!(seen[0], ("a/b.yaml".into(), 0o644, None, b"hello".to_vec()));
+        assert_eq!(seen[0], ("a/b.yaml".into(), 0o644, None, b"hello".to_vec(), tar::EntryType::Regular));
         assert_eq!(seen[1].1, 0o755);
-        assert_eq!(seen[2].0, long);
-        assert_eq!(seen[3].2.as_deref(), Some("a/b.yaml"));
+        assert_eq!((seen[2].0.as_str(), seen[2].1), (long.as_str(), 0o600));
+        assert_eq!((seen[3].1, seen[3].2.as_deref()), (0o777, Some("a/b.yaml")));
+        assert_eq!(seen[4], ("charts/".into(), 0o700, None, vec![], tar::EntryType::Directory));
+        // A long directory path keeps its slash (ustar prefix + name); setuid is never kept.
+        assert_eq!((seen[5].0.as_str(), seen[5].1, seen[5].4), (long_dir.as_str(), 0o755, tar::EntryType::Directory));
     }
 
     #[test]
@@ -189,7 +218,7 @@ mod tests {
 
     #[test]
     fn header_is_deterministic_and_block_aligned() {
-        let spec = HeaderSpec { path: &"x/".repeat(200), link_target: None, executable: false, size: 9 };
+        let spec = HeaderSpec { path: &"x/".repeat(200), kind: Kind::File { size: 9 }, mode: 0o644 };
         assert_eq!(header_bytes(&spec), header_bytes(&spec));
         assert_eq!(header_len(&spec) % BLOCK, 0);
     }

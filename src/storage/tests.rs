@@ -38,7 +38,7 @@ pub(crate) fn noise(seed: u64, len: usize) -> Vec<u8> {
 fn write(store: &Store, files: &[(&str, Vec<u8>)]) -> PendingRevision {
     let mut writer = store.begin_revision().unwrap();
     for (path, data) in files {
-        writer.add_file(path, path.ends_with(".sh"), &mut &data[..]).unwrap();
+        writer.add_file(path, if path.ends_with(".sh") { 0o755 } else { 0o644 }, &mut &data[..]).unwrap();
     }
     writer.finalize().unwrap()
 }
@@ -191,7 +191,7 @@ fn an_interrupted_write_leaves_nothing_after_reopen() {
         let store = open(dir.path());
         kept = attach("c1", write(&store, &[("keep", noise(6, 100_000))]));
         let mut writer = store.begin_revision().unwrap();
-        writer.add_file("lost", false, &mut &noise(7, 300_000)[..]).unwrap();
+        writer.add_file("lost", 0o644, &mut &noise(7, 300_000)[..]).unwrap();
         store.flush().unwrap();
         assert_eq!(store.stats().unwrap().revisions_staging, 1);
         writer.simulate_crash();

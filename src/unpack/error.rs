@@ -32,6 +32,10 @@ pub enum UnpackError {
     /// The tree is not a valid bundle of its format; `path` names the offending file.
     #[error("{path}: {problem}")]
     InvalidFormat { path: String, problem: String },
+    /// The content holds no file or symlink (nothing, or directories only) and the Bundle does
+    /// not say that empty content is intended (`spec.allowEmpty`). Not retried.
+    #[error("archive holds no files: set spec.allowEmpty to true if the Bundle is meant to serve empty content")]
+    Empty,
     /// The store failed; retried.
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -50,6 +54,7 @@ impl UnpackError {
             UnpackError::InvalidEntry { .. } | UnpackError::CorruptArchive(_) => "InvalidContent",
             UnpackError::TooLarge(_) => "LimitExceeded",
             UnpackError::InvalidFormat { .. } => "InvalidFormat",
+            UnpackError::Empty => "EmptyContent",
             UnpackError::Storage(_) => "StorageFailed",
             UnpackError::Cancelled => "Cancelled",
         }

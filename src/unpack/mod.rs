@@ -27,11 +27,15 @@ pub use error::UnpackError;
 pub use source::{Credentials, NetworkPolicy, Resolved, SourceContext, SourceSpec, UnpackLimits};
 
 /// Receives the entries of a validated archive. Paths are relative, normalised (`a/b/c`, no `.`,
-/// `..`, leading `/` or trailing `/`), unique, and never both a file and a directory.
+/// `..`, leading `/` or trailing `/`), unique, and never both a file and a directory. Modes are
+/// permission bits only (`mode & 0o777`: setuid, setgid and sticky are dropped).
 pub trait EntrySink {
     type Error: std::error::Error + Send + Sync + 'static;
-    /// A regular file; `data` yields exactly its bytes.
-    fn file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<(), Self::Error>;
+    /// A regular file with permission bits `mode`; `data` yields exactly its bytes.
+    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), Self::Error>;
+    /// A directory the archive names, once (directories only implied by their contents' paths
+    /// are not reported; an empty directory is reported), in any order relative to its contents.
+    fn dir(&mut self, path: &str, mode: u32) -> Result<(), Self::Error>;
     /// A symbolic link whose target stays inside the tree (already checked).
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), Self::Error>;
     /// A hard link to an earlier regular file (or hard link, itself a copy) `target` of the same

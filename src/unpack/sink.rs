@@ -2,9 +2,12 @@
 //! within the Bundle's limits, with the format inspector watching.
 //!
 //! Limits are enforced while bytes flow (a file is cut off the moment it passes a limit), across
-//! all sources of one unpack: total size, file count, single-file size, path length and the
-//! expansion ratio (unpacked bytes per downloaded or uploaded byte). On any error the caller drops the
-//! revision writer, which releases everything written.
+//! all sources of one unpack: total size, entry count (files, symlinks and directories), single-file
+//! size, path length and the expansion ratio (unpacked bytes per downloaded or uploaded byte). On
+//! any error the caller drops the revision writer, which releases everything written. A tree with
+//! no file or symlink at all (nothing, or only directories) is refused unless the Bundle says
+//! empty content is intended (`spec.allowEmpty`): an upload or a source gone empty by mistake
+//! must not replace what a Bundle serves.
 
 use std::io::Read;
 use std::sync::Arc;
@@ -23,6 +26,9 @@ pub struct TreeSink<'w> {
     prefix: String,
     limits: UnpackLimits,
     budget: Arc<Budget>,
+    /// Entries stored (files, symlinks, directories): what `max_files` bounds.
+    entries: u64,
+    /// Files and symlinks stored: none makes an empty tree.
     files: u64,
     bytes: u64,
     inspector: Inspector,
@@ -30,7 +36,16 @@ pub struct TreeSink<'w> {
 
 impl<'w> TreeSink<'w> {
     pub fn new(writer: &'w mut RevisionWriter, limits: UnpackLimits, budget: Arc<Budget>) -> Self {
-        TreeSink { writer, prefix: String::new(), limits, budget, files: 0, bytes: 0, inspector: Inspector::default() }
+        TreeSink {
+            writer,
+            prefix: String::new(),
+            limits,
+            budget,
+            entries: 0,
+            files: 0,
+            bytes: 0,
+            inspector: Inspector::default(),
+        }
     }
 
     /// Where the next source's files go (`spec.sources[i].destination`, already validated).
@@ -39,12 +54,31 @@ impl<'w> TreeSink<'w> {
         self.prefix = if destination.is_empty() { String::new() } else { format!("{destination}/") };
     }
 
-    /// Validates the format; see [`Inspector::finish`].
-    pub fn finish(self, declared_format: &str, strict: bool) -> Result<FormatReport, UnpackError> {
+    /// Validates the format (see [`Inspector::finish`]) after refusing a tree without a single
+    /// file or symlink ([`UnpackError::Empty`]) unless `allow_empty` (`spec.allowEmpty`) says empty
+    /// content is intended; an empty tree then has no format to detect, only a declared one to fail.
+    pub fn finish(self, declared_format: &str, strict: bool, allow_empty: bool) -> Result<FormatReport, UnpackError> {
+        if self.files == 0 {
+            if !allow_empty {
+                return Err(UnpackError::Empty);
+            }
+            if declared_format.is_empty() {
+                return Ok(FormatReport::default());
+            }
+        }
         self.inspector.finish(declared_format, strict)
     }
 
+    /// The final path of a file or symlink, counted and shown to the inspector.
     fn place(&mut self, path: &str) -> Result<String, UnpackError> {
+        let placed = self.place_entry(path)?;
+        self.files += 1;
+        self.inspector.saw(&placed);
+        Ok(placed)
+    }
+
+    /// The final path of any entry, within the path and entry limits.
+    fn place_entry(&mut self, path: &str) -> Result<String, UnpackError> {
         let placed = format!("{}{path}", self.prefix);
         if placed.len() > self.limits.max_path_bytes {
             return Err(UnpackError::TooLarge(format!(
@@ -54,11 +88,13 @@ impl<'w> TreeSink<'w> {
                 self.limits.max_path_bytes
             )));
         }
-        self.files += 1;
-        if self.files > self.limits.max_files {
-            return Err(UnpackError::TooLarge(format!("more than {} files", self.limits.max_files)));
+        self.entries += 1;
+        if self.entries > self.limits.max_files {
+            return Err(UnpackError::TooLarge(format!(
+                "more than {} files (directories included)",
+                self.limits.max_files
+            )));
         }
-        self.inspector.saw(&placed);
         Ok(placed)
     }
 }
@@ -66,7 +102,7 @@ impl<'w> TreeSink<'w> {
 impl EntrySink for TreeSink<'_> {
     type Error = UnpackError;
 
-    fn file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
         let path = self.place(path)?;
         let mut counted =
             Counted { inner: data, size: 0, before: self.bytes, limits: self.limits, budget: &self.budget };
@@ -82,14 +118,19 @@ impl EntrySink for TreeSink<'_> {
                     } else {
                         self.inspector.observe(&path, &buffer);
                     }
-                    self.writer.add_file(&path, executable, &mut buffer.as_slice().chain(&mut counted))
+                    self.writer.add_file(&path, mode, &mut buffer.as_slice().chain(&mut counted))
                 }
             }
         } else {
-            self.writer.add_file(&path, executable, &mut counted)
+            self.writer.add_file(&path, mode, &mut counted)
         };
         self.bytes += counted.size;
         result.map_err(storage_error)
+    }
+
+    fn dir(&mut self, path: &str, mode: u32) -> Result<(), UnpackError> {
+        let path = self.place_entry(path)?;
+        self.writer.add_dir(&path, mode).map_err(storage_error)
     }
 
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {

@@ -166,7 +166,7 @@ impl NetworkPolicy {
 pub struct UnpackLimits {
     /// Total bytes of all files.
     pub max_total_bytes: u64,
-    /// Number of files and symlinks.
+    /// Number of files, symlinks and directories (the entries stored).
     pub max_files: u64,
     /// Bytes of any single file.
     pub max_file_bytes: u64,

@@ -48,6 +48,7 @@ async fn round_trip(server: &Server, ns: &str, dir: &Path) -> Value {
     let name = bundle_name(dir);
     let ctx = format!("{ns}/{name} ({})", dir.display());
     let expected = tree_from_dir(dir);
+    let exact = entries_from_dir(dir);
     let (files, size) = file_count_and_size(&expected);
 
     server.create_bundle(ns, &name).await;
@@ -66,6 +67,8 @@ async fn round_trip(server: &Server, ns: &str, dir: &Path) -> Value {
     let tar = resp.bytes().await.unwrap();
     assert_eq!(digest_of(&tar), digest, "{ctx}: sha256 of the tar is status.digest");
     assert_trees_equal(&expected, &parse_served_tar(&tar), &ctx);
+    // Exactly: every directory too, and the permission bits (the corpus is 0444/0555).
+    assert_entries_equal(&exact, &parse_served_entries(&tar), &ctx);
 
     // The same revision by its immutable name.
     let content_name = str_at(&b, "/status/contentName");
@@ -84,28 +87,30 @@ async fn round_trip(server: &Server, ns: &str, dir: &Path) -> Value {
     let again = server.download(&bundlecontent_content(ns, content_name)).await;
     assert_eq!(digest_of(&again), digest, "{ctx}: bundlecontents/…/content");
 
-    // The listing: one entry per file, right size, mode and sha256.
+    // The listing: one entry per file, symlink and directory, right type, size, mode and sha256.
     let list = listing(server, &bundle_content(ns, &name)).await;
     assert_eq!(list["kind"], "BundleContentFileList", "{list:#}");
     assert_eq!(list["apiVersion"], API_VERSION);
     assert_eq!(list["digest"], digest.as_str(), "{ctx}: listing digest");
     let entries = list["files"].as_array().expect("files array");
-    assert_eq!(entries.len(), expected.len(), "{ctx}: one listing entry per file");
+    assert_eq!(entries.len(), exact.len(), "{ctx}: one listing entry per file and directory");
     for e in entries {
         let path = str_at(e, "/path");
-        let path = path.strip_prefix("./").unwrap_or(path);
-        let Some(node) = expected.get(path) else {
+        let Some(node) = exact.get(path) else {
             panic!("{ctx}: listing has {path}, not in the source");
         };
         match node {
-            Node::File { data, exec } => {
+            Entry::File { data, mode } => {
                 assert_eq!(e["type"], "file", "{ctx}: {e}");
                 assert_eq!(u64_at(e, "/size"), data.len() as u64, "{ctx}: {path} size");
                 assert_eq!(str_at(e, "/sha256"), sha256_hex(data), "{ctx}: {path} sha256");
-                let mode = if *exec { 0o755 } else { 0o644 };
-                assert_eq!(u64_at(e, "/mode"), mode, "{ctx}: {path} mode");
+                assert_eq!(u64_at(e, "/mode"), u64::from(*mode), "{ctx}: {path} mode");
             }
-            Node::Symlink(target) => {
+            Entry::Dir { mode } => {
+                assert_eq!(e["type"], "directory", "{ctx}: {e}");
+                assert_eq!(u64_at(e, "/mode"), u64::from(*mode), "{ctx}: {path} mode");
+            }
+            Entry::Symlink(target) => {
                 assert_eq!(e["type"], "symlink", "{ctx}: {e}");
                 assert_eq!(str_at(e, "/target"), target, "{ctx}: {path} target");
             }
@@ -131,15 +136,15 @@ async fn round_trip(server: &Server, ns: &str, dir: &Path) -> Value {
         assert!(body[..] == data[..], "{ctx}: ?path={path} bytes differ");
     }
 
-    // `?path=DIR/`: the subtree with full paths.
+    // `?path=DIR/`: the subtree with full paths, headed by the directory itself.
     if let Some((dir_prefix, _)) = expected.keys().find_map(|p| p.split_once('/')) {
         let sub = server.download(&with_path(&bundle_content(ns, &name), &format!("{dir_prefix}/"))).await;
-        let want: Tree = expected
+        let want: Entries = exact
             .iter()
             .filter(|(p, _)| p.starts_with(&format!("{dir_prefix}/")))
             .map(|(p, n)| (p.clone(), n.clone()))
             .collect();
-        assert_trees_equal(&want, &parse_served_tar(&sub), &format!("{ctx} ?path={dir_prefix}/"));
+        assert_entries_equal(&want, &parse_served_entries(&sub), &format!("{ctx} ?path={dir_prefix}/"));
     }
 
     let resp = server.get(&with_path(&bundle_content(ns, &name), "no/such/file.yaml")).await;
@@ -172,18 +177,18 @@ async fn corpus_kube_prometheus_stack_round_trips() {
     }
 }
 
-/// The same files, tarred differently and compressed or not, are the same revision.
+/// The same tree (files, directories, modes), tarred differently (another tool, owners, times,
+/// order) and compressed or not, is the same revision.
 #[tokio::test(flavor = "multi_thread")]
 async fn identical_content_is_the_same_revision() {
     let server = Server::start_temp(&[]);
     let dir = corpus().join("kube-prometheus-stack/88.5.3");
-    let tree = tree_from_dir(&dir);
     server.create_bundle("ns", "kps").await;
     let first = server.upload_ok("ns", "kps", system_tar(&dir), None).await;
     let digest = str_at(&first, "/status/digest").to_owned();
     let content_name = str_at(&first, "/status/contentName").to_owned();
 
-    let ours = build_tar(&tree);
+    let ours = tar_of_entries(&entries_from_dir(&dir));
     let variants: Vec<(&str, Vec<u8>, Option<&str>)> = vec![
         ("tar::Builder tar", ours.clone(), None),
         ("gzip, Content-Encoding: gzip", gzip(&ours), Some("gzip")),

@@ -37,6 +37,7 @@ mod deploy;
 mod discovery;
 mod early_refusals;
 mod faults;
+mod fidelity;
 mod full_disk;
 mod git_limits;
 mod hostile_params;

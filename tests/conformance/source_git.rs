@@ -15,21 +15,27 @@ use crate::git_server::GitServer;
 use crate::harness::corpus;
 use crate::tarutil::{assert_trees_equal, file, tree_from_dir, Node, Tree};
 
-/// Collects what a source writes: path → file bytes/exec bit or symlink target.
+/// Collects what a source writes: path → file bytes/exec bit or symlink target; the directories
+/// named and every file's mode apart.
 #[derive(Default)]
 pub(crate) struct RecordingSink {
     pub tree: Tree,
+    pub dirs: Vec<(String, u32)>,
+    pub modes: Vec<u32>,
 }
 
 impl EntrySink for RecordingSink {
     type Error = UnpackError;
-    fn file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
         let mut bytes = Vec::new();
         data.read_to_end(&mut bytes).map_err(|e| UnpackError::from_io(path, e))?;
-        assert!(
-            self.tree.insert(path.to_owned(), Node::File { data: bytes, exec: executable }).is_none(),
-            "{path} twice"
-        );
+        let exec = mode & 0o100 != 0;
+        assert!(self.tree.insert(path.to_owned(), Node::File { data: bytes, exec }).is_none(), "{path} twice");
+        self.modes.push(mode);
+        Ok(())
+    }
+    fn dir(&mut self, path: &str, mode: u32) -> Result<(), UnpackError> {
+        self.dirs.push((path.to_owned(), mode));
         Ok(())
     }
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {
@@ -70,7 +76,11 @@ async fn fetch(spec: &GitSpec, ctx: &SourceContext, pinned: &Resolved) -> Result
     let (spec, ctx, pinned) = (spec.clone(), ctx.clone(), pinned.clone());
     tokio::task::spawn_blocking(move || {
         let mut sink = RecordingSink::default();
-        git::fetch(&spec, &ctx, &pinned, &mut sink).map(|r| (r, sink.tree))
+        let fetched = git::fetch(&spec, &ctx, &pinned, &mut sink);
+        // git records no directory of its own (they hold files) and two modes.
+        assert!(sink.dirs.is_empty(), "a git tree named directories: {:?}", sink.dirs);
+        assert!(sink.modes.iter().all(|m| *m == 0o644 || *m == 0o755), "git modes: {:?}", sink.modes);
+        fetched.map(|r| (r, sink.tree))
     })
     .await
     .unwrap()

@@ -22,10 +22,15 @@ struct Recorder(Tree);
 
 impl EntrySink for Recorder {
     type Error = UnpackError;
-    fn file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
         let mut bytes = Vec::new();
         data.read_to_end(&mut bytes).map_err(|e| UnpackError::from_io(path, e))?;
-        assert!(self.0.insert(path.to_owned(), Node::File { data: bytes, exec: executable }).is_none(), "{path} twice");
+        let exec = mode & 0o100 != 0;
+        assert!(self.0.insert(path.to_owned(), Node::File { data: bytes, exec }).is_none(), "{path} twice");
+        Ok(())
+    }
+    /// Directories are implied in [`Tree`]s.
+    fn dir(&mut self, _: &str, _: u32) -> Result<(), UnpackError> {
         Ok(())
     }
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {
@@ -406,9 +411,12 @@ struct CancelOnFirstFile(CancellationToken, Recorder);
 
 impl EntrySink for CancelOnFirstFile {
     type Error = UnpackError;
-    fn file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
         self.0.cancel();
-        self.1.file(path, executable, data)
+        self.1.file(path, mode, data)
+    }
+    fn dir(&mut self, path: &str, mode: u32) -> Result<(), UnpackError> {
+        self.1.dir(path, mode)
     }
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {
         self.1.symlink(path, target)

@@ -180,8 +180,10 @@ pub fn raw_tar(entries: &[Vec<u8>]) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------------
 // What the server serves
 
-/// Parses a tar served by the server into a tree, asserting that it is the deterministic form:
-/// only regular files and symlinks, sorted by path bytes, mode 0644/0755, owner 0:0, mtime 0.
+/// Parses a tar served by the server into a tree of its files and symlinks (directories are checked,
+/// then left out: see [`parse_served_entries`] for the exact tree), asserting that it is the
+/// deterministic form: only regular files, symlinks and directories, sorted by path bytes, owner
+/// 0:0, mtime 0, permission bits only.
 pub fn parse_served_tar(data: &[u8]) -> Tree {
     let mut out = Tree::new();
     let mut previous: Option<Vec<u8>> = None;
@@ -203,12 +205,13 @@ pub fn parse_served_tar(data: &[u8]) -> Tree {
         let (mode, uid, gid, mtime) =
             (h.mode().unwrap() & 0o7777, h.uid().unwrap(), h.gid().unwrap(), h.mtime().unwrap());
         assert_eq!((uid, gid, mtime), (0, 0, 0), "{path}: owner/mtime not normalised");
+        assert!(mode <= 0o777, "{path}: mode {mode:o} has more than permission bits");
         match h.entry_type() {
+            tar::EntryType::Directory => assert!(path.ends_with('/'), "{path}: directory without its '/'"),
             tar::EntryType::Regular => {
-                assert!(mode == 0o644 || mode == 0o755, "{path}: mode {mode:o} is neither 0644 nor 0755");
                 let mut data = Vec::new();
                 entry.read_to_end(&mut data).unwrap();
-                let exec = mode == 0o755;
+                let exec = mode & 0o100 != 0;
                 assert!(out.insert(path.clone(), Node::File { data, exec }).is_none(), "{path} twice");
             }
             tar::EntryType::Symlink => {
@@ -236,6 +239,145 @@ pub fn assert_trees_equal(expected: &Tree, got: &Tree, context: &str) {
                 assert_eq!(ea, eb, "{context}: {path}: executable bit (mode 0755) differs");
             }
             _ => assert_eq!(want, have, "{context}: {path} differs"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exact trees: every file, symlink and directory, with permission bits
+
+/// One entry of an exact tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    File { data: Vec<u8>, mode: u32 },
+    Dir { mode: u32 },
+    Symlink(String),
+}
+
+/// Path → entry; a directory's path ends with `/`, as in a tar. Nothing is implicit.
+pub type Entries = BTreeMap<String, Entry>;
+
+/// Every file, symlink and directory below `dir` (not `dir` itself), with permission bits.
+pub fn entries_from_dir(dir: &Path) -> Entries {
+    fn walk(root: &Path, dir: &Path, out: &mut Entries) {
+        for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display())) {
+            let path = entry.unwrap().path();
+            let rel = path.strip_prefix(root).unwrap().to_str().expect("utf-8 path").to_owned();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let mode = meta.permissions().mode() & 0o7777;
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&path).unwrap().to_str().unwrap().to_owned();
+                out.insert(rel, Entry::Symlink(target));
+            } else if meta.is_dir() {
+                out.insert(format!("{rel}/"), Entry::Dir { mode });
+                walk(root, &path, out);
+            } else {
+                out.insert(rel, Entry::File { data: std::fs::read(&path).unwrap(), mode });
+            }
+        }
+    }
+    let mut out = Entries::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// Writes `entries` below `dir` (which must exist) with their modes; directories get theirs last,
+/// so a read-only one is still filled.
+pub fn write_entries(dir: &Path, entries: &Entries) {
+    for (path, entry) in entries {
+        let at = dir.join(path);
+        match entry {
+            Entry::Dir { .. } => std::fs::create_dir_all(&at).unwrap(),
+            Entry::File { data, mode } => {
+                std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+                std::fs::write(&at, data).unwrap();
+                std::fs::set_permissions(&at, std::fs::Permissions::from_mode(*mode)).unwrap();
+            }
+            Entry::Symlink(target) => {
+                std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+                std::os::unix::fs::symlink(target, &at).unwrap();
+            }
+        }
+    }
+    for (path, entry) in entries.iter().rev() {
+        if let Entry::Dir { mode } = entry {
+            std::fs::set_permissions(dir.join(path), std::fs::Permissions::from_mode(*mode)).unwrap();
+        }
+    }
+}
+
+/// A tar of `entries` by `tar::Builder`, with metadata a server must normalise away (owner 1000, a
+/// real mtime, user names, entries in reverse order: contents before their directories).
+pub fn tar_of_entries(entries: &Entries) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, entry) in entries.iter().rev() {
+        let (kind, size, mode) = match entry {
+            Entry::File { data, mode } => (tar::EntryType::Regular, data.len() as u64, *mode),
+            Entry::Dir { mode } => (tar::EntryType::Directory, 0, *mode),
+            Entry::Symlink(_) => (tar::EntryType::Symlink, 0, 0o777),
+        };
+        let mut h = header(kind, size, mode);
+        h.set_username("someone").unwrap();
+        match entry {
+            Entry::File { data, .. } => b.append_data(&mut h, path, &data[..]).unwrap(),
+            Entry::Dir { .. } => b.append_data(&mut h, path, io::empty()).unwrap(),
+            Entry::Symlink(target) => b.append_link(&mut h, path, target).unwrap(),
+        }
+    }
+    b.into_inner().unwrap()
+}
+
+/// Parses a served tar into its exact tree, asserting the deterministic form (sorted by path
+/// bytes, owner 0:0, mtime 0, no user names, permission bits only, symlinks 0777).
+pub fn parse_served_entries(data: &[u8]) -> Entries {
+    let mut out = Entries::new();
+    let mut previous: Option<String> = None;
+    let mut archive = tar::Archive::new(data);
+    for entry in archive.entries().expect("served tar readable") {
+        let mut entry = entry.expect("served tar entry readable");
+        let path = String::from_utf8(entry.path_bytes().into_owned()).expect("utf-8 path");
+        if let Some(prev) = &previous {
+            assert!(prev.as_bytes() < path.as_bytes(), "served tar not sorted by path bytes: {prev:?} before {path:?}");
+        }
+        previous = Some(path.clone());
+        let h = entry.header();
+        let mode = h.mode().unwrap();
+        assert_eq!((h.uid().unwrap(), h.gid().unwrap(), h.mtime().unwrap()), (0, 0, 0), "{path}: owner/mtime");
+        assert_eq!(h.username_bytes().unwrap_or_default(), b"", "{path}: user name");
+        assert!(mode <= 0o777, "{path}: mode {mode:o} has more than permission bits");
+        let node = match h.entry_type() {
+            tar::EntryType::Regular => {
+                let mut data = Vec::new();
+                entry.read_to_end(&mut data).unwrap();
+                Entry::File { data, mode }
+            }
+            tar::EntryType::Directory => {
+                assert!(path.ends_with('/'), "{path}: a directory's path ends with '/'");
+                Entry::Dir { mode }
+            }
+            tar::EntryType::Symlink => {
+                assert_eq!(mode, 0o777, "{path}: symlink mode");
+                Entry::Symlink(entry.link_name().unwrap().expect("symlink target").to_str().unwrap().to_owned())
+            }
+            other => panic!("{path}: served tar holds a {other:?} entry"),
+        };
+        assert!(out.insert(path.clone(), node).is_none(), "{path} twice");
+    }
+    out
+}
+
+/// Asserts two exact trees are equal, naming the differences (kind, mode, content) per path.
+pub fn assert_entries_equal(expected: &Entries, got: &Entries, context: &str) {
+    let missing: Vec<&String> = expected.keys().filter(|k| !got.contains_key(*k)).collect();
+    let extra: Vec<&String> = got.keys().filter(|k| !expected.contains_key(*k)).collect();
+    assert!(missing.is_empty() && extra.is_empty(), "{context}: missing {missing:?}, not in the source {extra:?}");
+    for (path, want) in expected {
+        match (want, &got[path]) {
+            (Entry::File { data: a, mode: ma }, Entry::File { data: b, mode: mb }) => {
+                assert!(a == b, "{context}: {path}: content differs ({} bytes expected, {} got)", a.len(), b.len());
+                assert_eq!(ma, mb, "{context}: {path}: mode {ma:o} expected, {mb:o} got");
+            }
+            (want, have) => assert_eq!(want, have, "{context}: {path} differs"),
         }
     }
 }
@@ -493,13 +635,16 @@ pub fn summarize_served_tar(mut r: impl Read) -> io::Result<BTreeMap<String, Ent
         let path = String::from_utf8(path_bytes).expect("utf-8 path");
         let path = path.strip_prefix("./").unwrap_or(&path).to_owned();
         let h = entry.header();
-        assert_eq!(h.entry_type(), tar::EntryType::Regular, "{path}: not a regular file");
         let mode = h.mode()? & 0o7777;
-        assert!(mode == 0o644 || mode == 0o755, "{path}: mode {mode:o}");
+        assert!(mode <= 0o777, "{path}: mode {mode:o}");
         assert_eq!((h.uid()?, h.gid()?, h.mtime()?), (0, 0, 0), "{path}: owner/mtime");
+        if h.entry_type() == tar::EntryType::Directory {
+            continue;
+        }
+        assert_eq!(h.entry_type(), tar::EntryType::Regular, "{path}: not a regular file");
         let mut hasher = Sha256::new();
         let size = io::copy(&mut entry, &mut HashWriter(&mut hasher))?;
-        let summary = EntrySummary { size, sha256: hex::encode(hasher.finalize()), exec: mode == 0o755 };
+        let summary = EntrySummary { size, sha256: hex::encode(hasher.finalize()), exec: mode & 0o100 != 0 };
         out.insert(path, summary);
     }
     // The tar crate stops at the first end-of-archive block; read the rest (the second zero block)

@@ -95,7 +95,7 @@ async fn wait_unpacking(server: &Server, name: &str) {
     .await;
 }
 
-fn http_server_args(host: &str) -> Vec<String> {
+pub fn http_server_args(host: &str) -> Vec<String> {
     vec!["--insecure-source-host".into(), host.into()]
 }
 

@@ -16,7 +16,9 @@ use crate::apiserver::resources::bundle::BUNDLE;
 use crate::apiserver::resources::bundlecontent::BUNDLE_CONTENT;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::{blocking, AppState, API_VERSION};
-use crate::storage::{tarfmt, FileEntry, ObjectKey, RangeSpec, RevisionId, RevisionRecord, StorageError, Store};
+use crate::storage::{
+    tarfmt, EntryKind, FileEntry, ObjectKey, RangeSpec, RevisionId, RevisionRecord, StorageError, Store,
+};
 
 use super::stream::{self, Producer};
 use crate::apiserver::stall::ConnectionCut;
@@ -133,15 +135,18 @@ async fn resolve_revision(
     Ok((revision, record))
 }
 
-/// Follows symlinks inside the revision (a few hops) to a regular file.
+/// Follows symlinks inside the revision (a few hops) to a regular file; `None` for anything else
+/// (a directory, named with or without its trailing `/`, is served as a subtree).
 fn resolve_file(store: &Store, revision: RevisionId, path: &str) -> Result<Option<FileEntry>, StorageError> {
     let mut path = path.to_string();
     for _ in 0..8 {
         let Some(entry) = store.file(revision, &path)? else {
             return Ok(None);
         };
-        let Some(target) = entry.target.as_deref() else {
-            return Ok(Some(entry));
+        let target = match entry.kind {
+            EntryKind::File => return Ok(Some(entry)),
+            EntryKind::Directory => return Ok(None),
+            EntryKind::Symlink => entry.target.as_deref().unwrap_or_default(),
         };
         let base = path.rsplit_once('/').map(|(dir, _)| dir).unwrap_or("");
         let mut parts: Vec<&str> = base.split('/').filter(|p| !p.is_empty()).collect();
@@ -220,7 +225,12 @@ fn listing(streaming: &Streaming, revision: RevisionId, record: RevisionRecord, 
             let entry = entry?;
             let mut item = serde_json::Map::new();
             item.insert("path".into(), json!(entry.path));
-            item.insert("type".into(), json!(if entry.is_symlink() { "symlink" } else { "file" }));
+            let kind = match entry.kind {
+                EntryKind::File => "file",
+                EntryKind::Symlink => "symlink",
+                EntryKind::Directory => "directory",
+            };
+            item.insert("type".into(), json!(kind));
             item.insert("mode".into(), json!(entry.mode()));
             item.insert("size".into(), json!(entry.size));
             item.insert("sha256".into(), json!(entry.sha256));

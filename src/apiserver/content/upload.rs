@@ -91,6 +91,8 @@ pub(super) struct UploadTarget {
     pub uid: String,
     destination: String,
     declared_format: String,
+    /// `spec.allowEmpty`: an archive without files is content, not a mistake.
+    allow_empty: bool,
 }
 
 impl UploadTarget {
@@ -107,6 +109,7 @@ impl UploadTarget {
             uid: bundle.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_string(),
             destination: upload.get("destination").and_then(Value::as_str).unwrap_or("").to_string(),
             declared_format: bundle.pointer("/spec/format").and_then(Value::as_str).unwrap_or("").to_string(),
+            allow_empty: crate::apiserver::resources::bundle::allows_empty(bundle),
         })
     }
 }
@@ -133,6 +136,7 @@ where
     let bundle_name = target.name.clone();
     let destination = target.destination.clone();
     let declared_format = target.declared_format.clone();
+    let allow_empty = target.allow_empty;
     let (pending, report) = tokio::task::spawn_blocking(move || {
         // The body's bytes count as downloaded ones: an upload obeys the same expansion-ratio
         // limit (--max-expansion-ratio) as an image layer or an http source.
@@ -145,7 +149,7 @@ where
         verify(&mut reader.inner)?;
         ingested.map_err(|e| ingest_error(&bundle_name, e))?;
         // Uploads bring their own tree: an undetected format is accepted, a declared one checked.
-        let report = sink.finish(&declared_format, false).map_err(|e| unpack_error(&bundle_name, e))?;
+        let report = sink.finish(&declared_format, false, allow_empty).map_err(|e| unpack_error(&bundle_name, e))?;
         Ok::<_, ApiError>((writer.finalize().map_err(ApiError::from)?, report))
     })
     .await
@@ -205,6 +209,7 @@ fn unpack_error(bundle: &str, err: UnpackError) -> ApiError {
         UnpackError::InvalidFormat { path, problem } => invalid_entry(bundle, path, problem),
         UnpackError::TooLarge(message) => ApiError::too_large(message),
         UnpackError::CorruptArchive(message) => ApiError::bad_request(format!("invalid archive: {message}")),
+        UnpackError::Empty => ApiError::new_unprocessable(UnpackError::Empty.to_string()),
         UnpackError::Storage(e) => e.into(),
         other => ApiError::internal(other.to_string()),
     }

@@ -77,6 +77,9 @@ fn schema() -> Value {
             "paused": boolean(),
             "revisionHistoryLimit": integer(),
             "pollInterval": doc_string("How often to re-resolve floating references (e.g. 10m); empty = resolve once."),
+            "allowEmpty": {"type": "boolean", "description": "Accept content that holds no files (nothing, or only \
+                directories). By default such an archive or source is refused (`archive holds no files`) and the \
+                Bundle keeps serving its last good content."},
         }),
     );
     let status = object(
@@ -195,6 +198,11 @@ fn validate_source(path: &str, source: &Value) -> Vec<Cause> {
         ));
     }
     causes
+}
+
+/// `spec.allowEmpty`: whether content without files is intended (absent = false).
+pub fn allows_empty(bundle: &Value) -> bool {
+    bundle.pointer("/spec/allowEmpty").and_then(Value::as_bool).unwrap_or(false)
 }
 
 /// The longest duration [`parse_duration`] accepts: Go's `time.Duration` range (2^63-1 ns, about
@@ -316,6 +324,14 @@ mod tests {
         assert_eq!(validate(&none)[0].field, "spec.sources");
         let escape = json!({"spec": {"sources": [{"upload": {}, "destination": "../x"}]}});
         assert_eq!(validate(&escape)[0].field, "spec.sources[0].destination");
+    }
+
+    #[test]
+    fn empty_content_is_intended_only_when_the_spec_says_so() {
+        assert!(allows_empty(&json!({"spec": {"sources": [{"upload": {}}], "allowEmpty": true}})));
+        assert!(!allows_empty(&json!({"spec": {"sources": [{"upload": {}}], "allowEmpty": false}})));
+        assert!(!allows_empty(&json!({"spec": {"sources": [{"upload": {}}]}})));
+        assert_eq!(schema().pointer("/properties/spec/properties/allowEmpty/type"), Some(&json!("boolean")));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Streams a commit's tree (or one subdirectory of it) into a sink: blobs become files (mode
-//! 100755 → executable), symlinks are kept when their target stays inside the tree, submodules
-//! are skipped. Enforces the unpack limits and checks cancellation between entries.
+//! 100755 → 0755, else 0644: all git records), symlinks are kept when their target stays inside
+//! the tree, submodules are skipped; directories are implied by their files (git has no empty
+//! ones) and so are not entries. Enforces the unpack limits and checks cancellation between entries.
 //!
 //! Each blob is decoded whole by gix before it is written (gix reads objects only whole: packed
 //! ones may be deltas), so memory is bounded by the largest single file, which is checked against
@@ -111,8 +112,9 @@ pub(super) fn walk(
                     sink.symlink(&path, target)?;
                 }
                 _ => {
-                    let executable = kind == EntryKind::BlobExecutable;
-                    sink.file(&path, executable, &mut &blob.data[..])?;
+                    // git records only whether a blob is executable.
+                    let mode = if kind == EntryKind::BlobExecutable { 0o755 } else { 0o644 };
+                    sink.file(&path, mode, &mut &blob.data[..])?;
                 }
             }
         }

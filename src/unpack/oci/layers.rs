@@ -4,7 +4,8 @@
 //! entry to the real sink only when no upper layer already decided that path: provided it (a
 //! file or symlink there wins), provided a non-directory at an ancestor (a file or symlink
 //! replaces the whole subtree below it), provided a directory there (a directory hides a lower
-//! file of the same name), deleted it or an ancestor with a `.wh.NAME` whiteout, or made an
+//! file of the same name; a directory entry, a lower directory entry: the upper one's mode wins),
+//! deleted it or an ancestor with a `.wh.NAME` whiteout (directories included), or made an
 //! ancestor opaque with `.wh..wh..opq`. Whiteout files themselves are never forwarded. Memory
 //! grows with the number of paths, never with their content.
 
@@ -23,6 +24,8 @@ const NON_DIR: u8 = 1;
 const DIR: u8 = 2;
 const DELETED: u8 = 4;
 const OPAQUE: u8 = 8;
+/// A directory entry of this path was forwarded (an upper layer's mode wins).
+const DIR_ENTRY: u8 = 16;
 
 /// Wraps the real sink while one image's layers are ingested, topmost first; call
 /// [`LayerSink::finish_layer`] after each layer.
@@ -109,6 +112,16 @@ impl<'s, 'a> LayerSink<'s, 'a> {
         Ok(true)
     }
 
+    /// Whether upper layers hide a lower directory entry at `path`: one replaced, deleted or
+    /// already gave it (a directory only implied by upper files does not: its mode comes from
+    /// the lowest layer that names it).
+    fn dir_hidden(&self, path: &str) -> bool {
+        if self.mark("") & OPAQUE != 0 || self.mark(path) & (NON_DIR | DELETED | DIR_ENTRY) != 0 {
+            return true;
+        }
+        ancestors(path).any(|a| self.mark(a) & (NON_DIR | DELETED | OPAQUE) != 0)
+    }
+
     /// Common checks for every entry: `Ok(true)` when it should reach the inner sink.
     fn admit(&mut self, path: &str) -> Result<bool, UnpackError> {
         if self.whiteout(path)? {
@@ -126,13 +139,27 @@ impl<'s, 'a> LayerSink<'s, 'a> {
 impl EntrySink for LayerSink<'_, '_> {
     type Error = UnpackError;
 
-    fn file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
         if !self.admit(path)? {
             // Unread data is skipped by the archive reader.
             return Ok(());
         }
         self.layer_files.insert(path.to_owned());
-        self.inner.file(path, executable, data)
+        self.inner.file(path, mode, data)
+    }
+
+    fn dir(&mut self, path: &str, mode: u32) -> Result<(), UnpackError> {
+        if path.split('/').any(|c| c.starts_with(WHITEOUT_PREFIX)) {
+            return Err(invalid(path, "a whiteout cannot be a directory"));
+        }
+        if self.dir_hidden(path) {
+            return Ok(());
+        }
+        for a in ancestors(path) {
+            *self.marks.entry(a.to_owned()).or_default() |= DIR;
+        }
+        *self.marks.entry(path.to_owned()).or_default() |= DIR | DIR_ENTRY;
+        self.inner.dir(path, mode)
     }
 
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {

@@ -12,10 +12,15 @@ struct Recorder(BTreeMap<String, String>);
 
 impl EntrySink for Recorder {
     type Error = UnpackError;
-    fn file(&mut self, path: &str, _: bool, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, _: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
         let mut s = String::new();
         data.read_to_string(&mut s).map_err(|e| UnpackError::from_io(path, e))?;
         self.0.insert(path.to_owned(), s);
+        Ok(())
+    }
+    fn dir(&mut self, path: &str, mode: u32) -> Result<(), UnpackError> {
+        let previous = self.0.insert(format!("{path}/"), format!("dir {mode:o}"));
+        assert!(previous.is_none(), "directory {path} forwarded twice");
         Ok(())
     }
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {
@@ -33,6 +38,7 @@ enum E {
     F(&'static str, &'static str),
     L(&'static str, &'static str),
     H(&'static str, &'static str),
+    D(&'static str, u32),
 }
 
 /// Applies `layers` (bottom first, as in a manifest) top-down and returns the flattened tree.
@@ -43,9 +49,10 @@ fn flatten(layers: &[&[E]]) -> Result<BTreeMap<String, String>, UnpackError> {
         for layer in layers.iter().rev() {
             for e in layer.iter() {
                 match e {
-                    E::F(p, d) => sink.file(p, false, &mut d.as_bytes())?,
+                    E::F(p, d) => sink.file(p, 0o644, &mut d.as_bytes())?,
                     E::L(p, t) => sink.symlink(p, t)?,
                     E::H(p, t) => sink.hardlink(p, t)?,
+                    E::D(p, mode) => sink.dir(p, *mode)?,
                 }
             }
             sink.finish_layer();
@@ -121,4 +128,35 @@ fn whiteouts_under_paths_decided_above_change_nothing() {
     ])
     .unwrap();
     assert_eq!(got, tree(&[("d", "a file now")]));
+}
+
+#[test]
+fn directories_take_the_upper_mode_and_whiteouts_remove_them() {
+    // Bottom layer first.
+    let got = flatten(&[
+        &[
+            E::D("etc", 0o755),
+            E::D("gone", 0o700),
+            E::D("gone/sub", 0o700),
+            E::D("opq", 0o755),
+            E::D("opq/sub", 0o755),
+            E::D("f", 0o755),
+            E::D("only", 0o701),
+        ],
+        &[E::D("etc", 0o700), E::F(".wh.gone", ""), E::F("opq/.wh..wh..opq", ""), E::F("f", "a file now")],
+        &[E::D("etc", 0o750), E::D("new", 0o711), E::F("only/implied", "i")],
+    ])
+    .unwrap();
+    // `only` is implied by a file above and named only below: the lower entry gives its mode.
+    let want = [
+        ("etc/", "dir 750"),
+        ("f", "a file now"),
+        ("new/", "dir 711"),
+        ("only/", "dir 701"),
+        ("only/implied", "i"),
+        ("opq/", "dir 755"),
+    ];
+    assert_eq!(got, tree(&want));
+    let err = flatten(&[&[E::D("d/.wh.x", 0o755)]]).unwrap_err();
+    assert!(matches!(err, UnpackError::InvalidEntry { .. }), "{err:?}");
 }

@@ -162,6 +162,7 @@ async fn try_attempt(
         write_status(shared, expect, status::unpacking).await.map_err(commit_error)?;
     }
     let declared = bundle.pointer("/spec/format").and_then(Value::as_str).unwrap_or("").to_string();
+    let allow_empty = crate::apiserver::resources::bundle::allows_empty(&bundle);
     let (store, limits, expect_owned) = (shared.store.clone(), shared.config.limits, expect.clone());
     tokio::task::spawn_blocking(move || -> Result<(), UnpackError> {
         let mut writer = store.begin_revision()?;
@@ -175,7 +176,7 @@ async fn try_attempt(
             let ctx = SourceContext { budget: budget.clone(), ..ctx };
             finals.push(fetch(spec, &ctx, pinned, &mut sink)?);
         }
-        let report: FormatReport = sink.finish(&declared, true)?;
+        let report: FormatReport = sink.finish(&declared, true, allow_empty)?;
         let pending = writer.finalize()?;
         revisions::commit(&store, &expect_owned, pending, &report, &finals).map_err(commit_error)?;
         Ok(())

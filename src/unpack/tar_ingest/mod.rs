@@ -90,6 +90,8 @@ pub struct IngestStats {
     /// Regular files plus hard links (hard links are stored as copies).
     pub files: u64,
     pub symlinks: u64,
+    /// Directories the archive names (each once).
+    pub dirs: u64,
     /// Total size of the files (hard links counted again).
     pub bytes: u64,
 }

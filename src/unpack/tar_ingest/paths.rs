@@ -35,7 +35,8 @@ pub(super) struct Tree {
     nodes: BTreeMap<NodeId, Packed>,
 }
 
-/// A [`Kind`] in one word: the size shifted left by two, the kind in the low bits.
+/// A [`Kind`] in one word: the size shifted left by two, the kind in the low bits (for a directory,
+/// the "size" says whether an entry named it).
 #[derive(Clone, Copy)]
 struct Packed(u64);
 
@@ -61,6 +62,9 @@ impl Packed {
         }
     }
 }
+
+/// A directory an entry of its own named (an implied one is `Packed::new(Kind::Dir)`, 0).
+const NAMED_DIR: Packed = Packed(1 << 2);
 
 fn child_id(parent: NodeId, name: &str) -> NodeId {
     let mut hasher = blake3::Hasher::new();
@@ -100,6 +104,23 @@ impl Tree {
             node = self.child(node, comp)?;
         }
         self.nodes.get(&node).map(|p| p.kind())
+    }
+
+    /// Records `path` (normalised, non-empty) as a directory the archive names: `Ok(true)` the
+    /// first time it is named (its contents may have implied it before), `Ok(false)` after that.
+    pub(super) fn name_dir(&mut self, path: &str) -> Result<bool, &'static str> {
+        self.insert(path, Kind::Dir)?;
+        let mut node = ROOT;
+        for comp in path.split('/') {
+            node = child_id(node, comp);
+        }
+        match self.nodes.get_mut(&node) {
+            Some(packed) if packed.0 != NAMED_DIR.0 => {
+                *packed = NAMED_DIR;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     pub(super) fn is_dir(&self, node: NodeId) -> bool {

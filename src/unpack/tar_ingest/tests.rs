@@ -6,7 +6,8 @@ use std::io::Write;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Event {
-    File(String, bool, Vec<u8>),
+    File(String, u32, Vec<u8>),
+    Dir(String, u32),
     Symlink(String, String),
     Hardlink(String, String),
 }
@@ -28,7 +29,7 @@ struct VecSink {
 
 impl EntrySink for VecSink {
     type Error = SinkError;
-    fn file(&mut self, path: &str, executable: bool, data: &mut dyn Read) -> Result<(), SinkError> {
+    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), SinkError> {
         if self.fail_on.as_deref() == Some(path) {
             return Err(SinkError("disk full".into()));
         }
@@ -40,7 +41,11 @@ impl EntrySink for VecSink {
         if !self.swallow_read_errors {
             read.map_err(|e| SinkError(e.to_string()))?;
         }
-        self.events.push(Event::File(path.into(), executable, buf));
+        self.events.push(Event::File(path.into(), mode, buf));
+        Ok(())
+    }
+    fn dir(&mut self, path: &str, mode: u32) -> Result<(), SinkError> {
+        self.events.push(Event::Dir(path.into(), mode));
         Ok(())
     }
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), SinkError> {
@@ -161,18 +166,19 @@ fn good_tar() -> Vec<u8> {
 fn good_events() -> Vec<Event> {
     let long = format!("deep/{}/file.txt", "x".repeat(150));
     vec![
-        Event::File("bin/run.sh".into(), true, b"#!/bin/sh\necho hi\n".to_vec()),
-        Event::File("data/nested/a.txt".into(), false, b"hello".to_vec()),
-        Event::File(long, false, vec![7u8; 1000]),
+        Event::Dir("bin".into(), 0o755),
+        Event::File("bin/run.sh".into(), 0o755, b"#!/bin/sh\necho hi\n".to_vec()),
+        Event::File("data/nested/a.txt".into(), 0o644, b"hello".to_vec()),
+        Event::File(long, 0o600, vec![7u8; 1000]),
         Event::Symlink("bin/latest".into(), "../data/nested/a.txt".into()),
         Event::Hardlink("copy.txt".into(), "data/nested/a.txt".into()),
         // A link to a link names the link: it is a regular file (a copy) by then.
         Event::Hardlink("copy2.txt".into(), "copy.txt".into()),
-        Event::File("empty".into(), false, Vec::new()),
+        Event::File("empty".into(), 0o644, Vec::new()),
     ]
 }
 
-const GOOD_STATS: IngestStats = IngestStats { files: 6, symlinks: 1, bytes: 18 + 5 + 1000 + 5 + 5 };
+const GOOD_STATS: IngestStats = IngestStats { files: 6, symlinks: 1, dirs: 1, bytes: 18 + 5 + 1000 + 5 + 5 };
 
 fn gzip(data: &[u8]) -> Vec<u8> {
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
@@ -185,6 +191,39 @@ fn good_tar_round_trips() {
     let (stats, events) = run_ok(&good_tar());
     assert_eq!(events, good_events());
     assert_eq!(stats, GOOD_STATS);
+}
+
+/// Directories the archive names reach the sink once each, with their modes (the first entry's
+/// if named twice), empty ones too, before or after their contents; implied ones do not. Modes
+/// keep their permission bits only.
+#[test]
+fn named_directories_and_permission_bits_reach_the_sink() {
+    let mut b = builder();
+    add_file(&mut b, "tree/late/f", 0o4755, b"x");
+    let dir = |b: &mut tar::Builder<Vec<u8>>, path: &str, mode: u32| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(0);
+        h.set_mode(mode);
+        h.set_entry_type(tar::EntryType::Directory);
+        b.append_data(&mut h, path, io::empty()).unwrap();
+    };
+    dir(&mut b, "tree/late/", 0o700);
+    dir(&mut b, "charts/", 0o1777);
+    dir(&mut b, "charts/", 0o755);
+    add_file(&mut b, "secret", 0o600, b"s");
+    add_file(&mut b, "odd", 0o100640, b"o");
+    let (stats, events) = run_ok(&b.into_inner().unwrap());
+    assert_eq!(
+        events,
+        vec![
+            Event::File("tree/late/f".into(), 0o755, b"x".to_vec()),
+            Event::Dir("tree/late".into(), 0o700),
+            Event::Dir("charts".into(), 0o777),
+            Event::File("secret".into(), 0o600, b"s".to_vec()),
+            Event::File("odd".into(), 0o640, b"o".to_vec()),
+        ]
+    );
+    assert_eq!((stats.files, stats.dirs), (3, 2));
 }
 
 #[test]
@@ -214,7 +253,7 @@ fn pax_long_path_and_link() {
     g.set_cksum();
     b.append(&g, &b"20 comment=abcdefgh\n"[..]).unwrap();
     let (stats, events) = run_ok(&b.into_inner().unwrap());
-    assert_eq!(events, vec![Event::File(path, false, b"abc".to_vec()), Event::Symlink("pax/link".into(), target)]);
+    assert_eq!(events, vec![Event::File(path, 0o644, b"abc".to_vec()), Event::Symlink("pax/link".into(), target)]);
     assert_eq!(stats.files, 1);
 }
 
@@ -544,9 +583,11 @@ fn v7_directories_and_contiguous_files() {
         raw_entry(b"c", b'7', b"", b"contig"),
     ]);
     let (stats, events) = run_ok(&a);
-    assert_eq!(stats.files, 2);
-    assert_eq!(events[0], Event::File("dir/f".into(), false, b"old".to_vec()));
-    assert_eq!(events[1], Event::File("c".into(), false, b"contig".to_vec()));
+    assert_eq!((stats.files, stats.dirs), (2, 1));
+    // A v7 directory is a regular entry whose name ends with '/'.
+    assert_eq!(events[0], Event::Dir("dir".into(), 0o644));
+    assert_eq!(events[1], Event::File("dir/f".into(), 0o644, b"old".to_vec()));
+    assert_eq!(events[2], Event::File("c".into(), 0o644, b"contig".to_vec()));
     let a = raw_archive(&[raw_entry(b"dir", 0, b"", b"x"), raw_entry(b"dir/", 0, b"", b"")]);
     assert_invalid(run_err(&a), "dir", "conflicts");
 }

@@ -76,7 +76,14 @@ impl<'l> Walker<'l> {
             if norm.path.is_empty() {
                 return Ok(()); // the root itself (`./`)
             }
-            return self.tree.insert(&norm.path, Kind::Dir).map_err(|reason| invalid(state, norm.path.clone(), reason));
+            let mode = entry_mode(mode, &norm.path, state)?;
+            let first = self.tree.name_dir(&norm.path).map_err(|reason| invalid(state, norm.path.clone(), reason))?;
+            // A directory named again keeps the mode of its first entry.
+            if first {
+                sink.dir(&norm.path, mode).map_err(Failure::Sink)?;
+                self.stats.dirs += 1;
+            }
+            return Ok(());
         }
         if norm.path.is_empty() {
             return Err(invalid(state, shown, "empty path"));
@@ -87,17 +94,11 @@ impl<'l> Walker<'l> {
         let path = norm.path;
 
         if entry_type.is_file() || entry_type.is_contiguous() {
-            let mode = match mode {
-                Ok(mode) => mode,
-                Err(e) => {
-                    state.flag(Violation::Corrupt(format!("{path:?}: {e}")));
-                    return Err(Failure::Flagged);
-                }
-            };
+            let mode = entry_mode(mode, &path, state)?;
             self.add_bytes(size, state)?;
             self.tree.insert(&path, Kind::File { size }).map_err(|reason| invalid(state, path.clone(), reason))?;
             let mut data = EntryData::new(&mut *entry, size, &path, state);
-            let result = sink.file(&path, mode & 0o111 != 0, &mut data);
+            let result = sink.file(&path, mode, &mut data);
             if let Some(e) = data.take_failure() {
                 // The sink saw a read error: that error, not the sink's reaction to it, counts.
                 return Err(Failure::Io(e));
@@ -226,6 +227,19 @@ impl<'l> Walker<'l> {
             }
         }
         Ok(())
+    }
+}
+
+/// The permission bits of an entry's mode: setuid, setgid and sticky bits are dropped (content is
+/// data for provisioners, never a way to hand out privileges), as are file-type bits some tools
+/// put in the field.
+fn entry_mode<E>(mode: std::io::Result<u32>, path: &str, state: &State) -> Result<u32, Failure<E>> {
+    match mode {
+        Ok(mode) => Ok(mode & 0o777),
+        Err(e) => {
+            state.flag(Violation::Corrupt(format!("{path:?}: {e}")));
+            Err(Failure::Flagged)
+        }
     }
 }
 
