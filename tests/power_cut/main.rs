@@ -12,7 +12,7 @@
 //! Also here: a failing fsync (the shim fails one) poisons the store — writes refused, reads kept.
 
 mod check;
-// mod poison;
+mod poison;
 mod rng;
 mod trace;
 mod workload;
@@ -35,7 +35,7 @@ fn main() {
         let seed: u64 = std::env::var("STOWAGE_POWER_CUT_SEED").unwrap().parse().unwrap();
         match mode.as_str() {
             "workload" => workload::run(&root, &marks, seed),
-            _failing => unimplemented!(),
+            other => poison::run(&root, other.trim_start_matches("poison:")),
         }
         return;
     }
@@ -77,7 +77,9 @@ fn main() {
         failed |= !power_cut(work.path(), &shim);
     }
     if wanted("poisoned_store") {
-        // poison suite added with the fix
+        for failing in ["packs/pack-:3", "db/db:8"] {
+            failed |= !poison::suite(work.path(), &shim, failing);
+        }
     }
     if failed {
         // Exits without removing the work directory: the failing crash states stay for a look.
