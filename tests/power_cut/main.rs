@@ -9,9 +9,12 @@
 //! thread interleaving, so the trace, differs from run to run. `STOWAGE_POWER_CUT_POINTS` sets how
 //! many (default 150). A failure keeps its crash state and prints where.
 //!
-//! Also here: a failing fsync (the shim fails one) poisons the store — writes refused, reads kept.
+//! Also here: a failing fsync (the shim fails one) poisons the store — writes refused, reads kept
+//! ([`poison`]); the standalone certificates survive a power cut right after they were written
+//! ([`pki`]).
 
 mod check;
+mod pki;
 mod poison;
 mod rng;
 mod trace;
@@ -35,6 +38,7 @@ fn main() {
         let seed: u64 = std::env::var("STOWAGE_POWER_CUT_SEED").unwrap().parse().unwrap();
         match mode.as_str() {
             "workload" => workload::run(&root, &marks, seed),
+            "pki" => pki::run(&root),
             other => poison::run(&root, other.trim_start_matches("poison:")),
         }
         return;
@@ -65,7 +69,7 @@ fn main() {
         return;
     }
     if std::env::args().any(|a| a == "--list") {
-        println!("power_cut: test\npoisoned_store: test");
+        println!("power_cut: test\npoisoned_store: test\npki_power_cut: test");
         return;
     }
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
@@ -80,6 +84,9 @@ fn main() {
         for failing in ["packs/pack-:3", "db/db:8"] {
             failed |= !poison::suite(work.path(), &shim, failing);
         }
+    }
+    if wanted("pki_power_cut") {
+        failed |= !pki::suite(work.path(), &shim);
     }
     if failed {
         // Exits without removing the work directory: the failing crash states stay for a look.
