@@ -7,11 +7,15 @@
 //!
 //! `STOWAGE_POWER_CUT_SEED` picks the crash points (and the workload's content) again; the
 //! thread interleaving, so the trace, differs from run to run. `STOWAGE_POWER_CUT_POINTS` sets how
-//! many (default 150). A failure keeps its crash state and prints where.
+//! many (default 200). A failure keeps the trace and its crash states and prints where;
+//! `STOWAGE_POWER_CUT_RAW=1` also keeps each state as rebuilt, before recovery changed it, and
+//! `STOWAGE_POWER_CUT_PROBE` ([`probe`]) replays a kept trace.
 //!
 //! Also here: a failing fsync (the shim fails one) poisons the store — writes refused, reads kept
 //! ([`poison`]); the standalone certificates survive a power cut right after they were written
 //! ([`pki`]).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
 mod check;
 mod pki;
@@ -29,7 +33,7 @@ use stowage::storage::Store;
 use trace::Trace;
 
 const CHILD: &str = "STOWAGE_POWER_CUT_CHILD";
-const DEFAULT_POINTS: usize = 150;
+const DEFAULT_POINTS: usize = 200;
 
 fn main() {
     if let Ok(mode) = std::env::var(CHILD) {
@@ -44,29 +48,7 @@ fn main() {
         return;
     }
     if let Ok(probe) = std::env::var("STOWAGE_POWER_CUT_PROBE") {
-        // Debugging: `DIR:FROM:TO` opens the synced-only crash state of DIR/trace.bin after each
-        // operation in FROM..TO and prints the resourceVersion the store recovers.
-        let mut parts = probe.split(':');
-        let (dir, from, to) = (PathBuf::from(parts.next().unwrap()), parts.next().unwrap(), parts.next().unwrap());
-        if std::env::var_os("RUST_LOG").is_some() {
-            tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
-        }
-        if from == "open" {
-            println!("{:?}", Store::open(&dir, workload::options()).map(|s| s.current_resource_version()));
-            return;
-        }
-        let raw = parts.next().is_some();
-        let trace = Trace::read(&dir.join("trace.bin"));
-        for p in from.parse::<usize>().unwrap()..to.parse().unwrap() {
-            let state = dir.join(format!("probe-{p}"));
-            trace.materialize(p, None, &|d| d.starts_with("data/db"), &state);
-            if raw {
-                continue;
-            }
-            let rv = Store::open(&state.join("data"), workload::options()).map(|s| s.current_resource_version());
-            println!("after {p}: {rv:?}");
-        }
-        return;
+        return self::probe(&probe);
     }
     if std::env::args().any(|a| a == "--list") {
         println!("power_cut: test\npoisoned_store: test\npki_power_cut: test");
@@ -93,6 +75,36 @@ fn main() {
         println!("work directory kept: {}", work.path().display());
         std::process::exit(1);
     }
+}
+
+/// Debugging a kept trace: `DIR:FROM:TO` opens the synced-only crash state of `DIR/trace.bin`
+/// after each operation in `FROM..TO` and prints the resourceVersion the store recovers (with
+/// `:raw` appended, only rebuilds them); `DATA_DIR:open` opens one. `RUST_LOG=sled=trace` shows
+/// sled's recovery.
+fn probe(probe: &str) {
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    }
+    let parts: Vec<&str> = probe.split(':').collect();
+    let dir = PathBuf::from(parts[0]);
+    if parts[1] == "open" {
+        println!("{:?}", Store::open(&dir, workload::options()).map(|s| s.current_resource_version()));
+        return;
+    }
+    let trace = Trace::read(&dir.join("trace.bin"));
+    for p in parts[1].parse::<usize>().unwrap()..parts[2].parse().unwrap() {
+        let state = dir.join(format!("probe-{p}"));
+        trace.materialize(p, None, &journaled, &state);
+        if parts.get(3) != Some(&"raw") {
+            let rv = Store::open(&state.join("data"), workload::options()).map(|s| s.current_resource_version());
+            println!("after {p}: {rv:?}");
+        }
+    }
+}
+
+/// Directories of the journaled model ([`trace`]): sled's, which sled never syncs.
+fn journaled(dir: &str) -> bool {
+    dir == "data/db" || dir.starts_with("data/db/")
 }
 
 /// Compiles the shim; the suite fails (never skips) without a C compiler.
@@ -123,10 +135,11 @@ pub fn traced_child(work: &Path, shim: &Path, mode: &str, seed: u64, failing: Op
         .env("PCUT_ROOT", &root)
         .env("PCUT_TRACE", dir.join("trace.bin"))
         .env("PCUT_MARKS", dir.join("marks.log"))
-        // Syncs take longer the more they flush (a pack block ~3 ms, a sled commit ~0.3 ms), as
-        // on a disk: another thread's sync is still running while a writer goes on.
+        // Syncs take longer the more they flush (a 100 KB pack block ~8 ms, a sled commit of a few
+        // KB under 1 ms), as on a disk: another thread's sync is still running while a writer
+        // goes on, which is where a sync that does not cover what it should shows.
         .env("PCUT_FSYNC_US", "150")
-        .env("PCUT_FSYNC_US_PER_KB", "40");
+        .env("PCUT_FSYNC_US_PER_KB", "80");
     if let Some(failing) = failing {
         command.env("PCUT_FAIL_FSYNC", failing);
     }
@@ -157,7 +170,6 @@ fn power_cut(work: &Path, shim: &Path) -> bool {
     let mut rng = Rng::new(seed);
     let (after_revision_acks, after_other_acks) = expectations.ack_points();
     let sync_ends: Vec<usize> = trace.syncs.iter().filter_map(|s| s.end).collect();
-    let journaled = |dir: &str| dir == "data/db" || dir.starts_with("data/db/");
     let mut failures = Vec::new();
     for i in 0..points {
         // First, just after each acknowledgment of a revision, with synced data only: the
@@ -175,12 +187,11 @@ fn power_cut(work: &Path, shim: &Path) -> bool {
                 (p.unwrap_or_else(|| rng.below(trace.ops.len() as u64 + 1) as usize), rng.below(2) == 0)
             }
         };
-        let mut extra_rng = Rng::new(rng.next());
         let state = dir.join(format!("crash-{i}"));
-        let extra_seed = extra_rng.next();
+        let extra_seed = rng.next();
         trace.materialize(p, extra.then_some(&mut Rng::new(extra_seed)), &journaled, &state);
         if std::env::var_os("STOWAGE_POWER_CUT_RAW").is_some() {
-            // The crash state as rebuilt, before the store's recovery changes it (debugging).
+            // The crash state as rebuilt, kept apart: recovery changes the one it opens.
             trace.materialize(p, extra.then_some(&mut Rng::new(extra_seed)), &journaled, &dir.join(format!("raw-{i}")));
         }
         let problems = match std::panic::catch_unwind(|| match Store::open(&state.join("data"), workload::options()) {

@@ -239,10 +239,8 @@ impl Trace {
                     }
                     file[start..end].copy_from_slice(&self.bytes[data.start..data.start + len]);
                 }
-                Op::Trunc { len, .. } => {
-                    if durable || extra.as_deref_mut().is_some_and(|rng| rng.below(2) == 0) {
-                        file.resize(*len as usize, 0);
-                    }
+                Op::Trunc { len, .. } if durable || extra.as_deref_mut().is_some_and(|rng| rng.below(2) == 0) => {
+                    file.resize(*len as usize, 0);
                 }
                 _ => {}
             }

@@ -20,7 +20,9 @@ pub const RESOURCE: &str = "bundlecontents";
 pub const NAMESPACE: &str = "ns";
 /// Revision writers, and rounds each writes, per phase.
 const REVISION_WRITERS: u64 = 3;
-const ROUNDS: u64 = 4;
+const ROUNDS: u64 = 5;
+/// Concurrent phases, with a restart after each.
+const PHASES: u64 = 4;
 /// Object writers, and objects each writes, per phase.
 const OBJECT_WRITERS: u64 = 2;
 const OBJECTS: u64 = 6;
@@ -217,8 +219,9 @@ fn phase(store: &Store, marks: &Arc<Marks>, seed: u64, phase: u64, doomed: Vec<S
     kept
 }
 
-/// The child's whole run: base revisions, a restart, a concurrent phase that deletes most of
-/// them (their pack gets compacted), a restart, another concurrent phase.
+/// The child's whole run: base revisions, a restart, then concurrent phases, each deleting most
+/// of what the one before kept (so packs get compacted, at runtime and at restarts), each followed
+/// by a restart.
 pub fn run(root: &Path, marks_path: &Path, seed: u64) {
     let dir = root.join("data");
     let marks = Arc::new(Marks(Mutex::new(std::fs::File::create(marks_path).unwrap())));
@@ -241,14 +244,14 @@ pub fn run(root: &Path, marks_path: &Path, seed: u64) {
     // any key in its page, which would make every flush of the concurrent phases a slow one.
     put(&store, &marks, "big-0", 0, None);
     drop(store);
-    let store = open(&dir);
-    let kept_base = base.split_off(3);
-    let survivors = phase(&store, &marks, seed, 0, base);
-    drop(store);
-    let store = open(&dir);
-    let mut doomed = survivors;
-    doomed.truncate(3);
-    phase(&store, &marks, seed, 1, doomed);
-    drop(kept_base);
-    drop(store);
+    let mut store = open(&dir);
+    // base-3 stays: its chunks are copied when its pack is compacted.
+    let mut doomed: Vec<String> = base.drain(..3).collect();
+    for p in 0..PHASES {
+        let survivors = phase(&store, &marks, seed, p, doomed);
+        // A restart: the active pack is sealed (compacted once mostly dead), sled recovers.
+        drop(store);
+        store = open(&dir);
+        doomed = survivors.into_iter().take(3).collect();
+    }
 }
