@@ -137,6 +137,11 @@ impl SledFiles {
 /// corrupted data"). Until the rename the previous snapshot is still there, so removing it loses
 /// nothing.
 pub(super) fn remove_interrupted_snapshots(dir: &Path) -> std::io::Result<()> {
+    if !nobody_has_it_open(&dir.join("db"))? {
+        // Another process runs on this store (sled then refuses to open): its snapshot may be
+        // being written.
+        return Ok(());
+    }
     let mut removed = false;
     for name in names(dir)? {
         let Some(name) = name.to_str() else { continue };
@@ -150,6 +155,21 @@ pub(super) fn remove_interrupted_snapshots(dir: &Path) -> std::io::Result<()> {
         sync_dir(dir)?;
     }
     Ok(())
+}
+
+/// Whether no process holds sled's lock on its log file `log` (sled takes an exclusive `flock`
+/// on it while open). Released again at once: sled takes it when it opens.
+fn nobody_has_it_open(log: &Path) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let file = match File::open(log) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(true),
+        Err(e) => return Err(e),
+    };
+    // SAFETY: flock on a descriptor this function owns; the lock goes with the descriptor when
+    // `file` is dropped.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    Ok(locked)
 }
 
 /// The entries of `dir` (none if it does not exist).
@@ -167,4 +187,27 @@ fn names(dir: &Path) -> std::io::Result<Vec<OsString>> {
         read_dir_or_empty(dir)?.into_iter().map(|e| e.map(|e| e.file_name())).collect::<std::io::Result<Vec<_>>>()?;
     names.sort_unstable();
     Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::storage::{ObjectKey, ObjectWrite, Precondition};
+
+    #[test]
+    fn a_snapshot_a_crash_cut_short_does_not_keep_the_store_from_opening() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::storage::tests::open(dir.path());
+        let write = ObjectWrite::Put {
+            key: ObjectKey::new("bundles", "ns", "kept"),
+            object: serde_json::json!({"metadata": {"name": "kept"}}),
+            precondition: Precondition::MustNotExist,
+            revision: None,
+        };
+        store.write_objects(vec![write]).unwrap();
+        drop(store);
+        // What a power cut leaves while sled writes a snapshot: the newest `snap.*` name, torn.
+        std::fs::write(dir.path().join("db/snap.FFFFFFFFFFFFFFFF.generating"), b"torn").unwrap();
+        let store = crate::storage::tests::open(dir.path());
+        assert!(store.get_object(&ObjectKey::new("bundles", "ns", "kept")).unwrap().is_some());
+    }
 }
