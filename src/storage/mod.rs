@@ -3,11 +3,12 @@
 //! sled is used deliberately narrowly (it is unmaintained and has known weak spots): it holds only
 //! small metadata (chunk index, reference counts, file lists, API objects); chunk payloads,
 //! zstd-compressed by us, go to append-only pack files ([`packs`]) because sled kept every written
-//! value in memory. Every acknowledged write is flushed first (packs fsynced, then sled), and every
-//! multi-key change that must be atomic is one `Batch` on one tree. A batch is held in memory
-//! whole (and sled reclaims nothing while it applies), so every batch is bounded: work on many keys
-//! (releasing a revision, building an index) goes in batches of about a thousand. Nothing outside
-//! this module sees sled.
+//! value in memory. Every acknowledged write is flushed first (packs fsynced, then sled; what sled
+//! leaves unsynced and directory entries too, and a failed sync poisons the store: [`durability`]),
+//! and every multi-key change that must be atomic is one `Batch` on one tree. A batch is held in
+//! memory whole (and sled reclaims nothing while it applies), so every batch is bounded: work on
+//! many keys (releasing a revision, building an index) goes in batches of about a thousand.
+//! Nothing outside this module sees sled.
 //!
 //! Layout of the single tree (first byte = record kind, integers big-endian so keys sort):
 //!
