@@ -302,6 +302,9 @@ impl From<StorageError> for ApiError {
                 tracing::warn!(%message, "write refused: out of space");
                 ApiError::insufficient_storage(message)
             }
+            // Not retried by waiting: the store refuses writes until a restart (logged once, when
+            // it was poisoned); the message says so.
+            poisoned @ StorageError::Poisoned(_) => ApiError::unavailable(poisoned.to_string()),
             other => {
                 tracing::error!(error = %other, "storage failure");
                 ApiError::internal(other.to_string())
@@ -318,3 +321,20 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poisoned_store_is_a_503_that_says_writes_wait_for_a_restart() {
+        let cause = "fsync of a pack file failed: Input/output error (os error 5)".to_string();
+        let body = ApiError::from(StorageError::Poisoned(cause)).status_body();
+        assert_eq!((body["code"].as_u64(), body["reason"].as_str()), (Some(503), Some("ServiceUnavailable")));
+        assert_eq!(
+            body["message"],
+            "the store could not make a write durable (fsync of a pack file failed: Input/output error (os error 5)); \
+             writes are refused until stowage restarts; reads still work"
+        );
+    }
+}

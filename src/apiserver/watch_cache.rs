@@ -257,8 +257,8 @@ mod tests {
             revision: None,
         };
         store.write_objects(vec![create("first")]).unwrap();
-        // The second write is applied (a list sees it) but its flush has not happened yet when the
-        // first watch starts the cache; a watcher at the first write must still get it.
+        // The second write is applied but its flush has not happened yet when the first watch
+        // starts the cache; a watcher at the first write must still get it.
         let held = store.hold_flushes();
         let writer = {
             let store = store.clone();

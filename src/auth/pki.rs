@@ -298,12 +298,24 @@ pub(crate) fn authority_key_id(cert: &x509_parser::certificate::X509Certificate<
     })
 }
 
+/// Creates `dir` (and missing parents), its entry durable: without it a power cut could take the
+/// directory, and every file written into it, away.
 pub(crate) fn create_private_dir(dir: &Path) -> Result<(), PkiError> {
     let mut builder = fs::DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder.create(dir).map_err(|source| io_err("create directory", dir, source))
+    builder.create(dir).map_err(|source| io_err("create directory", dir, source))?;
+    sync_parent(dir).map_err(|(path, source)| io_err("sync directory", &path, source))
+}
+
+/// Fsyncs the directory holding `path`: a file created or renamed there is durable only then.
+fn sync_parent(path: &Path) -> Result<(), (PathBuf, std::io::Error)> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    fs::File::open(parent).and_then(|d| d.sync_all()).map_err(|source| (parent.to_owned(), source))
 }
 
 pub(crate) fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), PkiError> {
@@ -311,7 +323,9 @@ pub(crate) fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<()
 }
 
 /// Writes through a temporary file and a rename, so readers (and a crash) never see a partial file,
-/// and the final file has `mode` from the moment it appears. On failure: what failed, on which path.
+/// and the final file has `mode` from the moment it appears; then syncs the directory, so a power cut
+/// cannot bring back the old file or none (the certificates were already handed out). On failure:
+/// what failed, on which path.
 fn write_file_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), (&'static str, PathBuf, std::io::Error)> {
     let file_name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{file_name}.tmp.{}", std::process::id()));
@@ -336,7 +350,8 @@ fn write_file_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), (&'s
     fs::rename(&tmp, path).map_err(|source| {
         let _ = fs::remove_file(&tmp);
         ("rename into place", path.to_owned(), source)
-    })
+    })?;
+    sync_parent(path).map_err(|(dir, source)| ("sync directory", dir, source))
 }
 
 pub(crate) fn io_err(action: &'static str, path: &Path, source: std::io::Error) -> PkiError {

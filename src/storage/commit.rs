@@ -11,9 +11,10 @@
 //! first lets the writers already between the object lock and their batch apply (for at most as
 //! long as the previous flush took, so a fast disk waits next to nothing), then flushes them all.
 //!
-//! Readers that follow the change log (watches, the garbage collector, the unpack reconciler) see a
-//! change only once it is durable ([`Store::durable_resource_version`]): a watcher is never told of
-//! a write that a crash could still undo.
+//! Readers see a change only once it is durable ([`Store::durable_resource_version`]): those that
+//! follow the change log (watches, the garbage collector, the unpack reconciler) stop at it, a list
+//! is at it, and a read of one object whose last change is newer waits for the flush covering that
+//! change. No client is shown a write that a crash could still undo.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -78,7 +79,8 @@ impl Store {
         Ok(())
     }
 
-    fn flush_covering(&self, rv: u64) -> Result<()> {
+    /// Returns once every object write up to `rv` is durable (flushing unless a flush covered it).
+    pub(super) fn flush_covering(&self, rv: u64) -> Result<()> {
         let commits = &self.inner.commits;
         if self.durable_resource_version() >= rv {
             return Ok(());
@@ -132,7 +134,60 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use crate::storage::{ObjectKey, ObjectWrite, Precondition, Store, StoreOptions};
+    use crate::storage::{ListQuery, ObjectKey, ObjectWrite, Precondition, Store, StoreOptions};
+
+    fn put(name: &str) -> ObjectWrite {
+        ObjectWrite::Put {
+            key: ObjectKey::new("bundles", "ns", name),
+            object: serde_json::json!({"metadata": {"name": name}}),
+            precondition: Precondition::None,
+            revision: None,
+        }
+    }
+
+    /// Reads `name` on another thread; returns whether it was found and the durable
+    /// resourceVersion when the read returned.
+    fn get_elsewhere(store: &Store, name: &str) -> std::thread::JoinHandle<(Option<u64>, u64)> {
+        let (store, key) = (store.clone(), ObjectKey::new("bundles", "ns", name));
+        std::thread::spawn(move || {
+            let found = store.get_object(&key).unwrap().map(|o| o.resource_version);
+            (found, store.durable_resource_version())
+        })
+    }
+
+    #[test]
+    fn reads_never_see_a_write_before_it_is_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        store.write_objects(vec![put("first")]).unwrap();
+        // Applied, not yet flushed: a crash now would take it back.
+        let held = store.hold_flushes();
+        let writer = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let delete = ObjectWrite::Delete {
+                    key: ObjectKey::new("bundles", "ns", "first"),
+                    precondition: Precondition::MustExist,
+                };
+                store.write_objects(vec![put("second"), delete]).unwrap().resource_version
+            })
+        };
+        while store.current_resource_version().unwrap() < 2 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let query = ListQuery { resource: "bundles", namespace: Some("ns"), at: None, after: None, limit: None };
+        let list = store.list_page(&query, &|_| true).unwrap();
+        let names: Vec<&str> = list.items.iter().filter_map(|o| o.pointer("/metadata/name")?.as_str()).collect();
+        assert_eq!((names, list.resource_version), (vec!["first"], 1), "a list shows the durable state");
+        let (second, first) = (get_elsewhere(&store, "second"), get_elsewhere(&store, "first"));
+        drop(held);
+        assert_eq!(writer.join().unwrap(), 2);
+        // Each read returned the write's result only once it was durable.
+        let (found, durable) = second.join().unwrap();
+        assert!(found.is_none_or(|rv| rv <= durable), "second at {found:?} served when durable was {durable}");
+        let (found, durable) = first.join().unwrap();
+        assert!(found.is_some() || durable >= 2, "first served as deleted when durable was {durable}");
+    }
 
     #[test]
     fn concurrent_writers_are_each_acknowledged_durable_and_logged_once_in_order() {

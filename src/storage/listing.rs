@@ -1,9 +1,12 @@
 //! Paged lists of API objects as of one resourceVersion (consistent snapshots), read without
 //! stopping writers.
 //!
+//! A list without a resourceVersion is at the *durable* one ([`Store::durable_resource_version`]),
+//! never showing a write a crash could still take back.
+//!
 //! sled keeps only the current state, so a page "as of" a resourceVersion `at` is the current state
 //! with every object changed since `at` replaced by its state before that change, which the change
-//! log records (`ChangeEvent::previous`). A list takes no lock: it reads `at` (the current version,
+//! log records (`ChangeEvent::previous`). A list takes no lock: it reads `at` (the durable version,
 //! unless the client named one), scans the live objects while writers go on, and keeps, alongside,
 //! the set of objects the log says changed after `at` — caught up after every step of the scan, so
 //! an object that changed, appeared or vanished behind the scan's back is known before the scan
@@ -129,10 +132,14 @@ impl Store {
             _ => Bound::Included(prefix.clone()),
         };
         let current = self.current_resource_version()?;
-        let at = query.at.unwrap_or(current);
+        // What a crash could no longer undo: a fresh list is at the durable resourceVersion (the
+        // log has the writes applied since, so it reads as any other past version); a named one
+        // not yet durable waits for the flush that covers it.
+        let at = query.at.unwrap_or_else(|| self.durable_resource_version());
         if at > current {
             return Err(StorageError::TooNew { requested: at, current });
         }
+        self.flush_covering(at)?;
         Ok(ListCursor {
             at,
             changed: Changed { at, seen: at, prefix: prefix.clone(), first: BTreeMap::new() },

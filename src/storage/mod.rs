@@ -5,7 +5,9 @@
 //! zstd-compressed by us, go to append-only pack files ([`packs`]) because sled kept every written
 //! value in memory, and so do revision manifests ([`manifest`]): the file records of a revision are
 //! chunks too, so a revision costs sled one key however many files it has. Uploads are staged in
-//! plain files ([`staging`]). Every acknowledged write is flushed first (packs fsynced, then sled),
+//! plain files ([`staging`]). Every acknowledged write is flushed first (packs fsynced, then sled;
+//! what sled leaves unsynced and directory entries too, and a failed sync poisons the store:
+//! [`durability`]),
 //! and every multi-key change that must be atomic is one `Batch` on one tree. A batch is held in
 //! memory whole, so every batch is bounded. Nothing outside this module sees sled.
 //!
@@ -28,6 +30,7 @@
 
 mod chunks;
 mod commit;
+mod durability;
 mod entry;
 mod gc;
 mod listing;
@@ -86,6 +89,12 @@ pub enum StorageError {
     /// A resourceVersion the store has not reached yet.
     #[error("too large resource version: {requested}, current: {current}")]
     TooNew { requested: u64, current: u64 },
+    /// A sync or flush failed earlier: nothing since can be trusted durable, so writes are refused
+    /// until a restart ([`durability`]). Holds what failed.
+    #[error(
+        "the store could not make a write durable ({0}); writes are refused until stowage restarts; reads still work"
+    )]
+    Poisoned(String),
 }
 
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;
@@ -248,6 +257,10 @@ struct Inner {
     packs: packs::Packs,
     blocks: chunks::BlockCache,
     space: space::SpaceGuard,
+    /// Set by the first failed sync: writes refused from then on ([`durability`]).
+    poison: Arc<durability::Poison>,
+    /// What sled writes without syncing (its directory, blob files), synced at every flush.
+    sled_files: durability::SledFiles,
 }
 
 impl Store {
@@ -256,6 +269,7 @@ impl Store {
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store> {
         std::fs::create_dir_all(dir)?;
         let space = space::SpaceGuard::new(dir, options.min_free_bytes);
+        durability::remove_interrupted_snapshots(&dir.join("db"))?;
         let db = sled::Config::new()
             .path(dir.join("db"))
             .cache_capacity(options.cache_bytes)
@@ -264,7 +278,17 @@ impl Store {
         let tree = (*db).clone();
         // sled's log file (sled::Config's path joined with "db"); see [`Store::flush`].
         let db_log = std::fs::File::open(dir.join("db").join("db"))?;
-        let packs = packs::Packs::open(&dir.join("packs"))?;
+        let sled_files = durability::SledFiles::open(&dir.join("db"))?;
+        let poison = Arc::new(durability::Poison::default());
+        let packs = packs::Packs::open(&dir.join("packs"), poison.clone())?;
+        // The entries of `db/` and `packs/` in the data directory, and of the data directory in
+        // its parent (created here the first time): without them the rest is unreachable.
+        durability::sync_dir(dir)?;
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            if let Err(e) = durability::sync_dir(parent) {
+                tracing::warn!(error = %e, dir = %parent.display(), "could not sync the data directory's parent");
+            }
+        }
         let (events, _) = tokio::sync::broadcast::channel(1024);
         let (gc_requests, gc_receiver) = std::sync::mpsc::sync_channel(1);
         let store = Store {
@@ -288,6 +312,8 @@ impl Store {
                 packs,
                 blocks: chunks::BlockCache::default(),
                 space,
+                poison,
+                sled_files,
             }),
         };
         store.start_commits()?;
@@ -303,27 +329,39 @@ impl Store {
         Ok(store)
     }
 
-    /// Makes everything written so far durable.
+    /// Makes everything written so far durable. Any failure poisons the store ([`durability`]).
     pub fn flush(&self) -> Result<()> {
+        let poison = &self.inner.poison;
+        poison.check()?;
         // Pack data first: an index entry must never be durable before the bytes it points at.
         self.inner.packs.sync()?;
-        self.inner.db.flush()?;
+        self.inner.db.flush().map_err(|e| poison.poison("flushing the database", e))?;
+        // Blob files and renamed snapshots before the log that names them.
+        self.inner.sled_files.sync().map_err(|e| poison.poison("syncing the database's files", e))?;
         // sled 0.34 ends its flush with sync_file_range, which writes the log's pages but neither
         // flushes the drive's cache nor records the file's new blocks: enough for a killed
         // process, not for a power cut. fdatasync of the log makes it durable.
-        self.inner.db_log.sync_data()?;
+        self.inner.db_log.sync_data().map_err(|e| poison.poison("fdatasync of the database log", e))?;
         Ok(())
+    }
+
+    /// Whether a failed sync poisoned the store: writes are refused until a restart.
+    pub fn is_poisoned(&self) -> bool {
+        self.inner.poison.is_poisoned()
     }
 
     /// `Err(InsufficientStorage)` when the data directory has too little free space for a write
     /// of this kind to start (see [`space`]). Checked by the store's own writers; the API checks
-    /// it before requests that create or change anything.
+    /// it before requests that create or change anything. Being checked by every writer, it
+    /// also refuses every write of a poisoned store (`Err(Poisoned)`, [`durability`]).
     pub fn ensure_space(&self, kind: WriteKind) -> Result<()> {
+        self.inner.poison.check()?;
         self.inner.space.check(kind)
     }
 
     /// Like [`Store::ensure_space`] for a write of `bytes` that must leave the threshold free.
     pub(crate) fn ensure_room_for(&self, kind: WriteKind, bytes: u64) -> Result<()> {
+        self.inner.poison.check()?;
         self.inner.space.check_room_for(kind, bytes)
     }
 

@@ -129,11 +129,45 @@ impl Store {
         std::sync::Arc::ptr_eq(&self.inner, &other.inner)
     }
 
+    /// The object as a crash could no longer undo it: if its last change (or its deletion) is
+    /// applied but not yet durable, this waits for the flush that covers it (helping with it if
+    /// none runs). On a poisoned store that change never becomes durable: `Err(Poisoned)`.
     pub fn get_object(&self, key: &ObjectKey) -> Result<Option<StoredObject>> {
+        let durable = self.durable_resource_version();
+        let object = self.applied_object(key)?;
+        let newest = match &object {
+            Some(object) => object.resource_version,
+            None => self.deleted_after(key, durable)?,
+        };
+        if newest > durable {
+            self.flush_covering(newest)?;
+        }
+        Ok(object)
+    }
+
+    /// The object as applied, durable or not: for writers, which order after it anyway.
+    fn applied_object(&self, key: &ObjectKey) -> Result<Option<StoredObject>> {
         self.tree().get(key.encode())?.map(|v| decode_object(&v)).transpose()
     }
 
-    /// All objects of a resource, in one namespace or all, as they are now; plus a resourceVersion
+    /// The resourceVersion of the last change to `key` the log holds after `after` (0 if none):
+    /// for an object that is gone, when it went. Reads the few changes not yet durable.
+    fn deleted_after(&self, key: &ObjectKey, after: u64) -> Result<u64> {
+        let mut newest = 0;
+        let end = key_log(self.current_resource_version()?.saturating_add(1));
+        for item in self.tree().range(key_log(after.saturating_add(1))..end) {
+            let (k, v) = item?;
+            let change: ChangeEvent = decode_json(&v)?;
+            if change.resource == key.resource && change.namespace == key.namespace && change.name == key.name {
+                newest = read_be(k.get(1..).unwrap_or_default())?;
+            }
+        }
+        Ok(newest)
+    }
+
+    /// All objects of a resource, in one namespace or all, as they are now (applied, durable or
+    /// not: for internal passes whose writes order after them; clients list through
+    /// [`Store::list_page`]); plus a resourceVersion
     /// every object is at least as new as: whoever follows the change log after it misses nothing.
     /// Read without the object lock, so writers go on meanwhile (an object written during the
     /// read may show in either state; the log has its change). Holds the whole list: internal
@@ -193,8 +227,8 @@ impl Store {
     }
 
     /// The objects in `namespace` with an owner reference to `uid` (`metadata.ownerReferences`),
-    /// with their resource: found through the owner index, so the cost follows the dependents, not
-    /// the namespace.
+    /// with their resource, as applied (for the passes that delete or orphan them): found through
+    /// the owner index, so the cost follows the dependents, not the namespace.
     pub fn dependents(&self, namespace: &str, uid: &str) -> Result<Vec<(String, StoredObject)>> {
         let mut found = Vec::new();
         if uid.is_empty() {
@@ -208,7 +242,7 @@ impl Store {
             let k = k?;
             let rest = String::from_utf8_lossy(k.get(prefix.len()..).unwrap_or_default()).into_owned();
             let Some((resource, name)) = rest.split_once('/') else { continue };
-            let Some(object) = self.get_object(&ObjectKey::new(resource, namespace, name))? else { continue };
+            let Some(object) = self.applied_object(&ObjectKey::new(resource, namespace, name))? else { continue };
             // Written in the object's own batch, so always in step; checked all the same (a hash).
             if owner_uids(&object.value).any(|u| u == uid) {
                 found.push((resource.to_string(), object));
@@ -283,7 +317,7 @@ impl Store {
             let log_key = key(b'l', &[&be(rv), &(i as u32).to_be_bytes()]);
             match write {
                 ObjectWrite::Put { key, mut object, precondition, revision } => {
-                    let existing = self.get_object(&key)?;
+                    let existing = self.applied_object(&key)?;
                     check(&key, precondition, existing.as_ref())?;
                     set_resource_version(&mut object, rv);
                     let revision = match revision {
@@ -308,7 +342,7 @@ impl Store {
                     objects.push(object);
                 }
                 ObjectWrite::Delete { key, precondition } => {
-                    let existing = self.get_object(&key)?;
+                    let existing = self.applied_object(&key)?;
                     check(&key, precondition, existing.as_ref())?;
                     let Some(existing) = existing else { continue };
                     let mut object = existing.value.clone();
@@ -349,8 +383,8 @@ impl Store {
     pub fn changes_since(&self, after: u64) -> impl Iterator<Item = Result<(u64, ChangeEvent)>> + '_ {
         // A reader may already be past the durable end (it listed a write still being flushed).
         let durable = self.durable_resource_version().max(after);
-        let end = key(b'l', &[&be(durable.saturating_add(1))]);
-        self.tree().range(key(b'l', &[&be(after.saturating_add(1))])..end).map(|item| {
+        let end = key_log(durable.saturating_add(1));
+        self.tree().range(key_log(after.saturating_add(1))..end).map(|item| {
             let (k, v) = item?;
             let rv = read_be(k.get(1..).unwrap_or_default())?;
             Ok((rv, decode_log(&v)?))
@@ -449,6 +483,11 @@ pub(super) fn decode_log<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result
         return decode_json(&json);
     }
     decode_json(bytes)
+}
+
+/// Where the change log's entries at `rv` start.
+fn key_log(rv: u64) -> Vec<u8> {
+    key(b'l', &[&be(rv)])
 }
 
 pub(super) fn key_revision(id: RevisionId) -> Vec<u8> {

@@ -9,7 +9,14 @@
 //! blocks). Layout: `magic, codec(1), raw_len(4), stored_len(4), count(2)`, then `count` directory
 //! entries `hash(32), offset(4), len(4)` naming the chunks inside, then the payload. Writers append
 //! to the *active* pack (a new one after every start and every [`PACK_ROLL_BYTES`]), so a torn tail
-//! left by a crash is never appended to. [`Packs::sync`] fsyncs before any commit is acknowledged.
+//! left by a crash is never appended to.
+//!
+//! [`Packs::sync`] runs before any commit is acknowledged and must cover exactly what was appended
+//! before it started, whoever else is syncing: syncs run one at a time, and each fsyncs every pack
+//! written past what the previous one covered (the active pack's length when that one began is
+//! kept). A caller arriving while another sync runs waits for it, then syncs what that one did not
+//! cover. A failed fsync poisons the store ([`super::durability`]): the pages it could not write
+//! may be marked clean, so no later sync could be believed.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -18,6 +25,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
+use super::durability::{self, Poison};
 use super::{Result, StorageError};
 
 const MAGIC: &[u8; 4] = b"SWB1";
@@ -56,8 +64,15 @@ pub struct ScannedBlock {
 struct Active {
     id: u64,
     file: Arc<File>,
+    /// Bytes appended (each append completes under the lock before it is counted).
     len: u64,
-    dirty: bool,
+}
+
+/// What the last successful sync covered of the active pack: its id and length when it began.
+#[derive(Default)]
+struct Synced {
+    pack: u64,
+    len: u64,
 }
 
 /// The pack files of a store.
@@ -65,9 +80,12 @@ pub struct Packs {
     dir: PathBuf,
     active: Mutex<Option<Active>>,
     open: RwLock<HashMap<u64, Arc<File>>>,
-    /// Packs that were rolled over but not yet fsynced.
+    /// Packs rolled over since the last sync began, with bytes it may not have covered.
     unsynced: Mutex<Vec<Arc<File>>>,
+    /// Held for a whole sync, so syncs run one after another; see the module doc.
+    syncing: Mutex<Synced>,
     next_id: Mutex<u64>,
+    poison: Arc<Poison>,
 }
 
 fn pack_name(id: u64) -> String {
@@ -84,7 +102,7 @@ fn le32(b: &[u8]) -> u32 {
 }
 
 impl Packs {
-    pub fn open(dir: &Path) -> Result<Packs> {
+    pub fn open(dir: &Path, poison: Arc<Poison>) -> Result<Packs> {
         std::fs::create_dir_all(dir)?;
         let highest = Self::list_in(dir)?.into_iter().max().unwrap_or(0);
         Ok(Packs {
@@ -92,7 +110,9 @@ impl Packs {
             active: Mutex::new(None),
             open: RwLock::new(HashMap::new()),
             unsynced: Mutex::new(Vec::new()),
+            syncing: Mutex::new(Synced::default()),
             next_id: Mutex::new(highest + 1),
+            poison,
         })
     }
 
@@ -118,9 +138,15 @@ impl Packs {
     /// Seals the active pack (the next append starts a new one), so compaction may reclaim it.
     pub fn roll(&self) {
         if let Some(old) = lock(&self.active).take() {
-            if old.dirty {
-                lock(&self.unsynced).push(old.file);
-            }
+            self.sealed(old);
+        }
+    }
+
+    /// A pack is no longer active: the next sync fsyncs it (again, if the last one covered it:
+    /// cheap, and it need not know how far that one got).
+    fn sealed(&self, old: Active) {
+        if old.len > 0 {
+            lock(&self.unsynced).push(old.file);
         }
     }
 
@@ -148,9 +174,7 @@ impl Packs {
         let mut guard = lock(&self.active);
         if guard.as_ref().is_none_or(|a| a.len >= PACK_ROLL_BYTES) {
             if let Some(old) = guard.take() {
-                if old.dirty {
-                    lock(&self.unsynced).push(old.file);
-                }
+                self.sealed(old);
             }
             *guard = Some(self.create_pack()?);
         }
@@ -158,7 +182,6 @@ impl Packs {
         let offset = active.len;
         active.file.write_all_at(&record, offset)?;
         active.len += record.len() as u64;
-        active.dirty = true;
         Ok(BlockAt {
             pack: active.id,
             payload_offset: offset + payload_start,
@@ -174,23 +197,29 @@ impl Packs {
         *next += 1;
         let file = Arc::new(OpenOptions::new().create_new(true).read(true).write(true).open(self.path(id))?);
         // Make the new file's directory entry durable too.
-        File::open(&self.dir)?.sync_all()?;
+        durability::sync_dir(&self.dir).map_err(|e| self.poison.poison("fsync of the packs directory", e))?;
         write_lock(&self.open).insert(id, file.clone());
-        Ok(Active { id, file, len: 0, dirty: false })
+        Ok(Active { id, file, len: 0 })
     }
 
-    /// Makes every appended record durable.
+    /// Makes every record appended before the call durable; see the module doc.
     pub fn sync(&self) -> Result<()> {
+        let mut synced = lock(&self.syncing);
+        // Also refuses once the sync this one waited for failed.
+        self.poison.check()?;
+        // The active pack as it is now, then the packs rolled over until now: whatever was
+        // appended before this call is in one of them (a roll-over queues the old pack under the
+        // same lock as it replaces the active one).
+        let active = lock(&self.active).as_ref().map(|a| (a.id, a.file.clone(), a.len));
         let rolled: Vec<Arc<File>> = std::mem::take(&mut *lock(&self.unsynced));
         for file in rolled {
-            file.sync_data()?;
+            file.sync_data().map_err(|e| self.poison.poison("fsync of a pack file", e))?;
         }
-        let active = lock(&self.active).as_mut().filter(|a| a.dirty).map(|a| {
-            a.dirty = false;
-            a.file.clone()
-        });
-        if let Some(file) = active {
-            file.sync_data()?;
+        if let Some((pack, file, len)) = active {
+            if pack != synced.pack || len > synced.len {
+                file.sync_data().map_err(|e| self.poison.poison("fsync of a pack file", e))?;
+                *synced = Synced { pack, len };
+            }
         }
         Ok(())
     }

@@ -88,6 +88,11 @@ pub struct Spool {
 impl Spool {
     pub fn open(dir: &Path, timeout: Duration) -> io::Result<Spool> {
         fs::create_dir_all(dir)?;
+        // Its entry in the data directory: a session's sidecar, synced in here, is only reachable
+        // through it after a power cut.
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            File::open(parent)?.sync_all()?;
+        }
         Ok(Spool { dir: dir.to_owned(), timeout, locks: Mutex::default() })
     }
 

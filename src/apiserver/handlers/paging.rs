@@ -108,7 +108,8 @@ pub(crate) fn parse(params: &HashMap<String, String>) -> ApiResult<ListOptions> 
     Ok(options)
 }
 
-/// Waits (briefly) until the store reached `rv`; a 504 like kube-apiserver's if it does not.
+/// Waits (briefly) until the store reached `rv` durably (lists show nothing newer; notifications
+/// come after each flush); a 504 like kube-apiserver's if it does not.
 pub(super) async fn wait_for(app: &AppState, rv: u64) -> ApiResult<()> {
     if rv == 0 {
         return Ok(());
@@ -116,7 +117,7 @@ pub(super) async fn wait_for(app: &AppState, rv: u64) -> ApiResult<()> {
     let mut notifications = app.store.subscribe();
     let deadline = tokio::time::Instant::now() + FRESHNESS_WAIT;
     loop {
-        let current = app.store.current_resource_version()?;
+        let current = app.store.durable_resource_version();
         if current >= rv {
             return Ok(());
         }

@@ -212,6 +212,13 @@ fn write_commit_counters(out: &mut String, counts: CommitCounts) -> fmt::Result 
     counter("stowage_object_write_flushes_total", "Flushes the object writes took.", counts.flushes)
 }
 
+/// 1 once a failed sync poisoned the store (writes refused until a restart), else 0.
+fn write_poisoned(out: &mut String, poisoned: bool) -> fmt::Result {
+    let name = "stowage_store_poisoned";
+    writeln!(out, "# HELP {name} 1 when a failed sync made the store refuse writes until stowage restarts.")?;
+    writeln!(out, "# TYPE {name} gauge\n{name} {}", u8::from(poisoned))
+}
+
 /// Middleware: counts every request by its labels and status code; times the others, keeps
 /// long-running ones in the gauge until their body ends.
 pub async fn record_request(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
@@ -249,6 +256,7 @@ pub async fn serve(State(metrics): State<Arc<Metrics>>) -> ApiResult<Response> {
         .write_requests(&mut text)
         .and_then(|()| write_store_gauges(&mut text, &gauges))
         .and_then(|()| write_commit_counters(&mut text, metrics.store.commit_counts()))
+        .and_then(|()| write_poisoned(&mut text, metrics.store.is_poisoned()))
         .and_then(|()| metrics.fairness.write_metrics(&mut text))
         .map_err(|_| ApiError::internal("formatting metrics failed"))?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
