@@ -157,7 +157,7 @@ impl Store {
         let end = key_log(self.current_resource_version()?.saturating_add(1));
         for item in self.tree().range(key_log(after.saturating_add(1))..end) {
             let (k, v) = item?;
-            let change: ChangeEvent = decode_json(&v)?;
+            let change: ChangeEvent = decode_log(&v)?;
             if change.resource == key.resource && change.namespace == key.namespace && change.name == key.name {
                 newest = read_be(k.get(1..).unwrap_or_default())?;
             }
