@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::chunks::{chunk_key, decode_block, BlockBuilder, ChunkRef, Hash, Location, SWEEP_GROUP};
 use super::manifest::ChunkList;
 use super::objects::key_revision;
-use super::{decode_json, encode_json, key, Result, RevisionId, RevisionRecord, RevisionState, Store};
+use super::{decode_json, encode_json, key, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store};
 
 /// What a collection pass did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -103,9 +103,22 @@ impl Store {
         self.tree().apply_batch(batch)?;
         // No writer runs yet: every staging directory is a crashed writer's.
         let _ = std::fs::remove_dir_all(self.staging_root());
-        let mut report = self.collect_with(true)?;
+        // A damaged manifest or pack stops the pass before it deletes anything it could not
+        // account for, but must not keep the store closed: every other revision still serves.
+        let mut report = match self.collect_with(true) {
+            Ok(report) => report,
+            Err(e @ StorageError::Corrupt(_)) => {
+                tracing::error!(error = %e, "collection at open stopped: unreferenced chunks stay until a pass succeeds");
+                GcReport::default()
+            }
+            Err(e) => return Err(e),
+        };
         // The previous run's active pack is sealed now: it may be worth compacting.
-        report.packs_compacted += self.compact_packs()?;
+        match self.compact_packs() {
+            Ok(compacted) => report.packs_compacted += compacted,
+            Err(e @ StorageError::Corrupt(_)) => tracing::error!(error = %e, "compaction at open stopped"),
+            Err(e) => return Err(e),
+        }
         if report.revisions_released > 0 || report.chunks_removed > 0 {
             tracing::info!(?report, "recovered the store");
         }
