@@ -12,6 +12,7 @@
 //! full pass collects chunks that were written but never reached by a manifest.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -79,8 +80,6 @@ impl LiveSet {
         self.probes(hash).into_iter().all(|(word, mask)| self.bits.get(word).is_some_and(|w| w & mask != 0))
     }
 }
-
-use std::hash::BuildHasher;
 
 impl Store {
     pub(super) fn recover(&self) -> Result<()> {

@@ -10,7 +10,7 @@
 use super::chunks::{BlockBuilder, ChunkRef, Hash};
 use super::manifest::{chunk_list, ChunkList, ManifestBuilder};
 use super::objects::key_revision;
-use super::revision::MetaChunks;
+use super::revision::WriterChunks;
 use super::{
     be, decode_json, encode_json, key, EntryKind, FileEntry, Result, RevisionRecord, RevisionState, StorageError, Store,
 };
@@ -73,7 +73,7 @@ impl Store {
                 continue; // unfinished ones are released by recovery
             }
             let mut blocks = BlockBuilder::default();
-            let mut meta = MetaChunks { store: self, blocks: &mut blocks, pinned: &mut pinned };
+            let mut meta = WriterChunks { store: self, blocks: &mut blocks, pinned: &mut pinned };
             let mut put = |bytes: &[u8]| meta.put(bytes);
             let mut manifest = ManifestBuilder::default();
             let prefix = key(b'f', &[&be(record.id)]);

@@ -230,15 +230,25 @@ impl Store {
         let manifest = self.manifest(rev)?;
         let first_page = manifest.page_for_tar_offset(pos);
         if let Some(page) = manifest.pages.get(first_page) {
-            let entries = self.page(&page.chunk)?;
-            // The entry holding `pos`: the last one starting at or before it.
-            let first = entries.partition_point(|e| e.tar_offset <= pos).saturating_sub(1);
-            let start_path = entries.get(first).map(|e| e.path.clone()).unwrap_or_default();
-            for entry in self.listing(rev, "", &start_path, false) {
+            let mut entries = self.page(&page.chunk)?;
+            // From the entry holding `pos` (the last one starting at or before it) on, this page
+            // already decoded, then the pages after it.
+            entries.drain(..entries.partition_point(|e| e.tar_offset <= pos).saturating_sub(1));
+            let listing = FileListing {
+                store: self.clone(),
+                next_page: first_page + 1,
+                manifest: manifest.clone(),
+                page: entries.into_iter(),
+                skip_before: None,
+                prefix: String::new(),
+                failed: None,
+                done: false,
+            };
+            for entry in listing {
                 if pos >= end {
                     break;
                 }
-                pos = self.emit_entry(rev, &entry?, pos, end, out)?;
+                pos = self.emit_entry(&entry?, pos, end, out)?;
             }
         }
         // The two zero blocks that end the archive.
@@ -275,7 +285,7 @@ impl Store {
     /// tar is these, one after the other, then [`tarfmt::TRAILER_LEN`] zero bytes.
     pub fn read_entry_tar(
         &self,
-        rev: RevisionId,
+        _rev: RevisionId,
         entry: &FileEntry,
         from: u64,
         to: u64,
@@ -283,12 +293,12 @@ impl Store {
     ) -> Result<()> {
         let mut relocated = entry.clone();
         relocated.tar_offset = 0;
-        self.emit_entry(rev, &relocated, from, to, out).map(|_| ())
+        self.emit_entry(&relocated, from, to, out).map(|_| ())
     }
 
     /// Emits the part of `entry` (header, data, padding) that falls in `[pos, end)`; returns the
     /// position after it.
-    fn emit_entry(&self, _rev: RevisionId, entry: &FileEntry, pos: u64, end: u64, out: &mut Sink<'_>) -> Result<u64> {
+    fn emit_entry(&self, entry: &FileEntry, pos: u64, end: u64, out: &mut Sink<'_>) -> Result<u64> {
         let header = tarfmt::header_bytes(&entry.header_spec());
         let header_start = entry.tar_offset;
         let data_start = header_start + header.len() as u64;

@@ -86,14 +86,15 @@ impl Store {
     }
 }
 
-/// Stores manifest pages and segment lists as chunks, like file content.
-pub(super) struct MetaChunks<'a> {
+/// Stores a writer's chunks — file content, manifest pages, segment lists — pinning each and
+/// adding to the block being built only what the store does not hold yet.
+pub(super) struct WriterChunks<'a> {
     pub store: &'a Store,
     pub blocks: &'a mut BlockBuilder,
     pub pinned: &'a mut Vec<Hash>,
 }
 
-impl MetaChunks<'_> {
+impl WriterChunks<'_> {
     pub fn put(&mut self, bytes: &[u8]) -> Result<ChunkRef> {
         let hash = *blake3::hash(bytes).as_bytes();
         let known = self.store.pin_and_check(hash)?;
@@ -127,16 +128,8 @@ impl RevisionWriter {
             let chunk = chunk.map_err(|e| StorageError::Io(e.into()))?;
             sha.update(&chunk.data);
             size += chunk.length as u64;
-            let hash = *blake3::hash(&chunk.data).as_bytes();
-            let known = self.store.pin_and_check(hash)?;
-            self.pinned.push(hash);
-            refs.push(ChunkRef { hash, len: chunk.length as u32 });
-            if !known && !self.blocks.contains(&hash) {
-                self.blocks.push(hash, &chunk.data);
-                if self.blocks.is_full() {
-                    self.store.seal_block(&mut self.blocks)?;
-                }
-            }
+            let mut chunks = WriterChunks { store: &self.store, blocks: &mut self.blocks, pinned: &mut self.pinned };
+            refs.push(chunks.put(&chunk.data)?);
             if refs.len() == REF_BUFFER {
                 self.staging.push_refs(&refs)?;
                 count += refs.len() as u64;
@@ -213,7 +206,7 @@ impl RevisionWriter {
         let mut tar_hash = Sha256::new();
         let (mut files, mut size, mut stored) = (0u64, 0u64, 0u64);
         let mut manifest = ManifestBuilder::default();
-        let mut meta = MetaChunks { store: &store, blocks: &mut self.blocks, pinned: &mut self.pinned };
+        let mut meta = WriterChunks { store: &store, blocks: &mut self.blocks, pinned: &mut self.pinned };
         let mut put = |bytes: &[u8]| meta.put(bytes);
         for item in self.staging.sorted()? {
             let mut entry = self.staging.read_entry(item?)?;
