@@ -5,6 +5,7 @@
 //! archives into validated file trees written through the same storage interface.
 //! See `ARCHITECTURE.md` for the code map and invariants.
 
+pub mod api;
 pub mod apiserver;
 pub mod auth;
 pub mod certs;

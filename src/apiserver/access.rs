@@ -10,9 +10,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::request_info::RequestInfo;
-use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
 use super::{AppState, GROUP};
+use crate::api::strategy::ResourceDef;
 use crate::auth::attributes::{Attributes, ResourceAttributes};
 use crate::auth::authn::AuthnError;
 use crate::auth::trust::PeerCertificate;

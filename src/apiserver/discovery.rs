@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 
 use super::handlers::json_response;
 use super::negotiation::{accepted, Caching, Document};
-use super::resources::{ResourceDef, RESOURCES};
 use super::{API_VERSION, GROUP, VERSION};
+use crate::api::strategy::{ResourceDef, RESOURCES};
 
 /// A served resource as discovery describes it.
 pub struct ApiResource {
@@ -40,24 +40,10 @@ impl ApiResource {
 pub static API_RESOURCES: LazyLock<Vec<ApiResource>> =
     LazyLock::new(|| RESOURCES.iter().map(|def| describe(def)).collect());
 
+/// What the resource's strategy says it serves.
 fn describe(def: &'static ResourceDef) -> ApiResource {
-    if def.user_writable {
-        ApiResource {
-            def,
-            verbs: &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
-            subresources: vec![
-                ApiSubresource { name: "content", verbs: &["get", "update"] },
-                ApiSubresource { name: "status", verbs: &["get", "patch", "update"] },
-            ],
-        }
-    } else {
-        // Created only by the server; users (and garbage collectors) may change metadata and delete.
-        ApiResource {
-            def,
-            verbs: &["delete", "deletecollection", "get", "list", "patch", "update", "watch"],
-            subresources: vec![ApiSubresource { name: "content", verbs: &["get"] }],
-        }
-    }
+    let subresources = def.subresources.iter().map(|s| ApiSubresource { name: s.name, verbs: s.verbs }).collect();
+    ApiResource { def, verbs: def.verbs, subresources }
 }
 
 const CATEGORIES: &[&str] = &["stowage"];

@@ -7,5 +7,5 @@ pub(crate) use super::handlers::{
 };
 pub(crate) use super::patch::{parse as parse_patch, patched_object, PatchKind};
 pub(crate) use super::range;
-pub(crate) use super::resources::{ResourceDef, RESOURCES};
 pub(crate) use super::selectors::{FieldSelector, LabelSelector};
+pub(crate) use crate::api::strategy::{ResourceDef, RESOURCES};

@@ -20,7 +20,8 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::lifecycle::{self, DeleteOptions, FOREGROUND, ORPHAN};
-use super::resources::{self, str_at, ResourceDef};
+use crate::api::strategy::{self, ResourceDef};
+use crate::apiserver::lifecycle::str_at;
 use crate::storage::{ChangeEvent, ObjectKey, ObjectWrite, Precondition, StorageError, Store, StoredObject};
 
 const FULL_PASS_EVERY: Duration = Duration::from_secs(300);
@@ -72,7 +73,7 @@ where
 
 /// Looks at every object once, a page at a time (writers never wait for the pass).
 fn full(store: &Store) -> Result<(), StorageError> {
-    for def in resources::RESOURCES {
+    for def in strategy::RESOURCES {
         let mut after: Option<String> = None;
         loop {
             let (objects, next) = store.objects_page(def.plural, None, after.as_deref(), BATCH)?;
@@ -104,7 +105,7 @@ fn follow(store: &Store, mut from: u64) -> Result<u64, StorageError> {
 }
 
 fn handle(store: &Store, change: &ChangeEvent) -> Result<(), StorageError> {
-    let Some(def) = resources::lookup(&change.resource) else { return Ok(()) };
+    let Some(def) = strategy::lookup(&change.resource) else { return Ok(()) };
     if change.kind != "DELETED" {
         // Re-read: the log entry may be stale, and acting on the current state is what counts.
         let key = ObjectKey::new(def.plural, &change.namespace, &change.name);
@@ -216,7 +217,7 @@ fn dependents(
     Ok(store
         .dependents(namespace, uid)?
         .into_iter()
-        .filter_map(|(resource, object)| resources::lookup(&resource).map(|def| (def, object)))
+        .filter_map(|(resource, object)| strategy::lookup(&resource).map(|def| (def, object)))
         .collect())
 }
 

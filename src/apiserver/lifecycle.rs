@@ -12,9 +12,10 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::resources::{self, ResourceDef};
 use super::status::{ApiError, ApiResult, Cause};
-use super::{meta, GROUP};
+use super::GROUP;
+use crate::api::meta;
+use crate::api::strategy::{self, ResourceDef};
 use crate::storage::{ObjectKey, ObjectWrite, Precondition, StorageError, Store, StoredObject};
 
 pub const FOREGROUND: &str = "foregroundDeletion";
@@ -185,8 +186,31 @@ pub fn remove_now(
     }
     let precondition = Precondition::ResourceVersion(stored.resource_version);
     let mut writes = vec![ObjectWrite::Delete { key: key.clone(), precondition }];
-    writes.extend((def.on_delete)(store, &stored.value)?);
+    writes.extend(delete_effects(store, def, &stored.value)?);
     store.write_objects(writes).map(|o| Deleted::Gone(first(o.objects)))
+}
+
+/// What the resource's strategy says deleting `object` changes elsewhere, as writes for the same
+/// batch (each at the version read, so a concurrent change makes the delete retry).
+fn delete_effects(store: &Store, def: &ResourceDef, object: &Value) -> Result<Vec<ObjectWrite>, StorageError> {
+    let Some(hook) = &def.on_delete else { return Ok(Vec::new()) };
+    let Some((plural, name)) = (hook.target)(object) else { return Ok(Vec::new()) };
+    let key = ObjectKey::new(plural, str_at(object, "/metadata/namespace"), &name);
+    let Some(target) = store.get_object(&key)? else { return Ok(Vec::new()) };
+    Ok((hook.update)(&target.value, object)
+        .map(|updated| ObjectWrite::Put {
+            key,
+            object: updated,
+            precondition: Precondition::ResourceVersion(target.resource_version),
+            revision: None,
+        })
+        .into_iter()
+        .collect())
+}
+
+/// A string field of an object's metadata (or any JSON pointer), empty when absent.
+pub fn str_at<'a>(obj: &'a Value, pointer: &str) -> &'a str {
+    obj.pointer(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
 fn first(objects: Vec<Value>) -> Value {
@@ -280,6 +304,6 @@ pub fn own_owner(reference: &Value) -> Option<(&'static ResourceDef, &str, &str)
         return None;
     }
     let kind = reference.get("kind").and_then(Value::as_str)?;
-    let def = resources::RESOURCES.iter().copied().find(|r| r.kind == kind)?;
+    let def = strategy::RESOURCES.iter().copied().find(|r| r.kind == kind)?;
     Some((def, reference.get("name").and_then(Value::as_str)?, reference.get("uid").and_then(Value::as_str)?))
 }

@@ -19,7 +19,6 @@ pub mod garbage_collector;
 mod handlers;
 mod lifecycle;
 pub mod listener;
-pub mod meta;
 mod metrics;
 mod negotiation;
 mod openapi;
@@ -27,7 +26,6 @@ mod panic_status;
 mod patch;
 pub(crate) mod range;
 pub mod request_info;
-pub mod resources;
 mod schema;
 mod selectors;
 pub mod stall;
@@ -49,9 +47,7 @@ use crate::storage::{StorageError, Store};
 use metrics::Metrics;
 use status::{ApiError, ApiResult};
 
-pub const GROUP: &str = "content.stowage.dev";
-pub const VERSION: &str = "v1alpha1";
-pub const API_VERSION: &str = "content.stowage.dev/v1alpha1";
+pub use crate::api::{API_VERSION, GROUP, VERSION};
 
 /// Request-size limits.
 #[derive(Clone, Debug)]
@@ -121,7 +117,7 @@ where
     F: FnOnce(&Store) -> Result<T, StorageError> + Send + 'static,
 {
     let store = app.store.clone();
-    tokio::task::spawn_blocking(move || f(&store)).await.map_err(panic_status::task_failed)?.map_err(ApiError::from)
+    tokio::task::spawn_blocking(move || f(&store)).await?.map_err(ApiError::from)
 }
 
 /// The whole HTTP API.

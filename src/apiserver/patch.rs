@@ -19,9 +19,10 @@ use super::handlers::{
     check_object, create_object, field_manager, json_response, replace, updatable_resource_def, Params, UpdateScope,
     WriteRequest,
 };
-use super::resources::ResourceDef;
-use super::status::{ApiError, ApiResult, Cause};
-use super::{blocking, fieldmanager, meta, AppState};
+use super::status::{ApiError, ApiResult, Reason};
+use super::{blocking, fieldmanager, AppState};
+use crate::api::meta;
+use crate::api::strategy::ResourceDef;
 use crate::storage::ObjectKey;
 
 const RETRIES: usize = 5;
@@ -176,8 +177,8 @@ pub(crate) fn patched_object(
             }
             let schema = (def.schema)();
             let now = meta::now_timestamp();
-            let result =
-                fieldmanager::apply(&schema, live, &applied, manager, force, subresource, &now).map_err(apply_error)?;
+            let result = fieldmanager::apply(&schema, live, &applied, manager, force, subresource, &now)
+                .map_err(ApiError::from)?;
             Ok((result, warnings))
         }
         (_, None) => Err(ApiError::not_found(def.plural, name)),
@@ -235,7 +236,7 @@ pub async fn patch(
         let Some(stored) = stored else {
             // Server-side apply creates what does not exist.
             return match create_object(&app, &request, patched).await {
-                Err(e) if e.reason == "AlreadyExists" && attempt < RETRIES => continue,
+                Err(e) if e.reason == Reason::AlreadyExists && attempt < RETRIES => continue,
                 Err(e) => Err(e),
                 Ok(created) => Ok(json_response(StatusCode::CREATED, &created, &warnings)),
             };
@@ -248,26 +249,10 @@ pub async fn patch(
             _ => stored.resource_version,
         };
         match replace(&app, &request, &name, patched, &stored.value, rv).await {
-            Err(e) if e.reason == "Conflict" && rv == stored.resource_version && attempt < RETRIES => continue,
+            Err(e) if e.reason == Reason::Conflict && rv == stored.resource_version && attempt < RETRIES => continue,
             Err(e) => return Err(e),
             Ok(updated) => return Ok(json_response(StatusCode::OK, &updated, &warnings)),
         }
-    }
-}
-
-/// A refused apply as a Status: conflicts are 409 with one `FieldManagerConflict` cause each.
-fn apply_error(err: fieldmanager::ApplyError) -> ApiError {
-    match err {
-        fieldmanager::ApplyError::Conflicts(conflicts) => {
-            let message = fieldmanager::ApplyError::Conflicts(conflicts.clone()).to_string();
-            let causes = conflicts
-                .into_iter()
-                .map(|c| Cause { reason: "FieldManagerConflict".into(), message: c.message, field: c.field })
-                .collect();
-            ApiError::apply_conflict(message, causes)
-        }
-        fieldmanager::ApplyError::BadRequest(message) => ApiError::bad_request(message),
-        fieldmanager::ApplyError::Invalid(message) => ApiError::new_unprocessable(message),
     }
 }
 

@@ -1,7 +1,8 @@
-//! Structural schemas (OpenAPI v3, as a CRD would declare them) and the walker that checks a
-//! request body against one: unknown fields (reported per `fieldValidation`) and wrong types (422).
+//! The walker that checks a request body against a resource's structural schema (written with
+//! [`crate::api::schema`]): unknown fields (reported per `fieldValidation`) and wrong types (422),
+//! then pruning.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::status::Cause;
 
@@ -87,110 +88,6 @@ pub fn set_field(target: &mut Value, field: &str, value: Value) {
     }
 }
 
-pub fn string() -> Value {
-    json!({"type": "string"})
-}
-
-pub fn doc_string(description: &str) -> Value {
-    json!({"type": "string", "description": description})
-}
-
-pub fn integer() -> Value {
-    json!({"type": "integer", "format": "int64"})
-}
-
-pub fn boolean() -> Value {
-    json!({"type": "boolean"})
-}
-
-pub fn string_map() -> Value {
-    json!({"type": "object", "additionalProperties": {"type": "string"}})
-}
-
-pub fn object(description: &str, properties: Value) -> Value {
-    json!({"type": "object", "description": description, "properties": properties})
-}
-
-pub fn array_of(items: Value) -> Value {
-    json!({"type": "array", "items": items})
-}
-
-/// A list whose items are owned one by one, by value (`x-kubernetes-list-type: set`).
-pub fn list_set(items: Value) -> Value {
-    json!({"type": "array", "items": items, "x-kubernetes-list-type": "set"})
-}
-
-/// A list whose items are owned one by one, by their key fields (`x-kubernetes-list-type: map`).
-pub fn list_map(items: Value, keys: &[&str]) -> Value {
-    json!({"type": "array", "items": items, "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": keys})
-}
-
-/// A list replaced and owned as a whole (what a list without `x-kubernetes-list-type` is too).
-pub fn list_atomic(items: Value) -> Value {
-    json!({"type": "array", "items": items, "x-kubernetes-list-type": "atomic"})
-}
-
-/// `metav1.ObjectMeta`, the fields clients send.
-pub fn object_meta() -> Value {
-    let owner_reference = object(
-        "An object this one depends on.",
-        json!({
-            "apiVersion": string(), "kind": string(), "name": string(), "uid": string(),
-            "controller": boolean(), "blockOwnerDeletion": boolean(),
-        }),
-    );
-    object(
-        "Standard object metadata.",
-        json!({
-            "name": string(),
-            "generateName": string(),
-            "namespace": string(),
-            "selfLink": string(),
-            "uid": string(),
-            "resourceVersion": string(),
-            "generation": integer(),
-            "creationTimestamp": string(),
-            "deletionTimestamp": string(),
-            "deletionGracePeriodSeconds": integer(),
-            "labels": string_map(),
-            "annotations": string_map(),
-            "ownerReferences": list_map(owner_reference, &["uid"]),
-            "finalizers": list_set(string()),
-            "managedFields": list_atomic(json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})),
-        }),
-    )
-}
-
-/// `metav1.Condition`.
-pub fn condition() -> Value {
-    object(
-        "A condition of the object, per Kubernetes API conventions.",
-        json!({
-            "type": string(), "status": string(), "reason": string(), "message": string(),
-            "lastTransitionTime": string(), "observedGeneration": integer(),
-        }),
-    )
-}
-
-/// `status.conditions`: [`condition`]s keyed by `type`, as `metav1.Condition` lists are declared.
-pub fn conditions() -> Value {
-    list_map(condition(), &["type"])
-}
-
-/// The root of a kind: apiVersion, kind, metadata, spec, status.
-pub fn kind_root(description: &str, spec: Value, status: Value) -> Value {
-    object(
-        description,
-        json!({
-            "apiVersion": string(),
-            "kind": string(),
-            "metadata": object_meta(),
-            "spec": spec,
-            "status": status,
-        }),
-    )
-}
-
 /// Removes every field the schema does not declare (CRD pruning), after [`check`] reported them.
 pub fn prune(schema: &Value, value: &mut Value) {
     if schema.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true) {
@@ -218,7 +115,10 @@ pub fn prune(schema: &Value, value: &mut Value) {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+    use crate::api::schema::{array_of, boolean, kind_root, object, string};
 
     #[test]
     fn reports_unknown_fields_and_types() {

@@ -21,13 +21,13 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::handlers::{next_step, StepFilter};
-use super::resources::ResourceDef;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::stall::{self, ConnectionCut};
 use super::status::{ApiError, ApiResult};
 use super::table::{self, Representation};
 use super::watch_cache::{self, event_line, CachedEvent, WatchCache, Window};
 use super::{blocking, AppState, API_VERSION};
+use crate::api::strategy::ResourceDef;
 use crate::storage::{ChangeEvent, ListCursor, ListQuery, ListSink};
 
 /// Events taken (from the cache or the log) per step.

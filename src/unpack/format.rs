@@ -13,9 +13,10 @@
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::error::UnpackError;
+use crate::api::FormatDetails;
 
 pub const PLAIN: &str = "plain";
 pub const REGISTRY_V1: &str = "registry-v1";
@@ -49,15 +50,15 @@ pub struct FormatReport {
 
 impl FormatReport {
     /// `status.formatDetails` / `BundleContent.spec.formatDetails`.
-    pub fn details(&self) -> Value {
-        let mut details = serde_json::Map::new();
-        if !self.objects.is_empty() {
-            details.insert("objects".into(), json!(self.objects));
+    pub fn details(&self) -> FormatDetails {
+        let fact = |key: &str| self.facts.get(key).cloned();
+        FormatDetails {
+            objects: self.objects.clone(),
+            chart: fact("chart"),
+            version: fact("version"),
+            package: fact("package"),
+            cluster_service_version: fact("clusterServiceVersion"),
         }
-        for (key, value) in &self.facts {
-            details.insert((*key).into(), json!(value));
-        }
-        Value::Object(details)
     }
 }
 

@@ -22,31 +22,36 @@ use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use super::error::UnpackError;
 use super::git::{check_scheme, redact};
-use super::source::{Credentials, HttpSpec, NetworkPolicy, Resolved, Sink, SourceContext};
+use super::source::{Credentials, HttpSource, NetworkPolicy, ResolvedSource, Sink, SourceContext};
 use super::tar_ingest::{self, Encoding};
 
 /// What `spec` points at now, fetching metadata only. Returns a value equal to `previous` when
 /// nothing changed; performs no network I/O for a source pinned by digest/commit/sha256.
 pub async fn resolve(
-    spec: &HttpSpec,
+    spec: &HttpSource,
     ctx: &SourceContext,
-    previous: Option<&Resolved>,
-) -> Result<Resolved, UnpackError> {
+    previous: Option<&ResolvedSource>,
+) -> Result<ResolvedSource, UnpackError> {
     let url = check_url(&spec.url, &ctx.network)?;
-    let previous = previous.filter(|p| matches!(p, Resolved::Http { url, .. } if *url == spec.url));
+    let previous = previous.filter(|p| matches!(p, ResolvedSource::Http { url, .. } if *url == spec.url));
     if !spec.sha256.is_empty() {
         let sha256 = parse_sha256(&spec.sha256)?;
-        if let Some(p @ Resolved::Http { sha256: known, .. }) = previous {
+        if let Some(p @ ResolvedSource::Http { sha256: known, .. }) = previous {
             if *known == sha256 {
                 return Ok(p.clone());
             }
         }
-        return Ok(Resolved::Http { url: spec.url.clone(), sha256, etag: String::new(), last_modified: String::new() });
+        return Ok(ResolvedSource::Http {
+            url: spec.url.clone(),
+            sha256,
+            etag: String::new(),
+            last_modified: String::new(),
+        });
     }
     ctx.check_cancelled()?;
     let client = client(&ctx.network)?;
     let mut request = authorize(client.head(url.clone()), ctx.credentials.as_ref());
-    if let Some(Resolved::Http { etag, last_modified, .. }) = previous {
+    if let Some(ResolvedSource::Http { etag, last_modified, .. }) = previous {
         if !etag.is_empty() {
             request = request.header(IF_NONE_MATCH, etag.as_str());
         }
@@ -66,7 +71,7 @@ pub async fn resolve(
     }
     if status == StatusCode::METHOD_NOT_ALLOWED || status == StatusCode::NOT_IMPLEMENTED {
         // No HEAD support: nothing to compare, so report a change and let the content decide.
-        return Ok(Resolved::Http {
+        return Ok(ResolvedSource::Http {
             url: spec.url.clone(),
             sha256: String::new(),
             etag: String::new(),
@@ -75,7 +80,7 @@ pub async fn resolve(
     }
     check_status(&url, status)?;
     let (etag, last_modified) = validators(response.headers());
-    if let Some(p @ Resolved::Http { etag: old_etag, last_modified: old_lm, .. }) = previous {
+    if let Some(p @ ResolvedSource::Http { etag: old_etag, last_modified: old_lm, .. }) = previous {
         // A strong-enough sign of "same file": the same ETag, or (no ETags at all) the same date.
         let same = if !etag.is_empty() || !old_etag.is_empty() {
             etag == *old_etag
@@ -86,18 +91,18 @@ pub async fn resolve(
             return Ok(p.clone());
         }
     }
-    Ok(Resolved::Http { url: spec.url.clone(), sha256: String::new(), etag, last_modified })
+    Ok(ResolvedSource::Http { url: spec.url.clone(), sha256: String::new(), etag, last_modified })
 }
 
 /// Streams exactly the content `pinned` names into `sink`, verifying every digest; returns the
 /// final pinned identity (e.g. with the downloaded sha256 filled in). Blocking: run on a blocking
 /// thread.
 pub fn fetch(
-    spec: &HttpSpec,
+    spec: &HttpSource,
     ctx: &SourceContext,
-    pinned: &Resolved,
+    pinned: &ResolvedSource,
     sink: &mut Sink<'_>,
-) -> Result<Resolved, UnpackError> {
+) -> Result<ResolvedSource, UnpackError> {
     let url = check_url(&spec.url, &ctx.network)?;
     let shown = redact(&url);
     // Both the spec's digest and one recorded in the pinned identity must hold.
@@ -105,7 +110,7 @@ pub fn fetch(
     if !spec.sha256.is_empty() {
         expected.push(parse_sha256(&spec.sha256)?);
     }
-    if let Resolved::Http { sha256, .. } = pinned {
+    if let ResolvedSource::Http { sha256, .. } = pinned {
         if !sha256.is_empty() {
             expected.push(parse_sha256(sha256)?);
         }
@@ -139,7 +144,7 @@ pub fn fetch(
     if let Some(want) = expected.into_iter().find(|want| *want != actual) {
         return Err(UnpackError::DigestMismatch { what: shown, expected: want, actual });
     }
-    Ok(Resolved::Http { url: spec.url.clone(), sha256: actual, etag, last_modified })
+    Ok(ResolvedSource::Http { url: spec.url.clone(), sha256: actual, etag, last_modified })
 }
 
 fn check_url(raw: &str, network: &NetworkPolicy) -> Result<reqwest::Url, UnpackError> {

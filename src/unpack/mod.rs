@@ -18,13 +18,12 @@ pub mod revisions;
 pub mod secrets;
 pub mod sink;
 pub mod source;
-pub mod status;
 pub mod tar_ingest;
 
 use std::io::Read;
 
 pub use error::UnpackError;
-pub use source::{Credentials, NetworkPolicy, Resolved, SourceContext, SourceSpec, UnpackLimits};
+pub use source::{Credentials, NetworkPolicy, ResolvedSource, Source, SourceContext, UnpackLimits};
 
 /// Receives the entries of a validated archive. Paths are relative, normalised (`a/b/c`, no `.`,
 /// `..`, leading `/` or trailing `/`), unique, and never both a file and a directory. Modes are

@@ -3,20 +3,12 @@
 //! Bundle's status pointing at it, and old BundleContents beyond `spec.revisionHistoryLimit`
 //! deleted — all in one atomic store write. Used by uploads and by the reconcile loop alike.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::format::FormatReport;
-use super::source::Resolved;
-use super::status;
-use crate::apiserver::meta;
-use crate::apiserver::resources::bundlecontent::content_name;
-use crate::apiserver::API_VERSION;
+use crate::api::strategy::{self, bundlecontent::BUNDLE_CONTENT, decode};
+use crate::api::{content_name, Bundle, BundleContent, BundleStatus, ResolvedSource, Served};
 use crate::storage::{ObjectKey, ObjectWrite, PendingRevision, Precondition, StorageError, Store, StoredObject};
-
-/// Old contents kept beside the served one when `spec.revisionHistoryLimit` is not set.
-pub const DEFAULT_HISTORY_LIMIT: u64 = 3;
-/// Labels a BundleContent with its Bundle's name.
-pub const BUNDLE_LABEL: &str = "content.stowage.dev/bundle";
 
 /// What must still hold for a commit to land.
 #[derive(Clone, Debug)]
@@ -26,7 +18,7 @@ pub struct Expect {
     /// The Bundle the work was for (a deleted and re-created Bundle is another one).
     pub uid: String,
     /// The generation the content was unpacked for; `None` accepts any (uploads).
-    pub generation: Option<u64>,
+    pub generation: Option<i64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,47 +38,54 @@ pub fn commit(
     expect: &Expect,
     mut pending: PendingRevision,
     report: &FormatReport,
-    resolved: &[Resolved],
+    resolved: &[ResolvedSource],
 ) -> Result<Value, CommitError> {
     let record = pending.record().clone();
     let content = content_name(&expect.name, &record.digest);
-    let bundle_key = ObjectKey::new("bundles", &expect.namespace, &expect.name);
+    let served = Served {
+        content: content.clone(),
+        digest: record.digest.clone(),
+        files: record.files,
+        size: record.size,
+        format: report.format.clone(),
+        format_details: report.details(),
+        resolved: resolved.to_vec(),
+    };
+    let bundle_key = ObjectKey::new(Bundle::PLURAL, &expect.namespace, &expect.name);
+    let content_key = ObjectKey::new(BundleContent::PLURAL, &expect.namespace, &content);
     // Retry on conflict: the Bundle's metadata may change while a long unpack runs.
     for _ in 0..8 {
-        let bundle = current(store, expect)?;
-        let existing = store.get_object(&ObjectKey::new("bundlecontents", &expect.namespace, &content))?;
-        let reuse = existing.as_ref().is_some_and(|e| {
-            e.value.pointer("/spec/digest").and_then(Value::as_str) == Some(record.digest.as_str())
-                && owned_by(&e.value, &expect.uid)
-        });
-        let mut updated = bundle.value.clone();
-        set_status(&mut updated, status::unpacked(&bundle.value, &content, &record, report, resolved));
+        let current = current(store, expect)?;
+        let existing = store.get_object(&content_key)?;
+        let existing_typed = existing.as_ref().map(|e| decode::<BundleContent>(&e.value)).transpose().ok().flatten();
+        let reuse = existing_typed.is_some_and(|e| e.spec.digest == record.digest && e.owned_by(current.bundle.uid()));
+        let mut status = status_of(&current.bundle);
+        status.unpacked(current.bundle.generation(), served.clone());
         let mut writes = vec![ObjectWrite::Put {
             key: bundle_key.clone(),
-            object: updated,
-            precondition: Precondition::ResourceVersion(bundle.resource_version),
+            object: with_status(&current.stored.value, &status),
+            precondition: Precondition::ResourceVersion(current.stored.resource_version),
             revision: None,
         }];
-        writes.extend(prune(store, &bundle.value, &content)?);
+        writes.extend(prune(store, &current.bundle, &content)?);
         let result = if reuse {
             // Identical content is already stored: the new copy is released when `pending` drops.
             store.write_objects(writes)
         } else {
-            let key = ObjectKey::new("bundlecontents", &expect.namespace, &content);
             let precondition = match &existing {
                 // Same name, other content or owner (a 10-hex-digit prefix collision, or a leftover
                 // orphan): delete it first, which releases its revision, then write ours.
                 Some(e) => {
                     let precondition = Precondition::ResourceVersion(e.resource_version);
-                    writes.insert(0, ObjectWrite::Delete { key: key.clone(), precondition });
+                    writes.insert(0, ObjectWrite::Delete { key: content_key.clone(), precondition });
                     precondition
                 }
                 None => Precondition::MustNotExist,
             };
-            let object = content_object(&bundle.value, &content, &record, report, resolved);
+            let object = new_content(&current.bundle, &served, record.stored_size)?;
             writes.insert(
                 usize::from(existing.is_some()),
-                ObjectWrite::Put { key, object, precondition, revision: Some(record.id) },
+                ObjectWrite::Put { key: content_key.clone(), object, precondition, revision: Some(record.id) },
             );
             pending.commit(writes)
         };
@@ -97,7 +96,7 @@ pub fn commit(
                 return Ok(outcome
                     .objects
                     .into_iter()
-                    .find(|o| o.get("kind").and_then(Value::as_str) == Some("Bundle"))
+                    .find(|o| o.get("kind").and_then(Value::as_str) == Some(Bundle::KIND))
                     .unwrap_or(Value::Null))
             }
         }
@@ -105,34 +104,68 @@ pub fn commit(
     Err(StorageError::Conflict(format!("bundles {:?}", expect.name)).into())
 }
 
+/// The BundleContent for `served`, created the way the API creates objects (stamped, validated).
+fn new_content(bundle: &Bundle, served: &Served, stored_size: u64) -> Result<Value, CommitError> {
+    let content = BundleContent::for_bundle(bundle, served, stored_size);
+    let value = serde_json::to_value(content).map_err(|e| StorageError::Corrupt(e.to_string()))?;
+    strategy::prepare_create(&BUNDLE_CONTENT, value).map_err(|causes| {
+        let problems: Vec<String> = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect();
+        StorageError::Corrupt(format!("BundleContent refused: {}", problems.join("; "))).into()
+    })
+}
+
+/// A Bundle as stored and as typed.
+pub struct Current {
+    pub bundle: Bundle,
+    pub stored: StoredObject,
+}
+
+/// The Bundle's status, or the empty one.
+pub fn status_of(bundle: &Bundle) -> BundleStatus {
+    bundle.status.clone().unwrap_or_default()
+}
+
+/// The stored object with `status` replaced — nothing else is rewritten, so the user's spec stays
+/// byte for byte as written.
+fn with_status(stored: &Value, status: &BundleStatus) -> Value {
+    let mut object = stored.clone();
+    if let (Some(map), Ok(status)) = (object.as_object_mut(), serde_json::to_value(status)) {
+        map.insert("status".into(), status);
+    }
+    object
+}
+
 /// The Bundle, if it is still the one (and the generation) the work was for.
-pub fn current(store: &Store, expect: &Expect) -> Result<StoredObject, CommitError> {
-    let key = ObjectKey::new("bundles", &expect.namespace, &expect.name);
-    let Some(bundle) = store.get_object(&key)? else { return Err(CommitError::Gone) };
-    let uid = bundle.value.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("");
-    if uid != expect.uid || bundle.value.pointer("/metadata/deletionTimestamp").is_some() {
+pub fn current(store: &Store, expect: &Expect) -> Result<Current, CommitError> {
+    let key = ObjectKey::new(Bundle::PLURAL, &expect.namespace, &expect.name);
+    let Some(stored) = store.get_object(&key)? else { return Err(CommitError::Gone) };
+    let bundle: Bundle = decode(&stored.value)
+        .map_err(|c| StorageError::Corrupt(format!("stored Bundle {:?} {}", expect.name, c.message)))?;
+    if bundle.uid() != expect.uid || bundle.is_deleting() {
         return Err(CommitError::Gone);
     }
-    let generation = bundle.value.pointer("/metadata/generation").and_then(Value::as_u64).unwrap_or(1);
-    if expect.generation.is_some_and(|g| g != generation) {
+    if expect.generation.is_some_and(|g| g != bundle.generation()) {
         return Err(CommitError::Superseded);
     }
-    Ok(bundle)
+    Ok(Current { bundle, stored })
 }
 
 /// Writes `status` computed from the current Bundle, if it is still the expected one. Blocking.
-pub fn write_status(store: &Store, expect: &Expect, compute: &dyn Fn(&Value) -> Value) -> Result<(), CommitError> {
+pub fn write_status(
+    store: &Store,
+    expect: &Expect,
+    compute: &dyn Fn(&Bundle) -> BundleStatus,
+) -> Result<(), CommitError> {
     for _ in 0..8 {
-        let bundle = current(store, expect)?;
-        let mut updated = bundle.value.clone();
-        set_status(&mut updated, compute(&bundle.value));
-        if updated == bundle.value {
+        let current = current(store, expect)?;
+        let updated = with_status(&current.stored.value, &compute(&current.bundle));
+        if updated == current.stored.value {
             return Ok(());
         }
         let write = ObjectWrite::Put {
-            key: ObjectKey::new("bundles", &expect.namespace, &expect.name),
+            key: ObjectKey::new(Bundle::PLURAL, &expect.namespace, &expect.name),
             object: updated,
-            precondition: Precondition::ResourceVersion(bundle.resource_version),
+            precondition: Precondition::ResourceVersion(current.stored.resource_version),
             revision: None,
         };
         match store.write_objects(vec![write]) {
@@ -143,87 +176,25 @@ pub fn write_status(store: &Store, expect: &Expect, compute: &dyn Fn(&Value) -> 
     Err(StorageError::Conflict(format!("bundles {:?}", expect.name)).into())
 }
 
-fn owned_by(object: &Value, uid: &str) -> bool {
-    object
-        .pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .is_some_and(|refs| refs.iter().any(|r| r.get("uid").and_then(Value::as_str) == Some(uid)))
-}
-
 /// Deletes of the Bundle's BundleContents beyond its history limit: newest kept, never `active`.
-fn prune(store: &Store, bundle: &Value, active: &str) -> Result<Vec<ObjectWrite>, StorageError> {
-    let namespace = bundle.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("");
-    let uid = bundle.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("");
-    let limit = bundle.pointer("/spec/revisionHistoryLimit").and_then(Value::as_u64).unwrap_or(DEFAULT_HISTORY_LIMIT);
+fn prune(store: &Store, bundle: &Bundle, active: &str) -> Result<Vec<ObjectWrite>, StorageError> {
+    let namespace = bundle.namespace();
     // The Bundle's own contents, through the store's owner index: no scan of the namespace.
-    let mut old: Vec<StoredObject> = store
-        .dependents(namespace, uid)?
+    let mut old: Vec<(BundleContent, u64)> = store
+        .dependents(namespace, bundle.uid())?
         .into_iter()
-        .filter(|(resource, _)| resource == "bundlecontents")
-        .map(|(_, c)| c)
-        .filter(|c| c.value.pointer("/metadata/name").and_then(Value::as_str) != Some(active))
-        .filter(|c| c.value.pointer("/metadata/deletionTimestamp").is_none())
+        .filter(|(resource, _)| resource == BundleContent::PLURAL)
+        .filter_map(|(_, c)| decode::<BundleContent>(&c.value).ok().map(|typed| (typed, c.resource_version)))
+        .filter(|(c, _)| c.name() != active && c.metadata.deletion_timestamp.is_none())
         .collect();
     // Newest first: BundleContents never change after creation, so the resourceVersion orders them.
-    old.sort_by_key(|c| std::cmp::Reverse(c.resource_version));
+    old.sort_by_key(|(_, rv)| std::cmp::Reverse(*rv));
     Ok(old
         .into_iter()
-        .skip(limit as usize)
-        .map(|c| {
-            let name = c.value.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
-            ObjectWrite::Delete {
-                key: ObjectKey::new("bundlecontents", namespace, name),
-                precondition: Precondition::ResourceVersion(c.resource_version),
-            }
+        .skip(bundle.spec.history_limit())
+        .map(|(c, rv)| ObjectWrite::Delete {
+            key: ObjectKey::new(BundleContent::PLURAL, namespace, c.name()),
+            precondition: Precondition::ResourceVersion(rv),
         })
         .collect())
-}
-
-fn content_object(
-    bundle: &Value,
-    content: &str,
-    record: &crate::storage::RevisionRecord,
-    report: &FormatReport,
-    resolved: &[Resolved],
-) -> Value {
-    let name = bundle.pointer("/metadata/name").cloned().unwrap_or(Value::Null);
-    let namespace = bundle.pointer("/metadata/namespace").cloned().unwrap_or(Value::Null);
-    json!({
-        "apiVersion": API_VERSION,
-        "kind": "BundleContent",
-        "metadata": {
-            "name": content,
-            "namespace": namespace,
-            "uid": uuid::Uuid::new_v4().to_string(),
-            "creationTimestamp": meta::now_timestamp(),
-            "generation": 1,
-            "labels": {BUNDLE_LABEL: name},
-            "ownerReferences": [{
-                "apiVersion": API_VERSION,
-                "kind": "Bundle",
-                "name": name,
-                "uid": bundle.pointer("/metadata/uid").cloned().unwrap_or(Value::Null),
-                "controller": true,
-                "blockOwnerDeletion": true,
-            }],
-        },
-        "spec": {
-            "bundle": name,
-            "digest": record.digest,
-            "format": report.format,
-            "formatDetails": report.details(),
-            "files": record.files,
-            "size": record.size,
-            "storedSize": record.stored_size,
-            "sources": resolved,
-        },
-    })
-}
-
-/// Sets an object's `status` (a stored object is always a JSON object; `value["status"] = …`
-/// would panic on anything else).
-fn set_status(object: &mut Value, status: Value) {
-    if let Some(map) = object.as_object_mut() {
-        map.insert("status".into(), status);
-    }
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use k8s_openapi::api::core::v1::Secret;
 
 use super::error::UnpackError;
-use super::source::{Credentials, SourceSpec};
+use super::source::{Credentials, Source};
 
 /// Where Secrets come from.
 #[derive(Clone)]
@@ -29,7 +29,7 @@ pub struct CredentialSource {
 }
 
 impl CredentialSource {
-    pub async fn for_source(&self, namespace: &str, source: &SourceSpec) -> Result<Option<Credentials>, UnpackError> {
+    pub async fn for_source(&self, namespace: &str, source: &Source) -> Result<Option<Credentials>, UnpackError> {
         if let Some(image) = &source.image {
             if image.pull_secret.is_empty() {
                 return self.registry_config().await;

@@ -12,8 +12,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
+
+pub use crate::api::{GitRef, GitSource, HttpSource, ImageSource, ResolvedSource, Source};
 
 use super::error::UnpackError;
 use super::tar_ingest::IngestLimits;
@@ -22,105 +23,6 @@ use crate::storage::{Store, WriteKind};
 
 /// The sink every source writes into: errors are [`UnpackError`]s.
 pub type Sink<'a> = dyn EntrySink<Error = UnpackError> + 'a;
-
-/// `spec.sources[i]`: exactly one of the kinds, plus where its files go.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SourceSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<ImageSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub git: Option<GitSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http: Option<HttpSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upload: Option<serde_json::Value>,
-    /// Path prefix (relative, validated) under which this source's files are placed.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub destination: String,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ImageSpec {
-    /// `registry/repo:tag`, `registry/repo@sha256:…` (or both).
-    #[serde(rename = "ref")]
-    pub reference: String,
-    /// A `kubernetes.io/dockerconfigjson` Secret in the Bundle's namespace.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub pull_secret: String,
-    /// `os/arch[/variant]` to pick from an image index; default `linux/amd64`… see the image source.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub platform: String,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct GitSpec {
-    pub repository: String,
-    #[serde(default, rename = "ref")]
-    pub reference: GitRef,
-    /// Only this subdirectory of the repository (its contents become the source's root).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub directory: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub auth_secret: String,
-}
-
-/// At most one is set; none = the remote's default branch (`HEAD`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct GitRef {
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub commit: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub tag: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub branch: String,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct HttpSpec {
-    pub url: String,
-    /// Expected hex sha256 of the downloaded file; a mismatch fails the fetch.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub sha256: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub auth_secret: String,
-}
-
-/// What a source was pinned to: recorded in `status.resolvedSources[i]` and compared on re-resolve.
-/// Equal values mean "nothing changed, do not fetch".
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Resolved {
-    #[serde(rename_all = "camelCase")]
-    Image {
-        /// The reference as written in the spec.
-        #[serde(rename = "ref")]
-        reference: String,
-        /// Digest of what the reference points at (an index or a manifest).
-        digest: String,
-        /// The platform manifest picked from an index (empty for a single manifest).
-        #[serde(default, skip_serializing_if = "String::is_empty")]
-        manifest: String,
-    },
-    #[serde(rename_all = "camelCase")]
-    Git { repository: String, commit: String },
-    #[serde(rename_all = "camelCase")]
-    Http {
-        url: String,
-        /// Hex sha256 of the downloaded file; empty until fetched.
-        #[serde(default, skip_serializing_if = "String::is_empty")]
-        sha256: String,
-        #[serde(default, skip_serializing_if = "String::is_empty")]
-        etag: String,
-        #[serde(default, skip_serializing_if = "String::is_empty")]
-        last_modified: String,
-    },
-    #[serde(rename_all = "camelCase")]
-    Upload { digest: String },
-}
 
 /// Credentials for one source, taken from its Secret (or `--registry-config`).
 #[derive(Clone)]

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use stowage::unpack::error::UnpackError;
 use stowage::unpack::git;
-use stowage::unpack::source::{Budget, GitRef, GitSpec};
-use stowage::unpack::{Credentials, EntrySink, NetworkPolicy, Resolved, SourceContext, UnpackLimits};
+use stowage::unpack::source::{Budget, GitRef, GitSource};
+use stowage::unpack::{Credentials, EntrySink, NetworkPolicy, ResolvedSource, SourceContext, UnpackLimits};
 use tokio_util::sync::CancellationToken;
 
 use crate::git_server::GitServer;
@@ -63,8 +63,8 @@ pub(crate) fn context(insecure: &[String], credentials: Option<Credentials>) -> 
     }
 }
 
-fn spec(url: &str, commit: &str, tag: &str, branch: &str) -> GitSpec {
-    GitSpec {
+fn spec(url: &str, commit: &str, tag: &str, branch: &str) -> GitSource {
+    GitSource {
         repository: url.to_owned(),
         reference: GitRef { commit: commit.into(), tag: tag.into(), branch: branch.into() },
         directory: String::new(),
@@ -72,7 +72,11 @@ fn spec(url: &str, commit: &str, tag: &str, branch: &str) -> GitSpec {
     }
 }
 
-async fn fetch(spec: &GitSpec, ctx: &SourceContext, pinned: &Resolved) -> Result<(Resolved, Tree), UnpackError> {
+async fn fetch(
+    spec: &GitSource,
+    ctx: &SourceContext,
+    pinned: &ResolvedSource,
+) -> Result<(ResolvedSource, Tree), UnpackError> {
     let (spec, ctx, pinned) = (spec.clone(), ctx.clone(), pinned.clone());
     tokio::task::spawn_blocking(move || {
         let mut sink = RecordingSink::default();
@@ -86,9 +90,9 @@ async fn fetch(spec: &GitSpec, ctx: &SourceContext, pinned: &Resolved) -> Result
     .unwrap()
 }
 
-fn commit_of(r: &Resolved) -> &str {
+fn commit_of(r: &ResolvedSource) -> &str {
     match r {
-        Resolved::Git { commit, .. } => commit,
+        ResolvedSource::Git { commit, .. } => commit,
         other => panic!("not a git identity: {other:?}"),
     }
 }
@@ -102,7 +106,7 @@ async fn git_branch_and_default_head_fetch_the_corpus_tree() {
     let ctx = context(&[server.host_port()], None);
 
     let by_branch = git::resolve(&spec(&server.url("etcd"), "", "", "main"), &ctx, None).await.unwrap();
-    assert_eq!(by_branch, Resolved::Git { repository: server.url("etcd"), commit: c1.clone() });
+    assert_eq!(by_branch, ResolvedSource::Git { repository: server.url("etcd"), commit: c1.clone() });
     let by_head = git::resolve(&spec(&server.url("etcd"), "", "", ""), &ctx, None).await.unwrap();
     assert_eq!(by_head, by_branch, "no ref = the remote's HEAD");
 
@@ -248,7 +252,7 @@ async fn git_pinned_commit_resolves_without_the_server() {
     let commit = "0123456789abcdef0123456789abcdef01234567";
     let ctx = context(&[host], None);
     let resolved = git::resolve(&spec(&url, commit, "", ""), &ctx, None).await.unwrap();
-    assert_eq!(resolved, Resolved::Git { repository: url, commit: commit.into() });
+    assert_eq!(resolved, ResolvedSource::Git { repository: url, commit: commit.into() });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,19 +4,23 @@
 
 use stowage::unpack::error::UnpackError;
 use stowage::unpack::http;
-use stowage::unpack::source::HttpSpec;
-use stowage::unpack::{Credentials, Resolved, SourceContext};
+use stowage::unpack::source::HttpSource;
+use stowage::unpack::{Credentials, ResolvedSource, SourceContext};
 
 use crate::harness::{corpus, sha256_hex};
 use crate::http_server::{HttpAuth, HttpServer};
 use crate::source_git::{context, RecordingSink};
 use crate::tarutil::{assert_trees_equal, gzip, raw_entry, raw_tar, system_tar, tree_from_dir, zstd, Tree};
 
-fn spec(url: &str, sha256: &str) -> HttpSpec {
-    HttpSpec { url: url.to_owned(), sha256: sha256.to_owned(), auth_secret: String::new() }
+fn spec(url: &str, sha256: &str) -> HttpSource {
+    HttpSource { url: url.to_owned(), sha256: sha256.to_owned(), auth_secret: String::new() }
 }
 
-async fn fetch(spec: &HttpSpec, ctx: &SourceContext, pinned: &Resolved) -> Result<(Resolved, Tree), UnpackError> {
+async fn fetch(
+    spec: &HttpSource,
+    ctx: &SourceContext,
+    pinned: &ResolvedSource,
+) -> Result<(ResolvedSource, Tree), UnpackError> {
     let (spec, ctx, pinned) = (spec.clone(), ctx.clone(), pinned.clone());
     tokio::task::spawn_blocking(move || {
         let mut sink = RecordingSink::default();
@@ -26,9 +30,9 @@ async fn fetch(spec: &HttpSpec, ctx: &SourceContext, pinned: &Resolved) -> Resul
     .unwrap()
 }
 
-fn sha_of(r: &Resolved) -> &str {
+fn sha_of(r: &ResolvedSource) -> &str {
     match r {
-        Resolved::Http { sha256, .. } => sha256,
+        ResolvedSource::Http { sha256, .. } => sha256,
         other => panic!("not an http identity: {other:?}"),
     }
 }
@@ -44,12 +48,12 @@ async fn http_tar_gzip_and_zstd_of_a_corpus_bundle() {
         server.put(name, &body);
         let s = spec(&server.url(name), "");
         let resolved = http::resolve(&s, &ctx, None).await.unwrap();
-        let Resolved::Http { sha256, etag, last_modified, .. } = &resolved else { panic!("{resolved:?}") };
+        let ResolvedSource::Http { sha256, etag, last_modified, .. } = &resolved else { panic!("{resolved:?}") };
         assert!(sha256.is_empty() && !etag.is_empty() && !last_modified.is_empty(), "{resolved:?}");
         let (pinned, tree) = fetch(&s, &ctx, &resolved).await.unwrap();
         assert_eq!(sha_of(&pinned), sha256_hex(&body), "{name}: sha256 of the downloaded file");
         let mut want = resolved.clone();
-        if let Resolved::Http { sha256, .. } = &mut want {
+        if let ResolvedSource::Http { sha256, .. } = &mut want {
             *sha256 = sha256_hex(&body);
         }
         assert_eq!(pinned, want, "{name}: the GET's validators");
@@ -109,8 +113,12 @@ async fn http_basic_auth() {
     );
     let wrong = Credentials::Basic { username: "bob".into(), password: "nope-pw".into() };
     let ctx = context(&[server.host_port()], Some(wrong));
-    let pinned =
-        Resolved::Http { url: s.url.clone(), sha256: String::new(), etag: String::new(), last_modified: String::new() };
+    let pinned = ResolvedSource::Http {
+        url: s.url.clone(),
+        sha256: String::new(),
+        etag: String::new(),
+        last_modified: String::new(),
+    };
     let err = fetch(&s, &ctx, &pinned).await.unwrap_err();
     assert!(matches!(err, UnpackError::Fetch(_)) && !err.to_string().contains("nope-pw"), "{err:?}");
 
@@ -165,8 +173,12 @@ async fn http_plain_http_needs_the_insecure_host_flag() {
     let err = http::resolve(&s, &ctx, None).await.unwrap_err();
     let flag = format!("--insecure-source-host {}", server.host_port());
     assert!(matches!(err, UnpackError::Unsupported(ref m) if m.contains(&flag)), "{err:?}");
-    let pinned =
-        Resolved::Http { url: s.url.clone(), sha256: String::new(), etag: String::new(), last_modified: String::new() };
+    let pinned = ResolvedSource::Http {
+        url: s.url.clone(),
+        sha256: String::new(),
+        etag: String::new(),
+        last_modified: String::new(),
+    };
     let err = fetch(&s, &ctx, &pinned).await.unwrap_err();
     assert!(matches!(err, UnpackError::Unsupported(_)), "{err:?}");
 }
@@ -176,8 +188,12 @@ async fn http_limits_and_cancellation() {
     let server = HttpServer::start(HttpAuth::None);
     server.put("b.tar.zst", &zstd(&system_tar(&corpus().join("operator-registry/prometheus"))));
     let s = spec(&server.url("b.tar.zst"), "");
-    let pinned =
-        Resolved::Http { url: s.url.clone(), sha256: String::new(), etag: String::new(), last_modified: String::new() };
+    let pinned = ResolvedSource::Http {
+        url: s.url.clone(),
+        sha256: String::new(),
+        etag: String::new(),
+        last_modified: String::new(),
+    };
     let mut ctx = context(&[server.host_port()], None);
     ctx.limits.max_total_bytes = 64 * 1024;
     let err = fetch(&s, &ctx, &pinned).await.unwrap_err();

@@ -8,8 +8,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use stowage::unpack::oci::{fetch, resolve};
-use stowage::unpack::source::{Budget, Credentials, ImageSpec, NetworkPolicy, SourceContext, UnpackLimits};
-use stowage::unpack::{EntrySink, Resolved, UnpackError};
+use stowage::unpack::source::{Budget, Credentials, ImageSource, NetworkPolicy, SourceContext, UnpackLimits};
+use stowage::unpack::{EntrySink, ResolvedSource, UnpackError};
 use tokio_util::sync::CancellationToken;
 
 use crate::harness::corpus;
@@ -60,21 +60,21 @@ fn context(reg_host: &str, credentials: Option<Credentials>, limits: UnpackLimit
     }
 }
 
-fn spec(reference: &str, platform: &str) -> ImageSpec {
-    ImageSpec { reference: reference.to_owned(), pull_secret: String::new(), platform: platform.to_owned() }
+fn spec(reference: &str, platform: &str) -> ImageSource {
+    ImageSource { reference: reference.to_owned(), pull_secret: String::new(), platform: platform.to_owned() }
 }
 
 /// `resolve`, then `fetch` on a blocking thread, as the reconciler does.
-async fn pull(spec: &ImageSpec, ctx: &SourceContext) -> Result<(Resolved, Tree), UnpackError> {
+async fn pull(spec: &ImageSource, ctx: &SourceContext) -> Result<(ResolvedSource, Tree), UnpackError> {
     let pinned = resolve(spec, ctx, None).await?;
     fetch_pinned(spec, ctx, pinned).await
 }
 
 async fn fetch_pinned(
-    spec: &ImageSpec,
+    spec: &ImageSource,
     ctx: &SourceContext,
-    pinned: Resolved,
-) -> Result<(Resolved, Tree), UnpackError> {
+    pinned: ResolvedSource,
+) -> Result<(ResolvedSource, Tree), UnpackError> {
     let (spec, ctx) = (spec.clone(), ctx.clone());
     tokio::task::spawn_blocking(move || {
         let mut rec = Recorder::default();
@@ -110,7 +110,7 @@ async fn single_platform_image_has_the_corpus_files() {
     assert_trees_equal(&expected, &got, "image");
     assert_eq!(
         resolved,
-        Resolved::Image { reference: s.reference.clone(), digest: img.digest.clone(), manifest: String::new() }
+        ResolvedSource::Image { reference: s.reference.clone(), digest: img.digest.clone(), manifest: String::new() }
     );
     // Re-resolving an unchanged tag says "unchanged" by returning an equal value.
     assert_eq!(resolve(&s, &ctx, Some(&resolved)).await.expect("re-resolve"), resolved);
@@ -133,12 +133,12 @@ async fn index_selects_the_platform_and_lists_the_available_ones() {
     assert_eq!(got, tree(&[("arch", "amd64")]));
     assert_eq!(
         resolved,
-        Resolved::Image { reference: reference.clone(), digest: index.digest.clone(), manifest: amd.digest }
+        ResolvedSource::Image { reference: reference.clone(), digest: index.digest.clone(), manifest: amd.digest }
     );
 
     let (resolved, got) = pull(&spec(&reference, "linux/arm64"), &ctx).await.expect("arm64");
     assert_eq!(got, tree(&[("arch", "arm64")]));
-    assert!(matches!(resolved, Resolved::Image { ref manifest, .. } if *manifest == arm.digest));
+    assert!(matches!(resolved, ResolvedSource::Image { ref manifest, .. } if *manifest == arm.digest));
 
     let err = pull(&spec(&reference, "windows/amd64"), &ctx).await.expect_err("no such platform");
     let text = err.to_string();
@@ -351,13 +351,13 @@ async fn moved_tags_resolve_anew_and_digests_need_no_registry() {
     let ctx = context(&reg.host(), None, UnpackLimits::default());
     let s = spec(&reg.reference("app", "stable"), "");
     let first = resolve(&s, &ctx, None).await.expect("resolve v1");
-    assert!(matches!(first, Resolved::Image { ref digest, .. } if *digest == v1.digest));
+    assert!(matches!(first, ResolvedSource::Image { ref digest, .. } if *digest == v1.digest));
 
     let v2 = reg.push_image("app", "", &[Layer::gzip_tree(&tree(&[("v", "2")]))], "linux/amd64").await;
     reg.move_tag("app", "stable", &v2).await;
     let second = resolve(&s, &ctx, Some(&first)).await.expect("resolve v2");
     assert_ne!(second, first, "a moved tag is a change");
-    assert!(matches!(second, Resolved::Image { ref digest, .. } if *digest == v2.digest));
+    assert!(matches!(second, ResolvedSource::Image { ref digest, .. } if *digest == v2.digest));
     let (_, got) = fetch_pinned(&s, &ctx, second).await.expect("fetch v2");
     assert_eq!(got, tree(&[("v", "2")]));
     // The pinned v1 is still fetchable after the tag moved.
@@ -380,7 +380,7 @@ async fn moved_tags_resolve_anew_and_digests_need_no_registry() {
     let resolved = resolve(&pinned, &ctx, None).await.expect("digest-pinned resolve without a registry");
     assert_eq!(
         resolved,
-        Resolved::Image { reference: pinned.reference.clone(), digest: v1.digest, manifest: String::new() }
+        ResolvedSource::Image { reference: pinned.reference.clone(), digest: v1.digest, manifest: String::new() }
     );
     let err = pull(&s, &ctx).await.expect_err("registry gone");
     assert!(matches!(err, UnpackError::Fetch(_)), "{err:?}");

@@ -10,10 +10,12 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
+use crate::api::strategy::bundle::BUNDLE;
+use crate::api::strategy::bundlecontent::BUNDLE_CONTENT;
+use crate::api::strategy::decode_or_default;
+use crate::api::Bundle;
 use crate::apiserver::handlers::{get_object, resource_def};
 use crate::apiserver::range::{self, RangeRequest};
-use crate::apiserver::resources::bundle::BUNDLE;
-use crate::apiserver::resources::bundlecontent::BUNDLE_CONTENT;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::{blocking, AppState, API_VERSION};
 use crate::storage::{
@@ -118,7 +120,8 @@ async fn resolve_revision(
 ) -> ApiResult<(RevisionId, RevisionRecord)> {
     let content = if plural == BUNDLE.plural {
         let bundle = get_object(app, &BUNDLE, namespace, name).await?;
-        let content = bundle.pointer("/status/contentName").and_then(Value::as_str).unwrap_or("").to_string();
+        let typed: Bundle = decode_or_default(&bundle);
+        let content = typed.status.and_then(|s| s.content_name).unwrap_or_default();
         if content.is_empty() {
             return Err(ApiError::not_found_message(format!("Bundle {name:?} has no content yet")));
         }

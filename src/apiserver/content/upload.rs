@@ -13,22 +13,20 @@ use axum::response::Response;
 use futures_util::TryStreamExt;
 use serde_json::Value;
 
+use crate::api::strategy::decode_or_default;
+use crate::api::Bundle;
+
 use super::upload_session;
+use crate::api::strategy::bundle::BUNDLE;
 use crate::apiserver::handlers::{get_object, json_response, resource_def};
-use crate::apiserver::resources::bundle::BUNDLE;
-use crate::apiserver::status::{ApiError, ApiResult, Cause};
+use crate::apiserver::status::{ApiError, ApiResult, BodyTooLarge, UploadFailure};
 use crate::apiserver::{blocking, AppState};
 use crate::storage::StorageError;
 use crate::unpack::revisions::{self, CommitError, Expect};
 use crate::unpack::sink::TreeSink;
 use crate::unpack::source::Budget;
-use crate::unpack::tar_ingest::{self, Encoding, IngestError};
-use crate::unpack::{Resolved, UnpackError};
-
-/// The error the body reader returns once the configured maximum is exceeded.
-#[derive(Debug, thiserror::Error)]
-#[error("request body larger than the maximum of {0} bytes")]
-struct BodyTooLarge(u64);
+use crate::unpack::tar_ingest::{self, Encoding};
+use crate::unpack::ResolvedSource;
 
 pub(super) fn encoding(headers: &HeaderMap) -> ApiResult<Encoding> {
     let value = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok());
@@ -73,10 +71,9 @@ pub async fn put_bundle_content(
     Ok(json_response(StatusCode::OK, &written, &[]))
 }
 
-/// Only a Bundle's content takes uploads; other resources' content is read-only.
+/// Only resources whose strategy takes uploads (Bundles) do; other resources' content is read-only.
 pub(super) fn writable(resource: &str) -> ApiResult<()> {
-    if resource != BUNDLE.plural {
-        resource_def(resource)?;
+    if !resource_def(resource)?.takes_uploads {
         return Err(ApiError::method_not_allowed(format!(
             "{resource}/content is read-only: upload to bundles/NAME/content"
         )));
@@ -98,7 +95,8 @@ pub(super) struct UploadTarget {
 impl UploadTarget {
     /// The Bundle as an upload target: it must have an `upload` source.
     pub fn of(bundle: &Value, namespace: &str, name: &str) -> ApiResult<UploadTarget> {
-        let Some(upload) = upload_source(bundle) else {
+        let bundle: Bundle = decode_or_default(bundle);
+        let Some(upload) = bundle.spec.sources.iter().find(|s| s.upload.is_some()) else {
             return Err(ApiError::bad_request(format!(
                 "Bundle {name:?} has no upload source: add `{{upload: {{}}}}` to spec.sources to accept content by PUT"
             )));
@@ -106,10 +104,10 @@ impl UploadTarget {
         Ok(UploadTarget {
             namespace: namespace.to_string(),
             name: name.to_string(),
-            uid: bundle.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_string(),
-            destination: upload.get("destination").and_then(Value::as_str).unwrap_or("").to_string(),
-            declared_format: bundle.pointer("/spec/format").and_then(Value::as_str).unwrap_or("").to_string(),
-            allow_empty: crate::apiserver::resources::bundle::allows_empty(bundle),
+            uid: bundle.uid().to_string(),
+            destination: upload.destination.clone(),
+            declared_format: bundle.spec.format_name().to_string(),
+            allow_empty: bundle.spec.allows_empty(),
         })
     }
 }
@@ -147,16 +145,17 @@ where
         sink.set_destination(&destination);
         let ingested = tar_ingest::ingest(&mut reader, encoding, &limits.ingest(), &mut sink);
         verify(&mut reader.inner)?;
-        ingested.map_err(|e| ingest_error(&bundle_name, e))?;
+        ingested.map_err(|e| UploadFailure::ingest(&bundle_name, e))?;
         // Uploads bring their own tree: an undetected format is accepted, a declared one checked.
-        let report = sink.finish(&declared_format, false, allow_empty).map_err(|e| unpack_error(&bundle_name, e))?;
+        let report =
+            sink.finish(&declared_format, false, allow_empty).map_err(|e| UploadFailure::unpack(&bundle_name, e))?;
         Ok::<_, ApiError>((writer.finalize().map_err(ApiError::from)?, report))
     })
     .await
     .map_err(|e| ApiError::internal(format!("upload task failed: {e}")))??;
 
     let expect = Expect { namespace: target.namespace, name: target.name, uid: target.uid, generation: None };
-    let resolved = [Resolved::Upload { digest: pending.record().digest.clone() }];
+    let resolved = [ResolvedSource::Upload { digest: pending.record().digest.clone() }];
     blocking(app, move |store| match revisions::commit(store, &expect, pending, &report, &resolved) {
         Ok(bundle) => Ok(bundle),
         Err(CommitError::Storage(e)) => Err(e),
@@ -177,45 +176,4 @@ impl<R: Read> Read for Received<R> {
         self.budget.add_downloaded(n as u64);
         Ok(n)
     }
-}
-
-fn upload_source(bundle: &Value) -> Option<Value> {
-    bundle
-        .pointer("/spec/sources")
-        .and_then(Value::as_array)?
-        .iter()
-        .find(|s| s.get("upload").is_some_and(|u| !u.is_null()))
-        .cloned()
-}
-
-fn ingest_error(bundle: &str, err: IngestError<UnpackError>) -> ApiError {
-    match err {
-        IngestError::InvalidEntry { path, reason } => invalid_entry(bundle, path, reason),
-        IngestError::Corrupt(message) => ApiError::bad_request(format!("invalid archive: {message}")),
-        IngestError::TooLarge { limit } => {
-            ApiError::too_large(format!("archive expands past the maximum of {limit} bytes (--max-unpacked-bytes)"))
-        }
-        IngestError::Source(e) => match e.get_ref().and_then(|inner| inner.downcast_ref::<BodyTooLarge>()) {
-            Some(too_large) => ApiError::too_large(format!("{too_large} (--max-body-bytes)")),
-            None => ApiError::bad_request(format!("reading the request body: {e}")),
-        },
-        IngestError::Sink(e) => unpack_error(bundle, e),
-    }
-}
-
-fn unpack_error(bundle: &str, err: UnpackError) -> ApiError {
-    match err {
-        UnpackError::InvalidEntry { path, reason } => invalid_entry(bundle, path, reason),
-        UnpackError::InvalidFormat { path, problem } => invalid_entry(bundle, path, problem),
-        UnpackError::TooLarge(message) => ApiError::too_large(message),
-        UnpackError::CorruptArchive(message) => ApiError::bad_request(format!("invalid archive: {message}")),
-        UnpackError::Empty => ApiError::new_unprocessable(UnpackError::Empty.to_string()),
-        UnpackError::Storage(e) => e.into(),
-        other => ApiError::internal(other.to_string()),
-    }
-}
-
-fn invalid_entry(bundle: &str, path: String, reason: String) -> ApiError {
-    let cause = Cause { reason: "FieldValueInvalid".into(), message: format!("{path}: {reason}"), field: path };
-    ApiError::invalid(BUNDLE.kind, bundle, vec![cause])
 }

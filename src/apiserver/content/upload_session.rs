@@ -27,8 +27,8 @@ use tokio::sync::OwnedMutexGuard;
 
 use super::upload::{encoding, ingest_and_commit, writable, UploadTarget};
 use super::upload_spool::{AppendError, Piece, SessionMeta, Spool};
+use crate::api::strategy::bundle::BUNDLE;
 use crate::apiserver::handlers::{get_object, json_response};
-use crate::apiserver::resources::bundle::BUNDLE;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::{AppState, API_VERSION};
 use crate::unpack::tar_ingest::Encoding;

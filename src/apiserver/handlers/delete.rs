@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::{dry_run, json_response, relabel, resource_def, selectable_fields, Params};
+use crate::api::strategy::ResourceDef;
 use crate::apiserver::lifecycle::{self, DeleteOptions, Deleted};
-use crate::apiserver::resources::ResourceDef;
 use crate::apiserver::selectors::{FieldSelector, LabelSelector};
 use crate::apiserver::status::ApiResult;
 use crate::apiserver::{blocking, AppState, ChannelStream, API_VERSION};

@@ -1,5 +1,5 @@
 //! The generic verbs — get, list, create, update, update status, delete — written once for every
-//! resource in [`super::resources`], and what they share: decoding and checking bodies, validation,
+//! resource in [`crate::api::strategy`], and what they share: decoding and checking bodies, validation,
 //! dry runs, responses.
 
 mod delete;
@@ -9,6 +9,7 @@ mod write;
 
 pub use delete::{delete, delete_collection};
 pub(crate) use paging::parse as list_options;
+pub(crate) use paging::{continue_token, ListOptions};
 pub use read::{get, get_object, list_all, list_namespaced};
 pub(crate) use read::{next_step, StepFilter};
 pub use write::{create, update};
@@ -23,15 +24,16 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::resources::{self, ResourceDef};
-use super::status::{ApiError, ApiResult, Cause};
+use super::status::{ApiError, ApiResult, Cause, Reason};
 use super::table;
-use super::{fieldmanager, lifecycle, meta, schema, API_VERSION};
+use super::{fieldmanager, lifecycle, schema, API_VERSION};
+use crate::api::meta;
+use crate::api::strategy::{self, ResourceDef};
 
 pub type Params = Query<HashMap<String, String>>;
 
 pub fn resource_def(plural: &str) -> ApiResult<&'static ResourceDef> {
-    resources::lookup(plural).ok_or_else(|| {
+    strategy::lookup(plural).ok_or_else(|| {
         ApiError::not_found_message(format!("the server could not find the requested resource ({plural})"))
     })
 }
@@ -94,13 +96,7 @@ fn render(def: &ResourceDef, obj: &Value, headers: &HeaderMap, params: &HashMap<
 
 /// Fields a field selector may name, per resource.
 pub(crate) fn selectable_fields(def: &ResourceDef) -> Vec<(&'static str, &'static str)> {
-    let mut fields = vec![("metadata.name", "/metadata/name"), ("metadata.namespace", "/metadata/namespace")];
-    match def.plural {
-        "bundles" => fields.push(("status.phase", "/status/phase")),
-        "bundlecontents" => fields.push(("spec.bundle", "/spec/bundle")),
-        _ => {}
-    }
-    fields
+    def.all_selectable_fields()
 }
 
 /// Parses a request body into an object of `def`'s kind: schema check, unknown-field handling per
@@ -205,9 +201,9 @@ fn dry_run(params: &HashMap<String, String>) -> ApiResult<bool> {
 /// Re-labels a generic storage error with the resource and name it concerns.
 pub(super) fn relabel(err: ApiError, def: &ResourceDef, name: &str) -> ApiError {
     match err.reason {
-        "AlreadyExists" => ApiError::already_exists(def.plural, name),
-        "Conflict" => ApiError::conflict(def.plural, name),
-        "NotFound" => ApiError::not_found(def.plural, name),
+        Reason::AlreadyExists => ApiError::already_exists(def.plural, name),
+        Reason::Conflict => ApiError::conflict(def.plural, name),
+        Reason::NotFound => ApiError::not_found(def.plural, name),
         _ => err,
     }
 }

@@ -10,7 +10,6 @@ use serde_json::json;
 
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::AppState;
-use crate::storage::StorageError;
 
 /// How long a list waits for a resourceVersion the store has not reached (kube-apiserver: 3 s).
 const FRESHNESS_WAIT: Duration = Duration::from_secs(3);
@@ -39,7 +38,7 @@ struct ContinueToken {
 
 const TOKEN_VERSION: &str = "meta.k8s.io/v1";
 
-pub(super) fn continue_token(rv: u64, last: &str) -> String {
+pub(crate) fn continue_token(rv: u64, last: &str) -> String {
     let token = ContinueToken { v: TOKEN_VERSION.into(), rv, start: last.into() };
     base64::engine::general_purpose::URL_SAFE.encode(json!(token).to_string())
 }
@@ -125,26 +124,6 @@ pub(super) async fn wait_for(app: &AppState, rv: u64) -> ApiResult<()> {
             Ok(Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
             Ok(Err(_)) | Err(_) => return Err(ApiError::too_large_resource_version(rv, current)),
         }
-    }
-}
-
-/// The Status for a list the store could not serve at the requested resourceVersion.
-pub(super) fn list_error(err: StorageError, options: &ListOptions) -> ApiError {
-    match err {
-        StorageError::Expired(rv) if options.continued => ApiError::gone(
-            "The provided continue parameter is too old to display a consistent list result. You can start a new \
-             list without the continue parameter, or use the continue token in this response to retrieve the \
-             remainder of the results. Continuing with the provided token results in an inconsistent list - \
-             objects that were created, modified, or deleted between the time the first chunk was returned and \
-             now may show up in the list.",
-        )
-        .with_list_meta(json!({
-            "resourceVersion": rv.to_string(),
-            "continue": continue_token(0, options.after.as_deref().unwrap_or("")),
-        })),
-        StorageError::Expired(rv) => ApiError::gone(format!("too old resource version: {rv}")),
-        StorageError::TooNew { requested, current } => ApiError::too_large_resource_version(requested, current),
-        other => other.into(),
     }
 }
 

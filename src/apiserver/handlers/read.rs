@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use super::paging;
 use super::{json_response, render, resource_def, selectable_fields, Params};
-use crate::apiserver::resources::ResourceDef;
+use crate::api::strategy::ResourceDef;
 use crate::apiserver::selectors::{FieldSelector, LabelSelector};
 use crate::apiserver::stall::ConnectionCut;
-use crate::apiserver::status::{ApiError, ApiResult};
+use crate::apiserver::status::{ApiError, ApiResult, ListFailure};
 use crate::apiserver::table::{self, Representation};
 use crate::apiserver::{blocking, AppState, ChannelStream, API_VERSION};
 use crate::storage::{ListCursor, ListQuery, ListSink, ObjectKey, StorageError};
@@ -71,7 +71,7 @@ async fn list(
     })
     .await
     .map_err(|e| ApiError::internal(format!("store task failed: {e}")))?
-    .map_err(|e| paging::list_error(e, &options))?;
+    .map_err(|error| ApiError::from(ListFailure { error, options: &options }))?;
     Ok(body.into_response(app, cursor, filter, limit.is_some()))
 }
 

@@ -13,9 +13,9 @@ use super::{
     decode_body, dry_run, field_manager, get_object, json_response, put_metadata, relabel, take_metadata,
     updatable_resource_def, validate, writable_resource_def, Params, UpdateScope,
 };
+use crate::api::meta;
+use crate::api::strategy::{self, ResourceDef};
 use crate::apiserver::access::{check_secret_access, Identity};
-use crate::apiserver::meta;
-use crate::apiserver::resources::ResourceDef;
 use crate::apiserver::schema::set_field;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
 use crate::apiserver::{blocking, fieldmanager, lifecycle, AppState};
@@ -123,16 +123,12 @@ pub(crate) fn new_object(request: &WriteRequest<'_>, mut obj: Value) -> ApiResul
     }
     meta.insert("name".into(), json!(name));
     meta.insert("namespace".into(), json!(namespace));
-    meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
-    meta.insert("creationTimestamp".into(), json!(meta::now_timestamp()));
-    meta.insert("generation".into(), json!(1));
-    for field in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
-        meta.remove(field);
-    }
+    strategy::stamp_new(&mut meta);
     put_metadata(&mut obj, meta);
     if let Some(map) = obj.as_object_mut() {
         map.remove("status");
     }
+    (def.default)(&mut obj);
     let mut obj = request.track(None, obj);
     validate(def, &obj, Vec::new())?;
     if let Some(status) = (def.initial_status)(&obj) {
@@ -210,6 +206,7 @@ pub(crate) fn replacement(request: &WriteRequest<'_>, mut obj: Value, old: &Valu
     }
     match scope {
         UpdateScope::Main => {
+            (def.default)(&mut obj);
             set_field(&mut obj, "status", old.get("status").cloned().unwrap_or(Value::Null));
             if obj.get("spec") != old.get("spec") {
                 let generation =

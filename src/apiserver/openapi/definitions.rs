@@ -8,8 +8,9 @@
 use serde_json::{json, Map, Value};
 
 use super::{definition_name, Dialect, DELETE_OPTIONS, LIST_META, OBJECT_META, PATCH, STATUS};
+use crate::api::schema::{array_of, boolean, doc_string, integer, object, object_meta, string};
 use crate::apiserver::discovery::API_RESOURCES;
-use crate::apiserver::schema::{array_of, boolean, doc_string, integer, object, object_meta, set_field, string};
+use crate::apiserver::schema::set_field;
 use crate::apiserver::{GROUP, VERSION};
 
 const API_VERSION_DOC: &str = "APIVersion defines the versioned schema of this representation of an object.";

@@ -42,15 +42,17 @@ pub use self::scratch::clean_scratch;
 use self::scratch::{Interrupt, TempDir};
 use self::transport::Listing;
 use super::error::UnpackError;
-use super::source::{Credentials, GitSpec, NetworkPolicy, Resolved, Scratch, Sink, SourceContext, UnpackLimits};
+use super::source::{
+    Credentials, GitSource, NetworkPolicy, ResolvedSource, Scratch, Sink, SourceContext, UnpackLimits,
+};
 
 /// What `spec` points at now, fetching metadata only. Returns a value equal to `previous` when
 /// nothing changed; performs no network I/O for a source pinned by digest/commit/sha256.
 pub async fn resolve(
-    spec: &GitSpec,
+    spec: &GitSource,
     ctx: &SourceContext,
-    previous: Option<&Resolved>,
-) -> Result<Resolved, UnpackError> {
+    previous: Option<&ResolvedSource>,
+) -> Result<ResolvedSource, UnpackError> {
     // The identity is the (repository, commit) pair alone: an equal value *is* "unchanged", so
     // `previous` needs no special treatment.
     let _ = previous;
@@ -65,7 +67,7 @@ pub async fn resolve(
     }
     if !r.commit.is_empty() {
         let commit = parse_commit(&r.commit)?;
-        return Ok(Resolved::Git { repository: spec.repository.clone(), commit: commit.to_string() });
+        return Ok(ResolvedSource::Git { repository: spec.repository.clone(), commit: commit.to_string() });
     }
     let wanted = if !r.tag.is_empty() {
         format!("refs/tags/{}", r.tag)
@@ -82,19 +84,19 @@ pub async fn resolve(
         joined = task => joined.map_err(|e| UnpackError::Fetch(format!("listing git refs: {e}")))??,
         _ = ctx.cancel.cancelled() => return Err(UnpackError::Cancelled),
     };
-    Ok(Resolved::Git { repository: spec.repository.clone(), commit })
+    Ok(ResolvedSource::Git { repository: spec.repository.clone(), commit })
 }
 
 /// Streams exactly the content `pinned` names into `sink`, verifying every digest; returns the
 /// final pinned identity (e.g. with the downloaded sha256 filled in). Blocking: run on a blocking
 /// thread.
 pub fn fetch(
-    spec: &GitSpec,
+    spec: &GitSource,
     ctx: &SourceContext,
-    pinned: &Resolved,
+    pinned: &ResolvedSource,
     sink: &mut Sink<'_>,
-) -> Result<Resolved, UnpackError> {
-    let Resolved::Git { repository, commit } = pinned else {
+) -> Result<ResolvedSource, UnpackError> {
+    let ResolvedSource::Git { repository, commit } = pinned else {
         return Err(UnpackError::Unsupported("git source: the pinned identity is not a git commit".into()));
     };
     let url = check_url(repository, &ctx.network)?;
@@ -115,7 +117,7 @@ pub fn fetch(
     })?;
     let root = commit_obj.tree_id().map_err(|e| UnpackError::CorruptArchive(format!("git commit {id}: {e}")))?.detach();
     tree::walk(&repo, root, &spec.directory, id, ctx, sink)?;
-    Ok(Resolved::Git { repository: repository.clone(), commit: id.to_string() })
+    Ok(ResolvedSource::Git { repository: repository.clone(), commit: id.to_string() })
 }
 
 /// The URL of a git source, if this server may fetch it: https, or plain http to a host listed

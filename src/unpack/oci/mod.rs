@@ -20,16 +20,16 @@ use self::client::{auth_for, block_on, parse_reference, until_cancelled};
 use self::manifest::{check_digest, layer_encoding, select_platform, Descriptor, Manifest};
 use self::registry::Registry;
 use super::error::UnpackError;
-use super::source::{ImageSpec, Resolved, Sink, SourceContext};
+use super::source::{ImageSource, ResolvedSource, Sink, SourceContext};
 use super::tar_ingest;
 
 /// What `spec` points at now, fetching metadata only. Returns a value equal to `previous` when
 /// nothing changed; performs no network I/O for a source pinned by digest.
 pub async fn resolve(
-    spec: &ImageSpec,
+    spec: &ImageSource,
     ctx: &SourceContext,
-    previous: Option<&Resolved>,
-) -> Result<Resolved, UnpackError> {
+    previous: Option<&ResolvedSource>,
+) -> Result<ResolvedSource, UnpackError> {
     let reference = parse_reference(&spec.reference)?;
     let digest = match reference.digest() {
         Some(digest) => digest.to_owned(),
@@ -44,24 +44,24 @@ pub async fn resolve(
         }
     };
     check_digest(&digest, &spec.reference)?;
-    if let Some(previous @ Resolved::Image { reference: r, digest: d, .. }) = previous {
+    if let Some(previous @ ResolvedSource::Image { reference: r, digest: d, .. }) = previous {
         if *r == spec.reference && *d == digest {
             return Ok(previous.clone());
         }
     }
-    Ok(Resolved::Image { reference: spec.reference.clone(), digest, manifest: String::new() })
+    Ok(ResolvedSource::Image { reference: spec.reference.clone(), digest, manifest: String::new() })
 }
 
 /// Streams exactly the content `pinned` names into `sink`, verifying every digest; returns the
 /// pinned identity with `manifest` set to the platform manifest taken from an index. Blocking: run
 /// on a blocking thread. On error the sink may hold a partial tree: discard it.
 pub fn fetch(
-    spec: &ImageSpec,
+    spec: &ImageSource,
     ctx: &SourceContext,
-    pinned: &Resolved,
+    pinned: &ResolvedSource,
     sink: &mut Sink<'_>,
-) -> Result<Resolved, UnpackError> {
-    let Resolved::Image { digest, .. } = pinned else {
+) -> Result<ResolvedSource, UnpackError> {
+    let ResolvedSource::Image { digest, .. } = pinned else {
         return Err(UnpackError::Unsupported(format!("{}: not pinned to an image digest", spec.reference)));
     };
     check_digest(digest, &spec.reference)?;
@@ -105,7 +105,7 @@ pub fn fetch(
         puller.layer(layer, encoding, &mut layer_sink)?;
         layer_sink.finish_layer();
     }
-    Ok(Resolved::Image { reference: spec.reference.clone(), digest: digest.clone(), manifest: platform_manifest })
+    Ok(ResolvedSource::Image { reference: spec.reference.clone(), digest: digest.clone(), manifest: platform_manifest })
 }
 
 /// How many more bytes of a layer are read after its archive failed, to tell tampering apart

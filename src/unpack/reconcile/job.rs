@@ -5,18 +5,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::plan::{poll_interval, sources, Plan};
+use super::plan::Plan;
 use super::Shared;
+use crate::api::{Bundle, BundleStatus, UNFINISHED_REASONS};
 use crate::unpack::error::UnpackError;
 use crate::unpack::format::FormatReport;
+use crate::unpack::revisions::status_of;
 use crate::unpack::revisions::{self, CommitError, Expect};
 use crate::unpack::sink::TreeSink;
-use crate::unpack::source::{Budget, Resolved, Scratch, SourceContext, SourceSpec};
-use crate::unpack::status::UNFINISHED_REASONS;
-use crate::unpack::{git, http, oci, status};
+use crate::unpack::source::{Budget, ResolvedSource, Scratch, Source, SourceContext};
+use crate::unpack::{git, http, oci};
 
 const FIRST_RETRY: Duration = Duration::from_secs(5);
 const MAX_RETRY: Duration = Duration::from_secs(300);
@@ -40,7 +40,7 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
     let (mut mode, mut wait) = match plan {
         Plan::Nothing => return,
         Plan::MarkPaused => {
-            let _ = write_status(shared, &expect, status::paused).await;
+            let _ = write_status(shared, &expect, |b| with(b, |s, generation| s.paused(generation))).await;
             return;
         }
         Plan::Unpack => (Mode::Unpack, Duration::ZERO),
@@ -61,10 +61,10 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
         let outcome = attempt(shared, &expect, mode, &cancel).await;
         drop(permit);
         let bundle = match revisions::current(&shared.store, &expect) {
-            Ok(b) => b.value,
+            Ok(current) => current.bundle,
             Err(_) => return, // gone or superseded: the loop starts what the new spec needs
         };
-        let interval = poll_interval(&bundle);
+        let interval = bundle.spec.poll_interval();
         match outcome {
             Outcome::Done => {
                 failures = 0;
@@ -75,14 +75,14 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
                 failures += 1;
                 let delay = backoff(failures);
                 tracing::info!(bundle = %expect.name, namespace = %expect.namespace, error = %error, "unpack failed; retrying in {delay:?}");
-                let _ = write_status(shared, &expect, move |b| status::failed(b, &error, Some(delay))).await;
+                let _ = write_status(shared, &expect, move |b| failed(b, &error, Some(delay))).await;
                 // A retry of a recheck only needs the recheck.
                 wait = delay;
                 continue;
             }
             Outcome::Failed(error) => {
                 tracing::info!(bundle = %expect.name, namespace = %expect.namespace, error = %error, "unpack failed");
-                let _ = write_status(shared, &expect, move |b| status::failed(b, &error, None)).await;
+                let _ = write_status(shared, &expect, move |b| failed(b, &error, None)).await;
                 failures = 0;
                 // A moved tag may fix it: keep re-resolving when asked to.
                 mode = Mode::Recheck;
@@ -99,9 +99,26 @@ fn backoff(failures: u32) -> Duration {
     FIRST_RETRY.saturating_mul(1 << failures.saturating_sub(1).min(10)).min(MAX_RETRY)
 }
 
+/// The Bundle's status changed by `change` (given the Bundle's generation).
+fn with(bundle: &Bundle, change: impl FnOnce(&mut BundleStatus, i64)) -> BundleStatus {
+    let mut status = status_of(bundle);
+    change(&mut status, bundle.generation());
+    status
+}
+
+/// The current generation failed; whatever was served before stays served.
+fn failed(bundle: &Bundle, error: &UnpackError, retry_in: Option<Duration>) -> BundleStatus {
+    let retry = retry_in.map(|d| format!("; retrying in {}s", d.as_secs().max(1))).unwrap_or_default();
+    with(bundle, |s, generation| s.failed(generation, error.reason(), &format!("{error}{retry}")))
+}
+
+fn unpacking(bundle: &Bundle) -> BundleStatus {
+    with(bundle, |s, generation| s.unpacking(generation))
+}
+
 async fn write_status<F>(shared: &Arc<Shared>, expect: &Expect, compute: F) -> Result<(), CommitError>
 where
-    F: Fn(&Value) -> Value + Send + 'static,
+    F: Fn(&Bundle) -> BundleStatus + Send + 'static,
 {
     let (store, expect) = (shared.store.clone(), expect.clone());
     tokio::task::spawn_blocking(move || revisions::write_status(&store, &expect, &compute))
@@ -125,22 +142,19 @@ async fn try_attempt(
     let bundle = current(shared, expect)?;
     if mode == Mode::Unpack {
         // Another job may have finished this generation since the plan was made.
-        let reason = status::reason_for_current_generation(&bundle);
-        if reason.is_some_and(|r| !UNFINISHED_REASONS.contains(&r.as_str())) {
+        let status = status_of(&bundle);
+        let reason = status.reason_for_generation(bundle.generation());
+        if reason.is_some_and(|r| !UNFINISHED_REASONS.contains(&r)) {
             return Ok(());
         }
     }
-    let specs = sources(&bundle).ok_or_else(|| UnpackError::Unsupported("spec.sources does not parse".into()))?;
+    let specs = bundle.spec.sources.clone();
     if mode == Mode::Unpack {
-        write_status(shared, expect, status::unpacking).await.map_err(commit_error)?;
+        write_status(shared, expect, unpacking).await.map_err(commit_error)?;
     }
     let mut contexts = Vec::with_capacity(specs.len());
     let mut resolved = Vec::with_capacity(specs.len());
-    let served: Vec<Resolved> = bundle
-        .pointer("/status/resolvedSources")
-        .cloned()
-        .and_then(|v| serde_json::from_value(v).ok())
-        .unwrap_or_default();
+    let served: Vec<ResolvedSource> = status_of(&bundle).resolved_sources;
     for (i, spec) in specs.iter().enumerate() {
         let ctx = SourceContext {
             runtime: tokio::runtime::Handle::current(),
@@ -159,10 +173,10 @@ async fn try_attempt(
         return Ok(());
     }
     if mode == Mode::Recheck {
-        write_status(shared, expect, status::unpacking).await.map_err(commit_error)?;
+        write_status(shared, expect, unpacking).await.map_err(commit_error)?;
     }
-    let declared = bundle.pointer("/spec/format").and_then(Value::as_str).unwrap_or("").to_string();
-    let allow_empty = crate::apiserver::resources::bundle::allows_empty(&bundle);
+    let declared = bundle.spec.format_name();
+    let allow_empty = bundle.spec.allows_empty();
     let (store, limits, expect_owned) = (shared.store.clone(), shared.config.limits, expect.clone());
     tokio::task::spawn_blocking(move || -> Result<(), UnpackError> {
         let mut writer = store.begin_revision()?;
@@ -176,7 +190,7 @@ async fn try_attempt(
             let ctx = SourceContext { budget: budget.clone(), ..ctx };
             finals.push(fetch(spec, &ctx, pinned, &mut sink)?);
         }
-        let report: FormatReport = sink.finish(&declared, true, allow_empty)?;
+        let report: FormatReport = sink.finish(declared, true, allow_empty)?;
         let pending = writer.finalize()?;
         revisions::commit(&store, &expect_owned, pending, &report, &finals).map_err(commit_error)?;
         Ok(())
@@ -185,8 +199,8 @@ async fn try_attempt(
     .map_err(|e| UnpackError::Storage(crate::storage::StorageError::Corrupt(format!("unpack task failed: {e}"))))?
 }
 
-fn current(shared: &Arc<Shared>, expect: &Expect) -> Result<Value, UnpackError> {
-    revisions::current(&shared.store, expect).map(|b| b.value).map_err(commit_error)
+fn current(shared: &Arc<Shared>, expect: &Expect) -> Result<Bundle, UnpackError> {
+    revisions::current(&shared.store, expect).map(|c| c.bundle).map_err(commit_error)
 }
 
 fn commit_error(e: CommitError) -> UnpackError {
@@ -196,7 +210,11 @@ fn commit_error(e: CommitError) -> UnpackError {
     }
 }
 
-async fn resolve(spec: &SourceSpec, ctx: &SourceContext, previous: Option<&Resolved>) -> Result<Resolved, UnpackError> {
+async fn resolve(
+    spec: &Source,
+    ctx: &SourceContext,
+    previous: Option<&ResolvedSource>,
+) -> Result<ResolvedSource, UnpackError> {
     if let Some(image) = &spec.image {
         oci::resolve(image, ctx, previous).await
     } else if let Some(repo) = &spec.git {
@@ -209,11 +227,11 @@ async fn resolve(spec: &SourceSpec, ctx: &SourceContext, previous: Option<&Resol
 }
 
 fn fetch(
-    spec: &SourceSpec,
+    spec: &Source,
     ctx: &SourceContext,
-    pinned: &Resolved,
+    pinned: &ResolvedSource,
     sink: &mut TreeSink<'_>,
-) -> Result<Resolved, UnpackError> {
+) -> Result<ResolvedSource, UnpackError> {
     if let Some(image) = &spec.image {
         oci::fetch(image, ctx, pinned, sink)
     } else if let Some(repo) = &spec.git {

@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
+
+use crate::api::Bundle;
 use tokio::sync::{broadcast, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -47,7 +49,7 @@ type Key = (String, String);
 struct Running {
     id: u64,
     uid: String,
-    generation: u64,
+    generation: i64,
     cancel: CancellationToken,
 }
 
@@ -159,11 +161,6 @@ async fn follow(shared: &Arc<Shared>, from: u64) -> Result<u64, StorageError> {
     Ok(reached)
 }
 
-fn key_of(bundle: &Value) -> Key {
-    let text = |p: &str| bundle.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
-    (text("/metadata/namespace"), text("/metadata/name"))
-}
-
 /// Cancels the Bundle's job, if any.
 fn forget(shared: &Shared, key: &Key) {
     let mut jobs = shared.jobs.lock().unwrap_or_else(|p| p.into_inner());
@@ -173,10 +170,14 @@ fn forget(shared: &Shared, key: &Key) {
 }
 
 /// Starts whatever `bundle` needs, unless its job for this generation already runs.
-fn consider(shared: &Arc<Shared>, bundle: &Value) {
-    let key = key_of(bundle);
-    let uid = bundle.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_string();
-    let generation = bundle.pointer("/metadata/generation").and_then(Value::as_u64).unwrap_or(1);
+fn consider(shared: &Arc<Shared>, object: &Value) {
+    let Ok(bundle) = crate::api::strategy::decode::<Bundle>(object) else {
+        tracing::warn!("a stored Bundle does not decode; skipped");
+        return;
+    };
+    let key = (bundle.namespace().to_string(), bundle.name().to_string());
+    let uid = bundle.uid().to_string();
+    let generation = bundle.generation();
     let mut jobs = shared.jobs.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(job) = jobs.get(&key) {
         if job.uid == uid && job.generation == generation && !job.cancel.is_cancelled() {
@@ -185,7 +186,7 @@ fn consider(shared: &Arc<Shared>, bundle: &Value) {
         job.cancel.cancel();
         jobs.remove(&key);
     }
-    let plan = plan(bundle);
+    let plan = plan(&bundle);
     if plan == Plan::Nothing {
         return;
     }

@@ -2,11 +2,7 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
-
-use crate::apiserver::resources::bundle::parse_duration;
-use crate::unpack::source::SourceSpec;
-use crate::unpack::status::{self, UNFINISHED_REASONS};
+use crate::api::{Bundle, UNFINISHED_REASONS};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Plan {
@@ -20,52 +16,40 @@ pub enum Plan {
     Poll(Duration),
 }
 
-pub fn plan(bundle: &Value) -> Plan {
-    if bundle.pointer("/metadata/deletionTimestamp").is_some() {
+pub fn plan(bundle: &Bundle) -> Plan {
+    if bundle.is_deleting() {
         return Plan::Nothing;
     }
-    let Some(sources) = sources(bundle) else { return Plan::Nothing };
     // Uploads arrive by PUT on the content subresource; nothing to fetch.
-    if sources.is_empty() || sources.iter().any(|s| s.upload.is_some()) {
+    if bundle.spec.sources.is_empty() || bundle.takes_uploads() {
         return Plan::Nothing;
     }
-    if bundle.pointer("/spec/paused").and_then(Value::as_bool) == Some(true) {
-        return if status::is_marked_paused(bundle) { Plan::Nothing } else { Plan::MarkPaused };
+    let status = bundle.status.clone().unwrap_or_default();
+    if bundle.spec.is_paused() {
+        return if status.is_marked_paused() { Plan::Nothing } else { Plan::MarkPaused };
     }
-    match status::reason_for_current_generation(bundle) {
+    match status.reason_for_generation(bundle.generation()) {
         None => Plan::Unpack,
-        Some(reason) if UNFINISHED_REASONS.contains(&reason.as_str()) => Plan::Unpack,
-        Some(_) => match poll_interval(bundle) {
+        Some(reason) if UNFINISHED_REASONS.contains(&reason) => Plan::Unpack,
+        Some(_) => match bundle.spec.poll_interval() {
             Some(interval) => Plan::Poll(interval),
             None => Plan::Nothing,
         },
     }
 }
 
-/// `spec.sources`, or `None` when they do not parse (validation prevents that).
-pub fn sources(bundle: &Value) -> Option<Vec<SourceSpec>> {
-    serde_json::from_value(bundle.pointer("/spec/sources")?.clone()).ok()
-}
-
-/// `spec.pollInterval`, at least a few seconds (re-resolving is not free for the source).
-pub fn poll_interval(bundle: &Value) -> Option<Duration> {
-    let text = bundle.pointer("/spec/pollInterval").and_then(Value::as_str).filter(|s| !s.is_empty())?;
-    parse_duration(text).map(|d| d.max(Duration::from_secs(1)))
-}
-
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     use super::*;
 
-    fn bundle(spec: Value, reason: Option<(&str, u64)>) -> Value {
+    fn bundle(spec: Value, reason: Option<(&str, u64)>) -> Bundle {
         let mut b = json!({"metadata": {"name": "b", "namespace": "n", "generation": 2}, "spec": spec});
         if let Some((reason, generation)) = reason {
-            b["status"] =
-                json!({"conditions": [{"type": "Unpacked", "reason": reason, "observedGeneration": generation}]});
+            b["status"] = json!({"conditions": [{"type": "Unpacked", "status": "False", "reason": reason, "observedGeneration": generation}]});
         }
-        b
+        serde_json::from_value(b).unwrap()
     }
 
     #[test]

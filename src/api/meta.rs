@@ -1,8 +1,9 @@
-//! Object metadata rules shared by every resource: names, labels, timestamps, ages.
+//! Object metadata rules shared by every resource: names, labels, timestamps, durations, and how
+//! ages and sizes are printed.
 
 use serde_json::Value;
 
-use super::status::Cause;
+use super::Cause;
 
 /// RFC 1123 subdomain (`metadata.name` of most kinds): ≤ 253, lowercase alphanumerics, '-' and '.',
 /// starting and ending with an alphanumeric.
@@ -149,6 +150,45 @@ pub fn human_bytes(n: u64) -> String {
     } else {
         format!("{value:.0}{unit}")
     }
+}
+
+/// The longest duration [`parse_duration`] accepts: Go's `time.Duration` range (2^63-1 ns, about
+/// 292 years), so the server takes exactly the durations a Go client (kubectl, `metav1.Duration`)
+/// can write, and everything it takes fits a timer and an `Instant`.
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::new(9_223_372_036, 854_775_807);
+
+/// Go-style durations: `1h30m`, `10m`, `45s`, `500ms`; `None` for anything else, also for one
+/// beyond [`MAX_DURATION`] (Go's `time.ParseDuration` refuses those too).
+pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let mut total = 0f64;
+    let mut number = String::new();
+    let mut chars = text.chars().peekable();
+    let mut any = false;
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() || c == '.' {
+            number.push(c);
+            continue;
+        }
+        let value: f64 = number.parse().ok()?;
+        number.clear();
+        let unit = match c {
+            'h' => 3600.0,
+            's' => 1.0,
+            'm' if chars.peek() == Some(&'s') => {
+                chars.next();
+                0.001
+            }
+            'm' => 60.0,
+            _ => return None,
+        };
+        total += value * unit;
+        any = true;
+    }
+    if !number.is_empty() || !any {
+        return None;
+    }
+    // Not finite or out of range: refused, never a panic (`Duration::from_secs_f64` would).
+    std::time::Duration::try_from_secs_f64(total).ok().filter(|d| *d <= MAX_DURATION)
 }
 
 #[cfg(test)]

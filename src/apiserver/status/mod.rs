@@ -1,65 +1,77 @@
 //! Kubernetes `Status` errors: every failure the API returns, in the shape clients parse.
 //!
 //! Lower layers have their own typed errors; they are converted into an [`ApiError`] exactly once,
-//! at the handler boundary, which renders as `{"kind":"Status",...}` with the matching HTTP code.
+//! at the handler boundary, by the `From` impls in [`from`] (the one file that decides which code,
+//! reason and message each failure gets), and render as `{"kind":"Status",...}`.
+
+mod from;
+
+pub(crate) use from::ListFailure;
+pub use from::{BodyTooLarge, UploadFailure};
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 use serde_json::json;
 
-use crate::storage::StorageError;
+pub use crate::api::Cause;
 
 use super::GROUP;
 
-/// One reason an object is invalid, as in `metav1.StatusCause` (whose `Type` is sent as `reason`).
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct Cause {
-    pub reason: String,
-    pub message: String,
-    pub field: String,
+/// `metav1.StatusReason`: why a request failed, in the words clients switch on
+/// (`IsNotFound`, `IsConflict`, …). Compared as values, never as strings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    BadRequest,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    AlreadyExists,
+    Conflict,
+    /// 410: a resourceVersion or continue token the server no longer holds.
+    Expired,
+    Invalid,
+    MethodNotAllowed,
+    NotAcceptable,
+    UnsupportedMediaType,
+    RequestEntityTooLarge,
+    RequestedRangeNotSatisfiable,
+    Timeout,
+    TooManyRequests,
+    ServiceUnavailable,
+    InsufficientStorage,
+    InternalError,
+    Unknown,
 }
 
-impl Cause {
-    /// `field: Invalid value: <value>: <detail>`
-    pub fn invalid(field: impl Into<String>, value: &serde_json::Value, detail: impl Into<String>) -> Cause {
-        let field = field.into();
-        let detail = detail.into();
-        Cause { reason: "FieldValueInvalid".into(), message: format!("Invalid value: {value}: {detail}"), field }
-    }
-
-    pub fn required(field: impl Into<String>, detail: impl Into<String>) -> Cause {
-        Cause {
-            reason: "FieldValueRequired".into(),
-            message: format!("Required value: {}", detail.into()),
-            field: field.into(),
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::BadRequest => "BadRequest",
+            Reason::Unauthorized => "Unauthorized",
+            Reason::Forbidden => "Forbidden",
+            Reason::NotFound => "NotFound",
+            Reason::AlreadyExists => "AlreadyExists",
+            Reason::Conflict => "Conflict",
+            Reason::Expired => "Expired",
+            Reason::Invalid => "Invalid",
+            Reason::MethodNotAllowed => "MethodNotAllowed",
+            Reason::NotAcceptable => "NotAcceptable",
+            Reason::UnsupportedMediaType => "UnsupportedMediaType",
+            Reason::RequestEntityTooLarge => "RequestEntityTooLarge",
+            Reason::RequestedRangeNotSatisfiable => "RequestedRangeNotSatisfiable",
+            Reason::Timeout => "Timeout",
+            Reason::TooManyRequests => "TooManyRequests",
+            Reason::ServiceUnavailable => "ServiceUnavailable",
+            Reason::InsufficientStorage => "InsufficientStorage",
+            Reason::InternalError => "InternalError",
+            Reason::Unknown => "Unknown",
         }
     }
+}
 
-    pub fn not_supported(field: impl Into<String>, value: &serde_json::Value, supported: &[&str]) -> Cause {
-        let list = supported.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
-        Cause {
-            reason: "FieldValueNotSupported".into(),
-            message: format!("Unsupported value: {value}: supported values: {list}"),
-            field: field.into(),
-        }
-    }
-
-    pub fn forbidden(field: impl Into<String>, detail: impl Into<String>) -> Cause {
-        Cause {
-            reason: "FieldValueForbidden".into(),
-            message: format!("Forbidden: {}", detail.into()),
-            field: field.into(),
-        }
-    }
-
-    pub fn type_invalid(field: impl Into<String>, value: &serde_json::Value, expected: &str) -> Cause {
-        let field = field.into();
-        Cause {
-            reason: "FieldValueTypeInvalid".into(),
-            message: format!("Invalid value: {value}: {field} in body must be of type {expected}"),
-            field,
-        }
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -68,7 +80,7 @@ impl Cause {
 #[error("{message}")]
 pub struct ApiError {
     pub code: StatusCode,
-    pub reason: &'static str,
+    pub reason: Reason,
     pub message: String,
     pub details: Option<Box<serde_json::Value>>,
     /// The Status's `metadata` (a ListMeta), e.g. the continue token of an expired list.
@@ -76,7 +88,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(code: StatusCode, reason: Reason, message: impl Into<String>) -> ApiError {
         ApiError { code, reason, message: message.into(), details: None, list_meta: None }
     }
 
@@ -93,51 +105,55 @@ impl ApiError {
     /// A Status for an error that carries only an HTTP code and a message.
     pub fn from_code(code: StatusCode, message: String) -> ApiError {
         let reason = match code {
-            StatusCode::BAD_REQUEST => "BadRequest",
-            StatusCode::UNAUTHORIZED => "Unauthorized",
-            StatusCode::FORBIDDEN => "Forbidden",
-            StatusCode::NOT_FOUND => "NotFound",
-            StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowed",
-            StatusCode::NOT_ACCEPTABLE => "NotAcceptable",
-            StatusCode::REQUEST_TIMEOUT => "Timeout",
-            StatusCode::CONFLICT => "Conflict",
-            StatusCode::PAYLOAD_TOO_LARGE => "RequestEntityTooLarge",
-            StatusCode::UNSUPPORTED_MEDIA_TYPE => "UnsupportedMediaType",
-            StatusCode::UNPROCESSABLE_ENTITY => "Invalid",
-            StatusCode::TOO_MANY_REQUESTS => "TooManyRequests",
-            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
-            StatusCode::GATEWAY_TIMEOUT => "Timeout",
-            StatusCode::INSUFFICIENT_STORAGE => "InsufficientStorage",
-            _ if code.is_server_error() => "InternalError",
-            _ => "Unknown",
+            StatusCode::BAD_REQUEST => Reason::BadRequest,
+            StatusCode::UNAUTHORIZED => Reason::Unauthorized,
+            StatusCode::FORBIDDEN => Reason::Forbidden,
+            StatusCode::NOT_FOUND => Reason::NotFound,
+            StatusCode::METHOD_NOT_ALLOWED => Reason::MethodNotAllowed,
+            StatusCode::NOT_ACCEPTABLE => Reason::NotAcceptable,
+            StatusCode::REQUEST_TIMEOUT => Reason::Timeout,
+            StatusCode::CONFLICT => Reason::Conflict,
+            StatusCode::PAYLOAD_TOO_LARGE => Reason::RequestEntityTooLarge,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => Reason::UnsupportedMediaType,
+            StatusCode::UNPROCESSABLE_ENTITY => Reason::Invalid,
+            StatusCode::TOO_MANY_REQUESTS => Reason::TooManyRequests,
+            StatusCode::SERVICE_UNAVAILABLE => Reason::ServiceUnavailable,
+            StatusCode::GATEWAY_TIMEOUT => Reason::Timeout,
+            StatusCode::INSUFFICIENT_STORAGE => Reason::InsufficientStorage,
+            _ if code.is_server_error() => Reason::InternalError,
+            _ => Reason::Unknown,
         };
         ApiError::new(code, reason, message)
     }
 
     pub fn not_found(resource: &str, name: &str) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "NotFound", format!("{resource}.{GROUP} {name:?} not found"))
+        ApiError::new(StatusCode::NOT_FOUND, Reason::NotFound, format!("{resource}.{GROUP} {name:?} not found"))
             .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
     }
 
     /// A 404 for something that is not an object (a path inside content, an unknown resource).
     pub fn not_found_message(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "NotFound", message)
+        ApiError::new(StatusCode::NOT_FOUND, Reason::NotFound, message)
     }
 
     pub fn already_exists(resource: &str, name: &str) -> ApiError {
-        ApiError::new(StatusCode::CONFLICT, "AlreadyExists", format!("{resource}.{GROUP} {name:?} already exists"))
-            .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
+        ApiError::new(
+            StatusCode::CONFLICT,
+            Reason::AlreadyExists,
+            format!("{resource}.{GROUP} {name:?} already exists"),
+        )
+        .with_details(json!({"name": name, "group": GROUP, "kind": resource}))
     }
 
     /// A 409 about something other than an object's version (a finished upload session).
     pub fn conflict_message(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::CONFLICT, "Conflict", message)
+        ApiError::new(StatusCode::CONFLICT, Reason::Conflict, message)
     }
 
     pub fn conflict(resource: &str, name: &str) -> ApiError {
         ApiError::new(
             StatusCode::CONFLICT,
-            "Conflict",
+            Reason::Conflict,
             format!(
                 "Operation cannot be fulfilled on {resource}.{GROUP} {name:?}: the object has been modified; \
                  please apply your changes to the latest version and try again"
@@ -155,7 +171,7 @@ impl ApiError {
         };
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "Invalid",
+            Reason::Invalid,
             format!("{kind}.{GROUP} {name:?} is invalid: {summary}"),
         )
         .with_details(json!({"name": name, "group": GROUP, "kind": kind, "causes": causes}))
@@ -163,14 +179,14 @@ impl ApiError {
 
     /// 422 for a request that is well-formed but cannot be applied (e.g. a failing JSON patch test).
     pub fn new_unprocessable(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message)
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, Reason::Invalid, message)
     }
 
     /// 504 for a resourceVersion the server has not reached (after waiting a little for it).
     pub fn too_large_resource_version(requested: u64, current: u64) -> ApiError {
         ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,
-            "Timeout",
+            Reason::Timeout,
             format!("Too large resource version: {requested}, current: {current}"),
         )
         .with_details(json!({
@@ -188,33 +204,33 @@ impl ApiError {
 
     /// 409 for a server-side apply that would change fields other managers own.
     pub fn apply_conflict(message: impl Into<String>, causes: Vec<Cause>) -> ApiError {
-        ApiError::new(StatusCode::CONFLICT, "Conflict", message).with_causes(causes)
+        ApiError::new(StatusCode::CONFLICT, Reason::Conflict, message).with_causes(causes)
     }
 
     /// 410: a watch from a resourceVersion the change log no longer holds.
     pub fn gone(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::GONE, "Expired", message)
+        ApiError::new(StatusCode::GONE, Reason::Expired, message)
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message)
+        ApiError::new(StatusCode::BAD_REQUEST, Reason::BadRequest, message)
     }
 
     pub fn too_large(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge", message)
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, Reason::RequestEntityTooLarge, message)
     }
 
     pub fn unsupported_media_type(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType", message)
+        ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, Reason::UnsupportedMediaType, message)
     }
 
     pub fn method_not_allowed(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", message)
+        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, Reason::MethodNotAllowed, message)
     }
 
     /// 403 with kube-apiserver's message; `details` names the object when there is one.
     pub fn forbidden(message: impl Into<String>, details: Option<serde_json::Value>) -> ApiError {
-        let error = ApiError::new(StatusCode::FORBIDDEN, "Forbidden", message);
+        let error = ApiError::new(StatusCode::FORBIDDEN, Reason::Forbidden, message);
         match details {
             Some(details) => error.with_details(details),
             None => error,
@@ -224,43 +240,33 @@ impl ApiError {
     /// 503: something the request needs (the cluster's authentication or authorization) did not
     /// answer; clients retry.
     pub fn unavailable(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", message)
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Reason::ServiceUnavailable, message)
     }
 
     pub fn unauthorized() -> ApiError {
-        ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
+        ApiError::new(StatusCode::UNAUTHORIZED, Reason::Unauthorized, "Unauthorized")
     }
 
     pub fn range_not_satisfiable(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "RequestedRangeNotSatisfiable", message)
+        ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, Reason::RequestedRangeNotSatisfiable, message)
     }
 
     /// 507: the data directory is (nearly) full. Reads keep working; writes succeed again once
     /// space is freed, without a restart. `retryAfterSeconds` tells clients it is not permanent.
     pub fn insufficient_storage(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "InsufficientStorage", message)
+        ApiError::new(StatusCode::INSUFFICIENT_STORAGE, Reason::InsufficientStorage, message)
             .with_details(json!({"retryAfterSeconds": 10}))
-    }
-
-    /// An I/O failure outside the store (the upload spool): 507 on a full disk, else 500.
-    pub fn io(context: &str, err: std::io::Error) -> ApiError {
-        match StorageError::from(err) {
-            StorageError::InsufficientStorage(message) => {
-                ApiError::insufficient_storage(format!("{context}: {message}"))
-            }
-            other => ApiError::internal(format!("{context}: {other}")),
-        }
     }
 
     /// 429 from admission control; `retryAfterSeconds` (and the `Retry-After` header the caller
     /// sets) tell clients to come back, as kube-apiserver's flow control does.
     pub fn too_many_requests(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests", message)
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, Reason::TooManyRequests, message)
             .with_details(json!({"retryAfterSeconds": 1}))
     }
 
     pub fn internal(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, Reason::InternalError, message)
     }
 
     pub fn status_body(&self) -> serde_json::Value {
@@ -270,46 +276,13 @@ impl ApiError {
             "metadata": self.list_meta.as_deref().cloned().unwrap_or_else(|| json!({})),
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
+            "reason": self.reason.as_str(),
             "code": self.code.as_u16(),
         });
         if let (Some(details), Some(fields)) = (&self.details, status.as_object_mut()) {
             fields.insert("details".into(), (**details).clone());
         }
         status
-    }
-}
-
-impl From<StorageError> for ApiError {
-    fn from(err: StorageError) -> ApiError {
-        match err {
-            StorageError::NotFound(what) => ApiError::not_found_message(format!("{what} not found")),
-            StorageError::AlreadyExists(what) => {
-                ApiError::new(StatusCode::CONFLICT, "AlreadyExists", format!("{what} already exists"))
-            }
-            StorageError::Conflict(what) => ApiError::new(
-                StatusCode::CONFLICT,
-                "Conflict",
-                format!("Operation cannot be fulfilled on {what}: the object has been modified; please apply your changes to the latest version and try again"),
-            ),
-            StorageError::InvalidEntry { path, reason } => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "Invalid",
-                format!("invalid archive entry {path:?}: {reason}"),
-            )
-            .with_details(json!({"causes": [Cause { reason: "FieldValueInvalid".into(), message: reason, field: path }]})),
-            StorageError::InsufficientStorage(message) => {
-                tracing::warn!(%message, "write refused: out of space");
-                ApiError::insufficient_storage(message)
-            }
-            // Not retried by waiting: the store refuses writes until a restart (logged once, when
-            // it was poisoned); the message says so.
-            poisoned @ StorageError::Poisoned(_) => ApiError::unavailable(poisoned.to_string()),
-            other => {
-                tracing::error!(error = %other, "storage failure");
-                ApiError::internal(other.to_string())
-            }
-        }
     }
 }
 
@@ -325,6 +298,7 @@ pub type ApiResult<T> = Result<T, ApiError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::StorageError;
 
     #[test]
     fn a_poisoned_store_is_a_503_that_says_writes_wait_for_a_restart() {

@@ -1,0 +1,351 @@
+//! `Bundle`: where a bundle's content comes from (the user's `spec`) and what is served now (the
+//! server's `status`, see [`super::status`]). Its defaults and its validation live here, next to
+//! the fields they concern; `strategy::bundle` says how the API stores, prints and deletes one.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::meta::{dns1123_subdomain_errors, parse_duration};
+use super::source::Source;
+use super::status::BundleStatus;
+use super::{Cause, API_VERSION, GROUP, VERSION};
+
+/// A bundle of content (operator bundle, Helm chart, manifests) and where it comes from.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct Bundle {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: BundleSpec,
+    #[serde(default)]
+    pub status: Option<BundleStatus>,
+}
+
+/// `apiVersion` and `kind` are written from the type, never stored in it.
+impl Serialize for Bundle {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Wire<'a> {
+            api_version: &'static str,
+            kind: &'static str,
+            metadata: &'a ObjectMeta,
+            spec: &'a BundleSpec,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            status: &'a Option<BundleStatus>,
+        }
+        let wire = Wire {
+            api_version: API_VERSION,
+            kind: Bundle::KIND,
+            metadata: &self.metadata,
+            spec: &self.spec,
+            status: &self.status,
+        };
+        wire.serialize(serializer)
+    }
+}
+
+impl Bundle {
+    pub const KIND: &'static str = "Bundle";
+    pub const PLURAL: &'static str = "bundles";
+
+    /// A Bundle named `name` with `spec`, for a client to create.
+    pub fn new(name: &str, spec: BundleSpec) -> Bundle {
+        Bundle { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, spec, status: None }
+    }
+
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or("")
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or("")
+    }
+
+    pub fn uid(&self) -> &str {
+        self.metadata.uid.as_deref().unwrap_or("")
+    }
+
+    /// `metadata.generation` (1 before the server set it).
+    pub fn generation(&self) -> i64 {
+        self.metadata.generation.unwrap_or(1)
+    }
+
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+
+    /// Whether content arrives by upload (an upload source is the only source).
+    pub fn takes_uploads(&self) -> bool {
+        self.spec.sources.iter().any(|s| s.upload.is_some())
+    }
+
+    /// Whether the status says the current generation's content is served (`Unpacked=True`,
+    /// written for this generation): what `kubectl wait --for=condition=Unpacked` waits for.
+    pub fn is_unpacked(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| s.unpacked_for(self.generation()))
+    }
+}
+
+impl kube::core::Resource for Bundle {
+    type DynamicType = ();
+    type Scope = kube::core::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(Bundle::KIND)
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(GROUP)
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(VERSION)
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(Bundle::PLURAL)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// What the bundle contains and how it is kept.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleSpec {
+    #[serde(default)]
+    pub sources: Vec<Source>,
+    /// Absent: detected from the content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<Format>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+    /// Old BundleContents kept beside the served one; defaulted to [`DEFAULT_HISTORY_LIMIT`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision_history_limit: Option<i64>,
+    /// How often floating references are re-resolved (`10m`); absent: resolved once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_interval: Option<String>,
+    /// Accept content without files (by default such content is refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_empty: Option<bool>,
+}
+
+/// `spec.revisionHistoryLimit` when a Bundle is created without one (written into the spec).
+pub const DEFAULT_HISTORY_LIMIT: i64 = 3;
+
+/// The shortest `spec.pollInterval` honoured (re-resolving is not free for the source).
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+impl BundleSpec {
+    /// Fills in what a user left out. The one place defaults are decided; the API writes them
+    /// into the stored object on every create and update, so every reader sees them.
+    pub fn apply_defaults(&mut self) {
+        self.revision_history_limit.get_or_insert(DEFAULT_HISTORY_LIMIT);
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused == Some(true)
+    }
+
+    pub fn allows_empty(&self) -> bool {
+        self.allow_empty == Some(true)
+    }
+
+    /// Old contents to keep (a stored spec always has one; a negative value never validates).
+    pub fn history_limit(&self) -> usize {
+        let limit = self.revision_history_limit.unwrap_or(DEFAULT_HISTORY_LIMIT);
+        usize::try_from(limit).unwrap_or(0)
+    }
+
+    /// `spec.pollInterval`, at least [`MIN_POLL_INTERVAL`]; `None` when not set.
+    pub fn poll_interval(&self) -> Option<Duration> {
+        let text = self.poll_interval.as_deref().filter(|s| !s.is_empty())?;
+        parse_duration(text).map(|d| d.max(MIN_POLL_INTERVAL))
+    }
+
+    /// The declared format's name (empty: detect).
+    pub fn format_name(&self) -> &'static str {
+        self.format.map_or("", Format::as_str)
+    }
+
+    /// Everything wrong with the spec, as field causes (`spec.…` paths).
+    pub fn validate(&self) -> Vec<Cause> {
+        let mut causes = Vec::new();
+        if self.sources.is_empty() {
+            causes.push(Cause::required("spec.sources", "at least one source is required"));
+        }
+        for (i, source) in self.sources.iter().enumerate() {
+            causes.extend(validate_source(&format!("spec.sources[{i}]"), source));
+        }
+        let uploads = self.sources.iter().filter(|s| s.upload.is_some()).count();
+        if uploads > 0 && self.sources.len() > 1 {
+            causes.push(Cause::invalid(
+                "spec.sources",
+                &json!(format!("{} sources", self.sources.len())),
+                "an upload source must be the only source",
+            ));
+        }
+        if let Some(limit) = self.revision_history_limit.filter(|l| *l < 0) {
+            causes.push(Cause::invalid(
+                "spec.revisionHistoryLimit",
+                &json!(limit),
+                "must be greater than or equal to 0",
+            ));
+        }
+        let poll = self.poll_interval.as_deref().unwrap_or("");
+        if !poll.is_empty() && parse_duration(poll).is_none() {
+            causes.push(Cause::invalid(
+                "spec.pollInterval",
+                &json!(poll),
+                "must be a duration such as 30s, 10m or 1h30m, and at most 2562047h (about 292 years)",
+            ));
+        }
+        causes
+    }
+}
+
+fn validate_source(path: &str, source: &Source) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let kinds = source.kinds();
+    if kinds.len() != 1 {
+        causes.push(Cause::invalid(path, &json!(kinds), "must specify exactly one of image, git, http, upload"));
+    }
+    let required = |field: &str, value: &str, causes: &mut Vec<Cause>| {
+        if value.is_empty() {
+            causes.push(Cause::required(format!("{path}.{field}"), "must be set"));
+        }
+    };
+    if let Some(image) = &source.image {
+        required("image.ref", &image.reference, &mut causes);
+    }
+    if let Some(git) = &source.git {
+        required("git.repository", &git.repository, &mut causes);
+        let r = &git.reference;
+        let refs = [&r.commit, &r.tag, &r.branch].iter().filter(|v| !v.is_empty()).count();
+        if refs > 1 {
+            causes.push(Cause::invalid(
+                format!("{path}.git.ref"),
+                &serde_json::to_value(r).unwrap_or_default(),
+                "at most one of commit, tag, branch",
+            ));
+        }
+    }
+    if let Some(http) = &source.http {
+        let url = &http.url;
+        if !(url.starts_with("https://") || url.starts_with("http://")) {
+            causes.push(Cause::invalid(format!("{path}.http.url"), &json!(url), "must be an http or https URL"));
+        }
+        let sha = &http.sha256;
+        let valid_sha = sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit());
+        if !sha.is_empty() && !valid_sha {
+            causes.push(Cause::invalid(format!("{path}.http.sha256"), &json!(sha), "must be 64 hexadecimal digits"));
+        }
+    }
+    for (field, secret) in source.secret_refs() {
+        // Secrets are read from the Bundle's own namespace only: a name, never `ns/name`.
+        if let Some(error) = dns1123_subdomain_errors(secret).into_iter().next() {
+            causes.push(Cause::invalid(format!("{path}.{field}"), &json!(secret), error));
+        }
+    }
+    let destination = &source.destination;
+    if !destination.is_empty()
+        && (destination.starts_with('/') || destination.split('/').any(|c| c == ".." || c == "."))
+    {
+        causes.push(Cause::invalid(
+            format!("{path}.destination"),
+            &json!(destination),
+            "must be a relative path without '.' or '..' components",
+        ));
+    }
+    causes
+}
+
+/// `spec.format`: how the content is checked and described.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Format {
+    /// Any tree; `manifests/` objects are counted by kind.
+    #[serde(rename = "plain")]
+    Plain,
+    /// An OLM registry+v1 bundle (`metadata/annotations.yaml`, a ClusterServiceVersion).
+    #[serde(rename = "registry-v1")]
+    RegistryV1,
+    /// A Helm chart (`Chart.yaml`).
+    #[serde(rename = "helm")]
+    Helm,
+}
+
+/// The formats' names, as the schema's enum lists them.
+pub const FORMATS: [&str; 3] = ["plain", "registry-v1", "helm"];
+
+impl Format {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Plain => "plain",
+            Format::RegistryV1 => "registry-v1",
+            Format::Helm => "helm",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::source::{HttpSource, UploadSource};
+
+    fn upload() -> Source {
+        Source { upload: Some(UploadSource {}), ..Default::default() }
+    }
+
+    #[test]
+    fn sources_must_name_exactly_one_kind() {
+        let ok = BundleSpec { sources: vec![upload()], ..Default::default() };
+        assert!(ok.validate().is_empty());
+        let http = HttpSource { url: "https://x".into(), ..Default::default() };
+        let two = BundleSpec { sources: vec![Source { http: Some(http), ..upload() }], ..Default::default() };
+        assert_eq!(two.validate()[0].field, "spec.sources[0]");
+        assert_eq!(BundleSpec::default().validate()[0].field, "spec.sources");
+        let escape = Source { destination: "../x".into(), ..upload() };
+        let escape = BundleSpec { sources: vec![escape], ..Default::default() };
+        assert_eq!(escape.validate()[0].field, "spec.sources[0].destination");
+    }
+
+    #[test]
+    fn defaults_fill_only_what_is_missing() {
+        let mut spec = BundleSpec::default();
+        spec.apply_defaults();
+        assert_eq!(spec.revision_history_limit, Some(DEFAULT_HISTORY_LIMIT));
+        let mut zero = BundleSpec { revision_history_limit: Some(0), ..Default::default() };
+        zero.apply_defaults();
+        assert_eq!(zero.history_limit(), 0);
+    }
+
+    #[test]
+    fn durations_beyond_go_range_are_refused_not_a_panic() {
+        let huge = BundleSpec {
+            sources: vec![upload()],
+            poll_interval: Some("100000000000000000000h".into()),
+            ..Default::default()
+        };
+        let causes = huge.validate();
+        assert_eq!(causes.len(), 1, "{causes:?}");
+        assert_eq!(causes[0].field, "spec.pollInterval");
+    }
+
+    #[test]
+    fn a_typed_bundle_writes_its_api_version_and_kind() {
+        let bundle = Bundle::new("b", BundleSpec { sources: vec![upload()], ..Default::default() });
+        let value = serde_json::to_value(&bundle).unwrap();
+        assert_eq!(value["apiVersion"], API_VERSION);
+        assert_eq!(value["kind"], "Bundle");
+        assert_eq!(value["spec"]["sources"][0]["upload"], json!({}));
+        let back: Bundle = serde_json::from_value(value).unwrap();
+        assert_eq!(back, bundle);
+    }
+}

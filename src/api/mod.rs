@@ -1,0 +1,28 @@
+//! The typed API model of `content.stowage.dev/v1alpha1`, shared by the server, the unpacker and
+//! every Rust client (as kube-rs shares `kube-core`): [`Bundle`] and [`BundleContent`] with their
+//! spec, status and conditions, sources and the pins they resolve to, defaults and validation
+//! (field-path [`Cause`]s), the name, label and duration rules, and — in [`strategy`] — one
+//! home per resource for everything the API's generic verbs need to know about it.
+//!
+//! Both kinds implement `kube::Resource`, so a provisioner writes `Api::<Bundle>::namespaced`.
+//! This module depends on serde, k8s-openapi and kube-core only (plus the clock and a uid source
+//! for server-side creates); everything else depends on it.
+
+mod bundle;
+mod cause;
+mod content;
+pub mod meta;
+pub mod schema;
+mod source;
+mod status;
+pub mod strategy;
+
+pub use bundle::{Bundle, BundleSpec, Format, DEFAULT_HISTORY_LIMIT, FORMATS, MIN_POLL_INTERVAL};
+pub use cause::Cause;
+pub use content::{content_name, BundleContent, BundleContentSpec, BUNDLE_LABEL};
+pub use source::{GitRef, GitSource, HttpSource, ImageSource, ResolvedSource, Source, UploadSource, SOURCE_KINDS};
+pub use status::{BundleStatus, Condition, FormatDetails, Served, AVAILABLE, PAUSED, UNFINISHED_REASONS, UNPACKED};
+
+pub const GROUP: &str = "content.stowage.dev";
+pub const VERSION: &str = "v1alpha1";
+pub const API_VERSION: &str = "content.stowage.dev/v1alpha1";

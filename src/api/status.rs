@@ -1,0 +1,254 @@
+//! `Bundle.status`, written only by the server, following the API conventions: `observedGeneration`,
+//! a `phase` for people, and conditions for machines —
+//!
+//! - `Unpacked`: whether the *current* spec's content is unpacked (`True`/`Unpacked`; `False` with
+//!   `Pending`, `Unpacking`, `AwaitingUpload`, `PullFailed`, `InvalidFormat`, `ContentDeleted`, …);
+//! - `Available`: whether some content is served (`True` while the last good revision keeps being
+//!   served after a newer spec failed — the status says both things);
+//! - `Paused`: `spec.paused` is honoured.
+//!
+//! Every transition is a method here, so the shape is written once; `lastTransitionTime` changes
+//! only when a condition's status does.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::meta::now_timestamp;
+use super::source::ResolvedSource;
+
+pub const UNPACKED: &str = "Unpacked";
+pub const AVAILABLE: &str = "Available";
+pub const PAUSED: &str = "Paused";
+/// `Unpacked` reasons that mean "work in progress or waiting": not a final answer for a generation.
+pub const UNFINISHED_REASONS: [&str; 4] = ["Pending", "Unpacking", "PullFailed", "StorageFailed"];
+
+/// What is served now, and how the work on the current spec stands.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Pending`, `Unpacking`, `Unpacked` or `Failed`: for people; machines read the conditions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Each source pinned, in `spec.sources` order, for the content served.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resolved_sources: Vec<ResolvedSource>,
+    /// The BundleContent served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format_details: Option<FormatDetails>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+}
+
+/// `metav1.Condition`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub last_transition_time: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+impl Condition {
+    pub fn is_true(&self) -> bool {
+        self.status == "True"
+    }
+}
+
+/// What the format inspector found: objects by kind (plain, registry-v1), chart and version (helm),
+/// package and ClusterServiceVersion (registry-v1).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FormatDetails {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub objects: BTreeMap<String, u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chart: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_service_version: Option<String>,
+}
+
+/// The content a Bundle serves, as its status and its BundleContent describe it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Served {
+    /// The BundleContent's name.
+    pub content: String,
+    pub digest: String,
+    pub files: u64,
+    pub size: u64,
+    /// The format found (empty: none detected, none asked for).
+    pub format: String,
+    pub format_details: FormatDetails,
+    pub resolved: Vec<ResolvedSource>,
+}
+
+impl BundleStatus {
+    /// The status a Bundle is created with.
+    pub fn initial(generation: i64, takes_uploads: bool) -> BundleStatus {
+        let (reason, message) = if takes_uploads {
+            ("AwaitingUpload", "waiting for content to be uploaded to the content subresource")
+        } else {
+            ("Pending", "waiting to be unpacked")
+        };
+        let mut status = BundleStatus { phase: Some("Pending".into()), ..Default::default() };
+        status.observed(generation);
+        status.set_condition(generation, UNPACKED, false, reason, message);
+        status
+    }
+
+    /// The status left when the BundleContent served was deleted: nothing is served.
+    pub fn content_deleted(generation: i64, content: &str) -> BundleStatus {
+        let mut status = BundleStatus { phase: Some("Pending".into()), ..Default::default() };
+        status.observed(generation);
+        let message = format!("BundleContent {content:?} was deleted");
+        status.set_condition(generation, UNPACKED, false, "ContentDeleted", &message);
+        status
+    }
+
+    pub fn condition(&self, kind: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == kind)
+    }
+
+    /// The `Unpacked` reason, if it was written for `generation`.
+    pub fn reason_for_generation(&self, generation: i64) -> Option<&str> {
+        let unpacked = self.condition(UNPACKED)?;
+        (unpacked.observed_generation == Some(generation)).then_some(unpacked.reason.as_str())
+    }
+
+    /// `Unpacked=True` written for `generation`.
+    pub fn unpacked_for(&self, generation: i64) -> bool {
+        self.condition(UNPACKED).is_some_and(|c| c.is_true() && c.observed_generation == Some(generation))
+    }
+
+    pub fn is_marked_paused(&self) -> bool {
+        self.condition(PAUSED).is_some()
+    }
+
+    /// Sets condition `kind`, keeping its `lastTransitionTime` unless its status flips.
+    pub fn set_condition(&mut self, generation: i64, kind: &str, state: bool, reason: &str, message: &str) {
+        let state = if state { "True" } else { "False" };
+        let previous = self.conditions.iter().position(|c| c.type_ == kind);
+        let transition = previous
+            .and_then(|i| self.conditions.get(i))
+            .filter(|c| c.status == state)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or_else(now_timestamp);
+        let condition = Condition {
+            type_: kind.into(),
+            status: state.into(),
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: transition,
+            observed_generation: Some(generation),
+        };
+        match previous.and_then(|i| self.conditions.get_mut(i)) {
+            Some(slot) => *slot = condition,
+            None => self.conditions.push(condition),
+        }
+    }
+
+    pub fn remove_condition(&mut self, kind: &str) {
+        self.conditions.retain(|c| c.type_ != kind);
+    }
+
+    fn observed(&mut self, generation: i64) {
+        self.observed_generation = Some(generation);
+    }
+
+    /// `; still serving NAME (DIGEST)` when something is served, for messages about newer work.
+    fn serving_note(&self) -> String {
+        match self.content_name.as_deref().filter(|s| !s.is_empty()) {
+            Some(content) => format!("; still serving {content} ({})", self.digest.as_deref().unwrap_or("")),
+            None => String::new(),
+        }
+    }
+
+    /// Work on `generation` has started.
+    pub fn unpacking(&mut self, generation: i64) {
+        let note = self.serving_note();
+        self.observed(generation);
+        self.phase = Some("Unpacking".into());
+        self.remove_condition(PAUSED);
+        self.set_condition(generation, UNPACKED, false, "Unpacking", &format!("fetching the sources{note}"));
+    }
+
+    /// `generation`'s content is served.
+    pub fn unpacked(&mut self, generation: i64, served: Served) {
+        self.observed(generation);
+        self.phase = Some("Unpacked".into());
+        let summary = format!("{} ({} files, {} bytes)", served.digest, served.files, served.size);
+        self.set_condition(generation, UNPACKED, true, "Unpacked", &format!("unpacked {summary}"));
+        let serving = format!("serving {}: {summary}", served.content);
+        self.set_condition(generation, AVAILABLE, true, "Serving", &serving);
+        self.resolved_sources = served.resolved;
+        self.content_name = Some(served.content);
+        self.digest = Some(served.digest);
+        self.format = Some(served.format);
+        self.format_details = Some(served.format_details);
+        self.files = Some(served.files);
+        self.size = Some(served.size);
+    }
+
+    /// `generation` failed with `reason`; whatever was served before stays served.
+    pub fn failed(&mut self, generation: i64, reason: &str, message: &str) {
+        let note = self.serving_note();
+        self.observed(generation);
+        self.phase = Some("Failed".into());
+        self.set_condition(generation, UNPACKED, false, reason, &format!("{message}{note}"));
+    }
+
+    /// `spec.paused`: nothing is fetched; what is served stays served.
+    pub fn paused(&mut self, generation: i64) {
+        self.observed(generation);
+        self.set_condition(generation, PAUSED, true, "Paused", "spec.paused is true: sources are not fetched");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transition_time_moves_only_when_the_status_flips() {
+        let mut status = BundleStatus::initial(1, false);
+        status.conditions[0].last_transition_time = "2020-01-01T00:00:00Z".into();
+        status.unpacking(2);
+        assert_eq!(status.conditions[0].last_transition_time, "2020-01-01T00:00:00Z", "False → False");
+        assert_eq!(status.reason_for_generation(2), Some("Unpacking"));
+        assert_eq!(status.reason_for_generation(1), None);
+        status.unpacked(2, Served { content: "b-0123".into(), digest: "sha256:01".into(), ..Default::default() });
+        assert_ne!(status.conditions[0].last_transition_time, "2020-01-01T00:00:00Z", "False → True");
+        assert!(status.unpacked_for(2));
+        status.failed(3, "PullFailed", "registry said no");
+        assert_eq!(
+            status.condition(UNPACKED).map(|c| c.message.as_str()),
+            Some("registry said no; still serving b-0123 (sha256:01)")
+        );
+        assert!(status.condition(AVAILABLE).is_some_and(Condition::is_true));
+    }
+}

@@ -1,0 +1,174 @@
+//! Every conversion of a lower layer's error into a Kubernetes `Status`, in one place: the store's,
+//! server-side apply's, an upload's (archive and format problems name the Bundle), a list's
+//! (an expired continue token carries a fresh one), and a blocking task that did not finish.
+
+use axum::http::StatusCode;
+use serde_json::json;
+
+use super::{ApiError, Cause, Reason};
+use crate::api::Bundle;
+use crate::apiserver::fieldmanager::ApplyError;
+use crate::apiserver::handlers::{continue_token, ListOptions};
+use crate::apiserver::panic_status;
+use crate::storage::StorageError;
+use crate::unpack::tar_ingest::IngestError;
+use crate::unpack::UnpackError;
+
+impl ApiError {
+    /// An I/O failure outside the store (the upload spool): 507 on a full disk, else 500.
+    pub fn io(context: &str, err: std::io::Error) -> ApiError {
+        match StorageError::from(err) {
+            StorageError::InsufficientStorage(message) => {
+                ApiError::insufficient_storage(format!("{context}: {message}"))
+            }
+            other => ApiError::internal(format!("{context}: {other}")),
+        }
+    }
+}
+
+impl From<StorageError> for ApiError {
+    fn from(err: StorageError) -> ApiError {
+        match err {
+            StorageError::NotFound(what) => ApiError::not_found_message(format!("{what} not found")),
+            StorageError::AlreadyExists(what) => {
+                ApiError::new(StatusCode::CONFLICT, Reason::AlreadyExists, format!("{what} already exists"))
+            }
+            StorageError::Conflict(what) => ApiError::new(
+                StatusCode::CONFLICT,
+                Reason::Conflict,
+                format!("Operation cannot be fulfilled on {what}: the object has been modified; please apply your changes to the latest version and try again"),
+            ),
+            StorageError::InvalidEntry { path, reason } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Reason::Invalid,
+                format!("invalid archive entry {path:?}: {reason}"),
+            )
+            .with_details(json!({"causes": [Cause { reason: "FieldValueInvalid".into(), message: reason, field: path }]})),
+            StorageError::InsufficientStorage(message) => {
+                tracing::warn!(%message, "write refused: out of space");
+                ApiError::insufficient_storage(message)
+            }
+            // Not retried by waiting: the store refuses writes until a restart (logged once, when
+            // it was poisoned); the message says so.
+            poisoned @ StorageError::Poisoned(_) => ApiError::unavailable(poisoned.to_string()),
+            other => {
+                tracing::error!(error = %other, "storage failure");
+                ApiError::internal(other.to_string())
+            }
+        }
+    }
+}
+
+/// A refused apply: conflicts are 409 with one `FieldManagerConflict` cause each.
+impl From<ApplyError> for ApiError {
+    fn from(err: ApplyError) -> ApiError {
+        match err {
+            ApplyError::Conflicts(conflicts) => {
+                let message = ApplyError::Conflicts(conflicts.clone()).to_string();
+                let causes = conflicts
+                    .into_iter()
+                    .map(|c| Cause { reason: "FieldManagerConflict".into(), message: c.message, field: c.field })
+                    .collect();
+                ApiError::apply_conflict(message, causes)
+            }
+            ApplyError::BadRequest(message) => ApiError::bad_request(message),
+            ApplyError::Invalid(message) => ApiError::new_unprocessable(message),
+        }
+    }
+}
+
+/// A blocking task that did not finish: its panic is logged, the client gets a plain message.
+impl From<tokio::task::JoinError> for ApiError {
+    fn from(error: tokio::task::JoinError) -> ApiError {
+        panic_status::task_failed(error)
+    }
+}
+
+/// A list the store could not serve at the requested resourceVersion, with the options it was
+/// asked with (a continued list that expired gets a token to go on inconsistently).
+pub(crate) struct ListFailure<'a> {
+    pub error: StorageError,
+    pub options: &'a ListOptions,
+}
+
+impl From<ListFailure<'_>> for ApiError {
+    fn from(ListFailure { error, options }: ListFailure<'_>) -> ApiError {
+        match error {
+            StorageError::Expired(rv) if options.continued => ApiError::gone(
+                "The provided continue parameter is too old to display a consistent list result. You can start a \
+                 new list without the continue parameter, or use the continue token in this response to retrieve \
+                 the remainder of the results. Continuing with the provided token results in an inconsistent \
+                 list - objects that were created, modified, or deleted between the time the first chunk was \
+                 returned and now may show up in the list.",
+            )
+            .with_list_meta(json!({
+                "resourceVersion": rv.to_string(),
+                "continue": continue_token(0, options.after.as_deref().unwrap_or("")),
+            })),
+            StorageError::Expired(rv) => ApiError::gone(format!("too old resource version: {rv}")),
+            StorageError::TooNew { requested, current } => ApiError::too_large_resource_version(requested, current),
+            other => other.into(),
+        }
+    }
+}
+
+/// An upload that failed, and the Bundle it was for.
+pub struct UploadFailure {
+    bundle: String,
+    error: IngestError<UnpackError>,
+}
+
+impl UploadFailure {
+    /// Reading or checking the archive failed.
+    pub fn ingest(bundle: &str, error: IngestError<UnpackError>) -> UploadFailure {
+        UploadFailure { bundle: bundle.into(), error }
+    }
+
+    /// The tree was read but refused (format, emptiness, limits).
+    pub fn unpack(bundle: &str, error: UnpackError) -> UploadFailure {
+        UploadFailure { bundle: bundle.into(), error: IngestError::Sink(error) }
+    }
+}
+
+/// The error an upload's body reader returns once `--max-body-bytes` is exceeded.
+#[derive(Debug, thiserror::Error)]
+#[error("request body larger than the maximum of {0} bytes")]
+pub struct BodyTooLarge(pub u64);
+
+impl From<UploadFailure> for ApiError {
+    fn from(UploadFailure { bundle, error }: UploadFailure) -> ApiError {
+        ingest_error(&bundle, error)
+    }
+}
+
+fn ingest_error(bundle: &str, err: IngestError<UnpackError>) -> ApiError {
+    match err {
+        IngestError::InvalidEntry { path, reason } => invalid_entry(bundle, path, reason),
+        IngestError::Corrupt(message) => ApiError::bad_request(format!("invalid archive: {message}")),
+        IngestError::TooLarge { limit } => {
+            ApiError::too_large(format!("archive expands past the maximum of {limit} bytes (--max-unpacked-bytes)"))
+        }
+        IngestError::Source(e) => match e.get_ref().and_then(|inner| inner.downcast_ref::<BodyTooLarge>()) {
+            Some(too_large) => ApiError::too_large(format!("{too_large} (--max-body-bytes)")),
+            None => ApiError::bad_request(format!("reading the request body: {e}")),
+        },
+        IngestError::Sink(e) => unpack_error(bundle, e),
+    }
+}
+
+fn unpack_error(bundle: &str, err: UnpackError) -> ApiError {
+    match err {
+        UnpackError::InvalidEntry { path, reason } => invalid_entry(bundle, path, reason),
+        UnpackError::InvalidFormat { path, problem } => invalid_entry(bundle, path, problem),
+        UnpackError::TooLarge(message) => ApiError::too_large(message),
+        UnpackError::CorruptArchive(message) => ApiError::bad_request(format!("invalid archive: {message}")),
+        UnpackError::Empty => ApiError::new_unprocessable(UnpackError::Empty.to_string()),
+        UnpackError::Storage(e) => e.into(),
+        other => ApiError::internal(other.to_string()),
+    }
+}
+
+fn invalid_entry(bundle: &str, path: String, reason: String) -> ApiError {
+    let cause = Cause { reason: "FieldValueInvalid".into(), message: format!("{path}: {reason}"), field: path };
+    ApiError::invalid(Bundle::KIND, bundle, vec![cause])
+}
