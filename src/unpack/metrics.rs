@@ -78,25 +78,26 @@ impl UnpackMetrics {
     /// New families, registered into `registry`.
     pub fn register(registry: &mut Registry) -> UnpackMetrics {
         let metrics = UnpackMetrics::default();
+        // The registry ends each help text with a period.
         registry.register(
             "stowage_unpack_jobs",
-            "Unpack jobs that ended, by result (succeeded, failed, superseded) and the reason they gave the Bundle's Unpacked condition (Cancelled for superseded jobs, which write none).",
+            "Unpack jobs that ended, by result (succeeded, failed, superseded) and the reason they gave the Bundle's Unpacked condition (Cancelled for superseded jobs, which write none)",
             metrics.jobs.clone(),
         );
         registry.register_with_unit(
             "stowage_unpack_duration",
-            "How long unpack jobs took, from resolving their sources to their status write, by result.",
+            "How long unpack jobs took, from resolving their sources to their status write, by result",
             Unit::Seconds,
             metrics.durations.clone(),
         );
         registry.register(
             "stowage_unpack_queue_depth",
-            "Bundles whose unpack waits for a free slot (--unpack-concurrency).",
+            "Bundles whose unpack waits for a free slot (--unpack-concurrency)",
             metrics.queue_depth.clone(),
         );
         registry.register_with_unit(
             "stowage_unpack_fetched",
-            "Bytes downloaded from sources (image blobs and manifests, git packs, http bodies), by kind of source.",
+            "Bytes downloaded from sources (image blobs and manifests, git packs, http bodies), by kind of source",
             Unit::Bytes,
             metrics.fetched_bytes.clone(),
         );
@@ -158,6 +159,7 @@ mod tests {
             "stowage_unpack_duration_seconds_bucket{result=\"succeeded\",le=\"0.5\"} 1",
             "stowage_unpack_duration_seconds_count{result=\"failed\"} 1",
             "stowage_unpack_queue_depth 1",
+            "# HELP stowage_unpack_queue_depth Bundles whose unpack waits for a free slot (--unpack-concurrency).",
             "stowage_unpack_fetched_bytes_total{source=\"http\"} 1234",
             "stowage_unpack_fetched_bytes_total{source=\"git\"} 0",
         ] {

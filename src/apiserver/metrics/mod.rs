@@ -69,20 +69,21 @@ pub fn install(mut registry: Registry, store: Store, fairness: Arc<Fairness>) ->
         durations: Family::new_with_constructor(|| Histogram::new(DURATION_BUCKETS)),
         long_running: Family::default(),
     };
+    // kube-apiserver's help texts; the registry ends each with a period.
     registry.register(
         "apiserver_request",
-        "Counter of apiserver requests broken out for each verb, group, version, resource, scope, component, and HTTP response code.",
+        "Counter of apiserver requests broken out for each verb, group, version, resource, scope, component, and HTTP response code",
         metrics.requests.clone(),
     );
     registry.register_with_unit(
         "apiserver_request_duration",
-        "Response latency distribution in seconds for each verb, group, version, resource, subresource, scope and component.",
+        "Response latency distribution in seconds for each verb, group, version, resource, subresource, scope and component",
         Unit::Seconds,
         metrics.durations.clone(),
     );
     registry.register(
         "apiserver_longrunning_requests",
-        "Gauge of all active long-running apiserver requests broken out by verb, group, version, resource, scope and component.",
+        "Gauge of all active long-running apiserver requests broken out by verb, group, version, resource, scope and component",
         metrics.long_running.clone(),
     );
     registry.register_collector(Box::new(admission::AdmissionCollector(fairness)));

@@ -55,6 +55,7 @@ fn keeps_kube_apiserver_names_labels_and_buckets() {
     assert_eq!(text.matches("apiserver_request_duration_seconds_bucket{").count(), DURATION_BUCKETS.len() + 1);
     has_line(&text, &format!("apiserver_longrunning_requests{{{series},verb=\"WATCH\",version=\"v1alpha1\"}} 1"));
     has_line(&text, "# TYPE apiserver_request_duration_seconds histogram");
+    has_line(&text, "# HELP apiserver_request_total Counter of apiserver requests broken out for each verb, group, version, resource, scope, component, and HTTP response code.");
     // The store's gauges and counters, and the admission state, from their collectors.
     for line in [
         "stowage_chunks 0",
