@@ -86,7 +86,7 @@ impl UnpackMetrics {
         );
         registry.register_with_unit(
             "stowage_unpack_duration",
-            "How long unpack jobs took, from resolving their sources to their status write, by result",
+            "How long unpack jobs took (resolving, fetching, committing), by result",
             Unit::Seconds,
             metrics.durations.clone(),
         );
