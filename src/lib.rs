@@ -1,18 +1,33 @@
 //! Stowage: a Kubernetes aggregated API server that stores unpacked bundle content in an embedded,
 //! compressed, content-addressed store and serves it through the Kubernetes API.
 //!
-//! Data flows one way: request → [`auth`] → [`apiserver`] → [`storage`]; [`unpack`] turns untrusted
-//! archives into validated file trees written through the same storage interface.
-//! See `ARCHITECTURE.md` for the code map and invariants.
+//! For Rust clients (provisioners, controllers) the crate offers two modules:
+//! - [`api`]: the typed model — `Bundle`, `BundleContent`, their spec and status — implementing
+//!   `kube::Resource`, so `kube::Api::<Bundle>::namespaced(client, ns)` works as for any kind;
+//! - [`client`]: fetching a Bundle's content into a directory (resumable `Range` pieces, verified
+//!   against its digest) and pushing a directory or archive into an upload Bundle.
+//!
+//! Everything else is the server itself (`stowage serve`, the `kubectl stowage` plugin): public
+//! only so the binary and the black-box tests reach it, hidden from the docs, no stable interface.
+//! Data flows one way: request → `auth` → `apiserver` → `storage`; `unpack` writes through the
+//! same storage interface, and every layer reads objects through [`api`]. See `ARCHITECTURE.md`.
 
 pub mod api;
-pub mod apiserver;
-pub mod auth;
-pub mod certs;
 pub mod client;
+
+#[doc(hidden)]
+pub mod apiserver;
+#[doc(hidden)]
+pub mod auth;
+#[doc(hidden)]
+pub mod certs;
 #[doc(hidden)]
 pub mod fuzzing;
+#[doc(hidden)]
 pub mod plugin;
+#[doc(hidden)]
 pub mod serve;
+#[doc(hidden)]
 pub mod storage;
+#[doc(hidden)]
 pub mod unpack;

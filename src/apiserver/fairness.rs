@@ -307,37 +307,30 @@ impl Fairness {
         }
     }
 
-    /// The Prometheus exposition of the admission state.
-    pub fn write_metrics(&self, out: &mut String) -> std::fmt::Result {
-        use std::fmt::Write as _;
-        let classes = Class::ALL.iter().map(|c| (c.label(), &self.class(*c).counters));
-        writeln!(out, "# HELP apiserver_current_inflight_requests Requests holding a seat, by kind (content: downloads and uploads).")?;
-        writeln!(out, "# TYPE apiserver_current_inflight_requests gauge")?;
-        for (kind, c) in classes.clone() {
-            let n = c.inflight.load(Ordering::Relaxed);
-            writeln!(out, "apiserver_current_inflight_requests{{request_kind=\"{kind}\"}} {n}")?;
-        }
-        writeln!(out, "# HELP apiserver_current_inqueue_requests Requests waiting for a seat, by kind.")?;
-        writeln!(out, "# TYPE apiserver_current_inqueue_requests gauge")?;
-        for (kind, c) in classes.clone() {
-            let n = c.waiting.load(Ordering::Relaxed);
-            writeln!(out, "apiserver_current_inqueue_requests{{request_kind=\"{kind}\"}} {n}")?;
-        }
-        writeln!(
-            out,
-            "# HELP stowage_rejected_requests_total Requests answered 429, by kind and reason (queue-full, time-out)."
-        )?;
-        writeln!(out, "# TYPE stowage_rejected_requests_total counter")?;
-        for (kind, c) in classes {
-            for (reason, n) in [
-                (Rejection::QueueFull.label(), c.rejected_queue_full.load(Ordering::Relaxed)),
-                (Rejection::TimedOut.label(), c.rejected_timed_out.load(Ordering::Relaxed)),
-            ] {
-                writeln!(out, "stowage_rejected_requests_total{{request_kind=\"{kind}\",reason=\"{reason}\"}} {n}")?;
-            }
-        }
-        Ok(())
+    /// The admission state of each class (kube's `request_kind` label), for `/metrics`.
+    pub fn counts(&self) -> [(&'static str, ClassCounts); 3] {
+        Class::ALL.map(|class| {
+            let c = &self.class(class).counters;
+            let counts = ClassCounts {
+                inflight: c.inflight.load(Ordering::Relaxed),
+                waiting: c.waiting.load(Ordering::Relaxed),
+                rejected: [
+                    (Rejection::QueueFull.label(), c.rejected_queue_full.load(Ordering::Relaxed)),
+                    (Rejection::TimedOut.label(), c.rejected_timed_out.load(Ordering::Relaxed)),
+                ],
+            };
+            (class.label(), counts)
+        })
     }
+}
+
+/// One class's admission state: requests holding a seat, waiting for one, and refused (429) by
+/// reason (`queue-full`, `time-out`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassCounts {
+    pub inflight: i64,
+    pub waiting: i64,
+    pub rejected: [(&'static str, u64); 2],
 }
 
 /// A permit of `seats`, waiting until `deadline` behind at most `queue` other waiters.

@@ -44,7 +44,6 @@ use axum::routing::get;
 use axum::Router;
 
 use crate::storage::{StorageError, Store};
-use metrics::Metrics;
 use status::{ApiError, ApiResult};
 
 pub use crate::api::{API_VERSION, GROUP, VERSION};
@@ -120,11 +119,11 @@ where
     tokio::task::spawn_blocking(move || f(&store)).await?.map_err(ApiError::from)
 }
 
-/// The whole HTTP API.
-pub fn router(state: AppState) -> Router {
+/// The whole HTTP API; `/metrics` serves `registry` once the API's own metrics joined it.
+pub fn router(state: AppState, registry: prometheus_client::registry::Registry) -> Router {
     let object_limit = state.limits.max_object_bytes;
     let fairness = fairness::Fairness::new(state.limits.fairness);
-    let request_metrics = Arc::new(Metrics::new(state.store.clone(), fairness.clone()));
+    let (request_metrics, exposition) = metrics::install(registry, state.store.clone(), fairness.clone());
     let base = "/apis/content.stowage.dev/v1alpha1";
     let api = Router::new()
         .route("/api", get(discovery::core_versions))
@@ -158,7 +157,7 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi/v2", get(openapi::v2))
         .route("/openapi/v3", get(openapi::v3_index))
         .route("/openapi/v3/apis/content.stowage.dev/v1alpha1", get(openapi::v3_group_version))
-        .route("/metrics", get(metrics::serve).with_state(request_metrics.clone()))
+        .route("/metrics", get(metrics::serve).with_state(exposition))
         .fallback(not_found)
         // Inside the gate: who may not write learns that first, not that the disk is full.
         .layer(middleware::from_fn_with_state(state.clone(), disk_space::refuse_writes_when_full))

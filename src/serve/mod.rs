@@ -19,6 +19,7 @@ use crate::apiserver::listener::ListenerLimits;
 use crate::apiserver::{self, AppState, Limits};
 use crate::auth::pki;
 use crate::storage::{Store, StoreOptions};
+use crate::unpack::metrics::UnpackMetrics;
 use crate::unpack::reconcile;
 
 /// Options of `stowage serve`.
@@ -121,8 +122,14 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     let shutdown = tokio_util::sync::CancellationToken::new();
     let collector = apiserver::garbage_collector::spawn(store.clone(), shutdown.clone());
     let cluster = delegated.as_ref().map(|d| d.client.clone());
-    let reconciler =
-        reconcile::spawn(store.clone(), options.unpack.reconciler(cluster, &options.data_dir), shutdown.clone());
+    // One registry for everything `/metrics` shows: the unpacker's families, then the API's.
+    let mut registry = prometheus_client::registry::Registry::default();
+    let unpack_metrics = UnpackMetrics::register(&mut registry);
+    let reconciler = reconcile::spawn(
+        store.clone(),
+        options.unpack.reconciler(cluster, &options.data_dir, unpack_metrics),
+        shutdown.clone(),
+    );
     tls_setup.serving.clone().watch(shutdown.clone());
     let sweeper = upload_spool::spawn_sweeper(uploads.clone(), shutdown.clone());
     let state = AppState {
@@ -155,7 +162,8 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         idle_timeout: options.idle_connection_timeout,
         http2_max_streams: options.http2_max_streams_per_connection,
     };
-    apiserver::listener::serve_tls(listener, tls_setup, apiserver::router(state), listener_limits, stopping).await?;
+    apiserver::listener::serve_tls(listener, tls_setup, apiserver::router(state, registry), listener_limits, stopping)
+        .await?;
     collector.abort();
     sweeper.abort();
     // Cancelled jobs release their half-written revisions; Bundles left `Unpacking` resume at the

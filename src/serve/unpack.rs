@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::unpack::metrics::UnpackMetrics;
 use crate::unpack::reconcile::ReconcilerConfig;
 use crate::unpack::secrets::{CredentialSource, SecretStore};
 use crate::unpack::{NetworkPolicy, UnpackLimits};
@@ -59,7 +60,12 @@ impl UnpackOptions {
     }
 
     /// The reconciler's configuration; empties `DATA_DIR/tmp/git` (what a crash left behind).
-    pub fn reconciler(&self, cluster: Option<kube::Client>, data_dir: &Path) -> ReconcilerConfig {
+    pub fn reconciler(
+        &self,
+        cluster: Option<kube::Client>,
+        data_dir: &Path,
+        metrics: UnpackMetrics,
+    ) -> ReconcilerConfig {
         let scratch_dir = data_dir.join("tmp").join("git");
         crate::unpack::git::clean_scratch(&scratch_dir);
         ReconcilerConfig {
@@ -74,6 +80,7 @@ impl UnpackOptions {
                 registry_config: self.registry_config.clone(),
             },
             scratch_dir,
+            metrics,
         }
     }
 }

@@ -150,6 +150,7 @@ impl Store {
         }
         if full || report.revisions_released > 0 {
             report.chunks_removed = self.mark_and_sweep()?;
+            self.inner.counters.swept();
         }
         self.flush()?;
         if report.revisions_released > 0 {
@@ -287,6 +288,7 @@ impl Store {
                 self.flush()?;
                 packs.remove(id)?;
                 self.inner.blocks.forget_pack(id);
+                self.inner.counters.compacted(live_bytes);
                 compacted += 1;
             }
         }

@@ -30,6 +30,7 @@
 
 mod chunks;
 mod commit;
+mod counters;
 mod durability;
 mod entry;
 mod gc;
@@ -50,6 +51,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 pub use commit::CommitCounts;
+pub use counters::StoreCounts;
 pub use entry::{EntryKind, FileEntry, PERMISSION_BITS};
 pub use gc::GcReport;
 pub use listing::{ListCursor, ListPage, ListQuery, ListSink};
@@ -239,6 +241,8 @@ struct Inner {
     object_lock: Mutex<()>,
     /// Flushes of object writes, shared by concurrent writers ([`commit`]).
     commits: commit::Commits,
+    /// Flushes, collection passes and compactions since open ([`counters`]).
+    counters: counters::Counters,
     /// Chunks writers hold until their manifest is recorded; see [`chunks`] and [`gc`].
     pins: Mutex<chunks::Pins>,
     /// Bumped whenever a finalize records a manifest: a collection in progress marks it too.
@@ -300,6 +304,7 @@ impl Store {
                 dir: dir.to_path_buf(),
                 object_lock: Mutex::new(()),
                 commits: commit::Commits::default(),
+                counters: counters::Counters::default(),
                 pins: Mutex::new(chunks::Pins::default()),
                 manifest_generation: std::sync::atomic::AtomicU64::new(0),
                 manifests: manifest::ManifestCache::default(),
@@ -342,6 +347,7 @@ impl Store {
         // flushes the drive's cache nor records the file's new blocks: enough for a killed
         // process, not for a power cut. fdatasync of the log makes it durable.
         self.inner.db_log.sync_data().map_err(|e| poison.poison("fdatasync of the database log", e))?;
+        self.inner.counters.flushed();
         Ok(())
     }
 

@@ -301,6 +301,11 @@ fn mostly_dead_packs_are_compacted() {
     store.collect().unwrap();
     let after = pack_bytes();
     assert!(after + 1_900_000 < before, "packs {before} -> {after}");
+    // The counts say so (the pass at open or the one above): a sweep, the pack compacted with
+    // small's ~100 KB of incompressible chunks copied, flushes along the way.
+    let counts = store.counts();
+    assert!(counts.sweeps >= 1 && counts.flushes >= 1, "{counts:?}");
+    assert!(counts.packs_compacted >= 1 && counts.compacted_bytes > 90_000, "{counts:?}");
     let rev = store.get_object(&ObjectKey::new("bundlecontents", "ns", "small")).unwrap().unwrap().revision.unwrap();
     assert_eq!(read_all(&store, rev, RangeSpec { start: 512, end: 512 + 100_000 }), noise(9, 100_000));
 }

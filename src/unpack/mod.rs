@@ -12,6 +12,7 @@ pub mod error;
 pub mod format;
 pub mod git;
 pub mod http;
+pub mod metrics;
 pub mod oci;
 pub mod reconcile;
 pub mod revisions;

@@ -18,6 +18,8 @@ async fn bundle_lifecycle_follows_kubernetes_semantics() {
     assert!(!str_at(&created, "/metadata/uid").is_empty());
     assert!(str_at(&created, "/metadata/creationTimestamp").ends_with('Z'), "{created:#}");
     assert_eq!(created["metadata"]["generation"], 1, "{created:#}");
+    // Defaults are written into the stored spec, as kube-apiserver persists its defaults.
+    assert_eq!(created["spec"]["revisionHistoryLimit"], 3, "{created:#}");
     let rv1 = str_at(&created, "/metadata/resourceVersion").to_owned();
     server.create_bundle("ns2", "b2").await;
 
@@ -53,12 +55,12 @@ async fn bundle_lifecycle_follows_kubernetes_semantics() {
 
     // A spec change bumps generation and resourceVersion; a label change only the latter.
     let mut update = b1.clone();
-    update["spec"]["revisionHistoryLimit"] = json!(3);
+    update["spec"]["revisionHistoryLimit"] = json!(5);
     let resp = server.put_json(&bundle("ns1", "b1"), &update).await;
     assert_eq!(resp.status(), StatusCode::OK);
     let updated: Value = resp.json().await.unwrap();
     assert_eq!(updated["metadata"]["generation"], 2, "{updated:#}");
-    assert_eq!(updated["spec"]["revisionHistoryLimit"], 3);
+    assert_eq!(updated["spec"]["revisionHistoryLimit"], 5);
     let rv2 = str_at(&updated, "/metadata/resourceVersion").to_owned();
     assert_ne!(rv2, rv1);
 

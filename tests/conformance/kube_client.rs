@@ -305,11 +305,11 @@ async fn merge_and_json_patches_and_the_status_subresource() {
 
     // Merge: spec bumps generation, labels do not; sources are kept.
     let merged = api
-        .patch("p", &PatchParams::default(), &Patch::Merge(json!({"spec": {"revisionHistoryLimit": 3}})))
+        .patch("p", &PatchParams::default(), &Patch::Merge(json!({"spec": {"revisionHistoryLimit": 5}})))
         .await
         .expect("merge patch spec");
     assert_eq!(generation(&merged), 2);
-    assert_eq!(merged.data["spec"]["revisionHistoryLimit"], 3);
+    assert_eq!(merged.data["spec"]["revisionHistoryLimit"], 5);
     assert_eq!(merged.data["spec"]["sources"], json!([{"upload": {}}]));
     let labelled = api
         .patch("p", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"tier": "gold"}}})))
@@ -321,8 +321,8 @@ async fn merge_and_json_patches_and_the_status_subresource() {
 
     // JSON patch, including a test operation.
     let ops = json!([
-        {"op": "test", "path": "/spec/revisionHistoryLimit", "value": 3},
-        {"op": "replace", "path": "/spec/revisionHistoryLimit", "value": 5},
+        {"op": "test", "path": "/spec/revisionHistoryLimit", "value": 5},
+        {"op": "replace", "path": "/spec/revisionHistoryLimit", "value": 7},
         {"op": "add", "path": "/metadata/annotations", "value": {"note": "json-patched"}},
     ]);
     let json_patched = api
@@ -330,7 +330,7 @@ async fn merge_and_json_patches_and_the_status_subresource() {
         .await
         .expect("JSON patch");
     assert_eq!(generation(&json_patched), 3);
-    assert_eq!(json_patched.data["spec"]["revisionHistoryLimit"], 5);
+    assert_eq!(json_patched.data["spec"]["revisionHistoryLimit"], 7);
     assert_eq!(json_patched.annotations().get("note").map(String::as_str), Some("json-patched"));
     let failing = json!([
         {"op": "test", "path": "/spec/revisionHistoryLimit", "value": 3},

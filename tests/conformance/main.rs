@@ -50,6 +50,7 @@ mod kubectl_conventions;
 mod lifecycle;
 mod load;
 mod many_files;
+mod metrics;
 mod paging;
 mod plugin;
 mod provisioner;

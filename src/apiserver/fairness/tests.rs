@@ -62,10 +62,9 @@ async fn a_full_queue_refuses_at_once_and_idle_users_are_forgotten() {
     waiter.abort();
     let _ = waiter.await;
     assert!(fairness.users.lock().unwrap().is_empty());
-    let mut text = String::new();
-    fairness.write_metrics(&mut text).unwrap();
-    assert!(text.contains("stowage_rejected_requests_total{request_kind=\"mutating\",reason=\"queue-full\"} 1"));
-    assert!(text.contains("apiserver_current_inflight_requests{request_kind=\"mutating\"} 0"));
+    let mutating = fairness.counts().into_iter().find(|(kind, _)| *kind == "mutating").unwrap().1;
+    assert_eq!(mutating.rejected[0], ("queue-full", 1));
+    assert_eq!(mutating.inflight, 0);
 }
 
 #[test]

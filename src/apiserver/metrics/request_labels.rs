@@ -6,6 +6,7 @@
 
 use axum::extract::Request;
 use axum::http::{header, Method};
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 
 use crate::apiserver::discovery::API_RESOURCES;
 use crate::apiserver::{GROUP, VERSION};
@@ -67,6 +68,23 @@ impl RequestLabels {
         }
         let subresource = KNOWN_PATHS.iter().copied().find(|known| *known == path).unwrap_or("");
         RequestLabels { verb: plain_verb(request.method()), in_group: false, resource: "", subresource, scope: "" }
+    }
+}
+
+/// kube-apiserver's labels, in its order: component, group, resource, scope, subresource, verb,
+/// version.
+impl EncodeLabelSet for RequestLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> std::fmt::Result {
+        [
+            ("component", "apiserver"),
+            ("group", self.group()),
+            ("resource", self.resource),
+            ("scope", self.scope),
+            ("subresource", self.subresource),
+            ("verb", self.verb),
+            ("version", self.version()),
+        ]
+        .encode(encoder)
     }
 }
 

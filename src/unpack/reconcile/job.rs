@@ -54,10 +54,12 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
                 _ = tokio::time::sleep(wait) => {}
             }
         }
+        let queued = shared.config.metrics.queued();
         let permit = tokio::select! {
             _ = cancel.cancelled() => return,
             permit = shared.slots.acquire() => match permit { Ok(p) => p, Err(_) => return },
         };
+        drop(queued);
         let outcome = attempt(shared, &expect, mode, &cancel).await;
         drop(permit);
         let bundle = match revisions::current(&shared.store, &expect) {
@@ -127,25 +129,29 @@ where
 }
 
 async fn attempt(shared: &Arc<Shared>, expect: &Expect, mode: Mode, cancel: &CancellationToken) -> Outcome {
-    match try_attempt(shared, expect, mode, cancel).await {
-        Ok(()) => Outcome::Done,
+    let started = std::time::Instant::now();
+    let outcome = try_attempt(shared, expect, mode, cancel).await;
+    shared.config.metrics.job_ended(&outcome, started.elapsed());
+    match outcome {
+        Ok(_) => Outcome::Done,
         Err(e) => Outcome::Failed(e),
     }
 }
 
+/// `Ok(true)` when it committed new content, `Ok(false)` when there was nothing to unpack.
 async fn try_attempt(
     shared: &Arc<Shared>,
     expect: &Expect,
     mode: Mode,
     cancel: &CancellationToken,
-) -> Result<(), UnpackError> {
+) -> Result<bool, UnpackError> {
     let bundle = current(shared, expect)?;
     if mode == Mode::Unpack {
         // Another job may have finished this generation since the plan was made.
         let status = status_of(&bundle);
         let reason = status.reason_for_generation(bundle.generation());
         if reason.is_some_and(|r| !UNFINISHED_REASONS.contains(&r)) {
-            return Ok(());
+            return Ok(false);
         }
     }
     let specs = bundle.spec.sources.clone();
@@ -170,7 +176,7 @@ async fn try_attempt(
         contexts.push(ctx);
     }
     if mode == Mode::Recheck && resolved.len() == served.len() && resolved == served {
-        return Ok(());
+        return Ok(false);
     }
     if mode == Mode::Recheck {
         write_status(shared, expect, unpacking).await.map_err(commit_error)?;
@@ -178,7 +184,8 @@ async fn try_attempt(
     let declared = bundle.spec.format_name();
     let allow_empty = bundle.spec.allows_empty();
     let (store, limits, expect_owned) = (shared.store.clone(), shared.config.limits, expect.clone());
-    tokio::task::spawn_blocking(move || -> Result<(), UnpackError> {
+    let metrics = shared.config.metrics.clone();
+    tokio::task::spawn_blocking(move || -> Result<bool, UnpackError> {
         let mut writer = store.begin_revision()?;
         let budget = Arc::new(Budget::default());
         let mut sink = TreeSink::new(&mut writer, limits, budget.clone());
@@ -188,12 +195,15 @@ async fn try_attempt(
             sink.set_destination(&spec.destination);
             // One budget across sources, so the expansion ratio covers the whole unpack.
             let ctx = SourceContext { budget: budget.clone(), ..ctx };
-            finals.push(fetch(spec, &ctx, pinned, &mut sink)?);
+            let before = budget.downloaded();
+            let fetched = fetch(spec, &ctx, pinned, &mut sink);
+            metrics.fetched(spec, budget.downloaded().saturating_sub(before));
+            finals.push(fetched?);
         }
         let report: FormatReport = sink.finish(declared, true, allow_empty)?;
         let pending = writer.finalize()?;
         revisions::commit(&store, &expect_owned, pending, &report, &finals).map_err(commit_error)?;
-        Ok(())
+        Ok(true)
     })
     .await
     .map_err(|e| UnpackError::Storage(crate::storage::StorageError::Corrupt(format!("unpack task failed: {e}"))))?

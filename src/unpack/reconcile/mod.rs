@@ -40,6 +40,8 @@ pub struct ReconcilerConfig {
     pub credentials: CredentialSource,
     /// Where git fetches put their packs (`DATA_DIR/tmp/git`).
     pub scratch_dir: std::path::PathBuf,
+    /// Jobs, durations, queue depth and fetched bytes, registered for `/metrics`.
+    pub metrics: super::metrics::UnpackMetrics,
 }
 
 /// `(namespace, name)` of a Bundle.
