@@ -1,6 +1,8 @@
 //! The provisioner side: `examples/provisioner.rs` run against a standalone server keeps a
-//! directory per unpacked Bundle and re-fetches only changed ones; the client library resumes a
-//! download whose connections are cut mid-piece and still verifies the digest.
+//! directory per unpacked Bundle and re-fetches only changed ones; so does the 19-line
+//! `examples/minimal_provisioner.rs` (kube-rs's watcher on `Api::<Bundle>`) as Bundles change
+//! under it; the client library resumes a download whose connections are cut mid-piece and still
+//! verifies the digest.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -61,6 +63,92 @@ async fn the_example_provisioner_syncs_and_refetches_only_changed_bundles() {
     let third = run_provisioner(&server, out.path());
     assert!(third.contains("prov/plain updated") && third.contains("prov/etcd unchanged"), "{third}");
     assert_trees_equal(&tree_from_dir(&etcd), &tree_from_dir(&out.path().join(NS).join("plain")), "replaced");
+}
+
+/// Lines the minimal provisioner prints (`NAME DIGEST`), read on a thread as they come.
+struct Printed {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Printed {
+    fn start(server: &Server, out: &Path) -> Printed {
+        let mut child = Command::new(example("minimal_provisioner"))
+            .arg(out)
+            .env("KUBECONFIG", server.kubeconfig())
+            .env_remove("HTTPS_PROXY")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the minimal provisioner");
+        let stdout = child.stdout.take().expect("stdout");
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = send.send(line);
+            }
+        });
+        Printed { child, lines, seen: Vec::new() }
+    }
+
+    /// Waits (at most 30 s) until `line` was printed.
+    fn expect(&mut self, line: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !self.seen.iter().any(|l| l == line) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!("the provisioner never printed {line:?}; it printed {:?}", self.seen),
+            }
+        }
+    }
+}
+
+impl Drop for Printed {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_minimal_provisioner_follows_bundles_as_they_change() {
+    let server = Server::start_temp(&[]);
+    let etcd = corpus().join("rukpak-testdata/registry/valid");
+    let plain = corpus().join("rukpak-testdata/plain-v0/valid");
+    // The admin kubeconfig's context has no namespace: the example works in `default`.
+    server.create_bundle("default", "etcd").await;
+    let first = server.upload_ok("default", "etcd", system_tar(&etcd), None).await;
+    server.create_bundle("default", "plain").await; // no content yet: not fetched
+    let out = tempfile::tempdir().unwrap();
+    let mut printed = Printed::start(&server, out.path());
+    printed.expect(&format!("etcd {}", str_at(&first, "/status/digest")));
+    assert_trees_equal(&tree_from_dir(&etcd), &tree_from_dir(&out.path().join("etcd")), "etcd synced");
+
+    // Content arriving later, and new content replacing old, reach it through the watch.
+    let second = server.upload_ok("default", "plain", system_tar(&plain), None).await;
+    printed.expect(&format!("plain {}", str_at(&second, "/status/digest")));
+    assert_trees_equal(&tree_from_dir(&plain), &tree_from_dir(&out.path().join("plain")), "plain synced");
+    let third = server.upload_ok("default", "etcd", system_tar(&plain), None).await;
+    printed.expect(&format!("etcd {}", str_at(&third, "/status/digest")));
+    assert_trees_equal(&tree_from_dir(&plain), &tree_from_dir(&out.path().join("etcd")), "etcd replaced");
+    // A change that leaves the content as it is (a label) fetches nothing: If-None-Match.
+    let label = serde_json::json!({"metadata": {"labels": {"tier": "gold"}}});
+    let patched = server
+        .client()
+        .patch(server.url(&bundle("default", "plain")))
+        .header("content-type", "application/merge-patch+json")
+        .body(label.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(patched.status().is_success(), "label patch: {}", patched.status());
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    while let Ok(line) = printed.lines.try_recv() {
+        printed.seen.push(line);
+    }
+    assert_eq!(printed.seen.len(), 3, "only changed content is fetched: {:?}", printed.seen);
 }
 
 #[tokio::test(flavor = "multi_thread")]
