@@ -90,9 +90,9 @@ fn rv(obj: &DynamicObject) -> String {
 }
 
 /// The Kubernetes error a kube call failed with (panics on success or on a transport error).
-fn api_error<T: std::fmt::Debug>(result: kube::Result<T>, what: &str) -> kube::core::ErrorResponse {
+fn api_error<T: std::fmt::Debug>(result: kube::Result<T>, what: &str) -> kube::core::Status {
     match result {
-        Err(kube::Error::Api(e)) => e,
+        Err(kube::Error::Api(e)) => *e,
         other => panic!("{what}: expected an API error, got {other:?}"),
     }
 }
@@ -352,10 +352,7 @@ async fn merge_and_json_patches_and_the_status_subresource() {
         "message": "set by a test", "lastTransitionTime": "2026-01-01T00:00:00Z",
     }]);
     body.data["spec"]["paused"] = json!(true);
-    let replaced = api
-        .replace_status("p", &PostParams::default(), serde_json::to_vec(&body).expect("serialize"))
-        .await
-        .expect("replace_status");
+    let replaced = api.replace_status("p", &PostParams::default(), &body).await.expect("replace_status");
     assert_eq!(replaced.data["status"]["phase"], "Failed");
     assert_eq!(replaced.data["status"]["conditions"][0]["reason"], "SourceUnavailable");
     assert_eq!(replaced.data["spec"], json_patched.data["spec"], "replace_status changed spec");
