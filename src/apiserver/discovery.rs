@@ -4,13 +4,19 @@
 //! kube-aggregator do), the group, the group-version `APIResourceList`, and `/version`.
 //!
 //! Every document is rendered once from one description of what is served ([`API_RESOURCES`]) and
-//! answered from memory, with an ETag.
+//! answered from memory, with an ETag. The documents are kube's own types: the legacy ones and
+//! `version.Info` from k8s-openapi, the aggregated ones from kube-core (`discovery::v2`, which the
+//! kube-rs client decodes them with).
 
 use std::sync::LazyLock;
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use serde_json::{json, Value};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
+use k8s_openapi::apimachinery::pkg::version::Info;
+use kube::core::discovery::v2;
+use serde::Serialize;
+use serde_json::Value;
 
 use super::handlers::json_response;
 use super::negotiation::{accepted, Caching, Document};
@@ -88,72 +94,113 @@ fn negotiate(headers: &HeaderMap) -> Option<Aggregated> {
     None
 }
 
-fn gvk(kind: &str) -> Value {
-    json!({"group": GROUP, "version": VERSION, "kind": kind})
+fn gvk(kind: &str) -> v2::GroupVersionKind {
+    v2::GroupVersionKind { group: Some(GROUP.into()), version: Some(VERSION.into()), kind: Some(kind.into()) }
 }
 
-fn group_version() -> Value {
-    json!({"groupVersion": API_VERSION, "version": VERSION})
+fn strings(values: &[&str]) -> Vec<String> {
+    values.iter().map(|v| v.to_string()).collect()
 }
 
-fn api_group() -> Value {
-    json!({"kind": "APIGroup", "apiVersion": "v1", "name": GROUP, "versions": [group_version()], "preferredVersion": group_version()})
+fn group_version() -> meta::GroupVersionForDiscovery {
+    meta::GroupVersionForDiscovery { group_version: API_VERSION.into(), version: VERSION.into() }
 }
 
-fn resource_list() -> Value {
-    let mut list = Vec::new();
+fn api_group() -> meta::APIGroup {
+    meta::APIGroup {
+        name: GROUP.into(),
+        versions: vec![group_version()],
+        preferred_version: Some(group_version()),
+        server_address_by_client_cidrs: None,
+    }
+}
+
+fn resource_list() -> meta::APIResourceList {
+    let mut resources = Vec::new();
     for resource in API_RESOURCES.iter() {
         let def = resource.def;
-        list.push(json!({
-            "name": def.plural,
-            "singularName": def.singular,
-            "namespaced": true,
-            "kind": def.kind,
-            "verbs": resource.verbs,
-            "shortNames": def.short_names,
-            "categories": CATEGORIES,
-        }));
+        resources.push(meta::APIResource {
+            name: def.plural.into(),
+            singular_name: def.singular.into(),
+            namespaced: true,
+            kind: def.kind.into(),
+            verbs: strings(resource.verbs),
+            short_names: Some(strings(def.short_names)),
+            categories: Some(strings(CATEGORIES)),
+            ..meta::APIResource::default()
+        });
         for sub in &resource.subresources {
-            list.push(json!({
-                "name": format!("{}/{}", def.plural, sub.name),
-                "singularName": "",
-                "namespaced": true,
-                "kind": def.kind,
-                "verbs": sub.verbs,
-            }));
+            resources.push(meta::APIResource {
+                name: format!("{}/{}", def.plural, sub.name),
+                singular_name: String::new(),
+                namespaced: true,
+                kind: def.kind.into(),
+                verbs: strings(sub.verbs),
+                ..meta::APIResource::default()
+            });
         }
     }
-    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": API_VERSION, "resources": list})
+    meta::APIResourceList { group_version: API_VERSION.into(), resources }
 }
 
-fn discovery_list(version: Aggregated, with_group: bool) -> Value {
-    let resources: Vec<Value> = API_RESOURCES
+/// kube-core's `APIGroupDiscoveryList` leaves `kind` and `apiVersion` to the caller (v2 and v2beta1
+/// share the shape); clients check them.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AggregatedDocument {
+    kind: &'static str,
+    api_version: &'static str,
+    #[serde(flatten)]
+    list: v2::APIGroupDiscoveryList,
+}
+
+fn discovery_list(version: Aggregated, with_group: bool) -> AggregatedDocument {
+    let resources = API_RESOURCES
         .iter()
         .map(|resource| {
             let def = resource.def;
-            let subresources: Vec<Value> = resource
+            let subresources = resource
                 .subresources
                 .iter()
-                .map(|sub| json!({"subresource": sub.name, "responseKind": gvk(def.kind), "verbs": sub.verbs}))
+                .map(|sub| v2::APISubresourceDiscovery {
+                    subresource: Some(sub.name.into()),
+                    response_kind: Some(gvk(def.kind)),
+                    verbs: strings(sub.verbs),
+                    accepted_types: Vec::new(),
+                })
                 .collect();
-            json!({
-                "resource": def.plural,
-                "responseKind": gvk(def.kind),
-                "scope": "Namespaced",
-                "singularResource": def.singular,
-                "verbs": resource.verbs,
-                "shortNames": def.short_names,
-                "categories": CATEGORIES,
-                "subresources": subresources,
-            })
+            v2::APIResourceDiscovery {
+                resource: Some(def.plural.into()),
+                response_kind: Some(gvk(def.kind)),
+                scope: Some("Namespaced".into()),
+                singular_resource: Some(def.singular.into()),
+                verbs: strings(resource.verbs),
+                short_names: strings(def.short_names),
+                categories: strings(CATEGORIES),
+                subresources,
+            }
         })
         .collect();
-    let group = json!({
-        "metadata": {"name": GROUP},
-        "versions": [{"version": VERSION, "resources": resources, "freshness": "Current"}],
-    });
+    let group = v2::APIGroupDiscovery {
+        metadata: Some(meta::ObjectMeta { name: Some(GROUP.into()), ..meta::ObjectMeta::default() }),
+        versions: vec![v2::APIVersionDiscovery {
+            version: Some(VERSION.into()),
+            resources,
+            freshness: Some("Current".into()),
+        }],
+    };
     let items = if with_group { vec![group] } else { vec![] };
-    json!({"kind": "APIGroupDiscoveryList", "apiVersion": version.api_version(), "metadata": {}, "items": items})
+    AggregatedDocument {
+        kind: "APIGroupDiscoveryList",
+        api_version: version.api_version(),
+        list: v2::APIGroupDiscoveryList { metadata: Some(meta::ListMeta::default()), items },
+    }
+}
+
+/// A document as JSON. These types have string keys and no floats, so this cannot fail; were it
+/// to, the document would be `null` (a client error naming it), not a panic.
+fn to_json(document: &impl Serialize) -> Value {
+    serde_json::to_value(document).unwrap_or(Value::Null)
 }
 
 /// Every discovery document, rendered once.
@@ -169,17 +216,17 @@ struct Documents {
 static DOCUMENTS: LazyLock<Documents> = LazyLock::new(|| {
     let both = |with_group| {
         [
-            Document::json(&discovery_list(Aggregated::V2, with_group)),
-            Document::json(&discovery_list(Aggregated::V2Beta1, with_group)),
+            Document::json(&to_json(&discovery_list(Aggregated::V2, with_group))),
+            Document::json(&to_json(&discovery_list(Aggregated::V2Beta1, with_group))),
         ]
     };
     Documents {
-        core_legacy: Document::json(&json!({"kind": "APIVersions", "versions": [], "serverAddressByClientCIDRs": []})),
+        core_legacy: Document::json(&to_json(&meta::APIVersions::default())),
         core_aggregated: both(false),
-        groups_legacy: Document::json(&json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [api_group()]})),
+        groups_legacy: Document::json(&to_json(&meta::APIGroupList { groups: vec![api_group()] })),
         groups_aggregated: both(true),
-        group: Document::json(&api_group()),
-        resources: Document::json(&resource_list()),
+        group: Document::json(&to_json(&api_group())),
+        resources: Document::json(&to_json(&resource_list())),
     }
 });
 
@@ -220,18 +267,19 @@ pub async fn version() -> Response {
         "aarch64" => "arm64",
         other => other,
     };
-    let info = json!({
-        "major": env!("CARGO_PKG_VERSION_MAJOR"),
-        "minor": env!("CARGO_PKG_VERSION_MINOR"),
-        "gitVersion": concat!("v", env!("CARGO_PKG_VERSION")),
-        "gitCommit": option_env!("STOWAGE_GIT_COMMIT").unwrap_or(""),
-        "gitTreeState": "",
-        "buildDate": option_env!("STOWAGE_BUILD_DATE").unwrap_or("1970-01-01T00:00:00Z"),
-        "goVersion": "n/a",
-        "compiler": "rustc",
-        "platform": format!("{}/{go_arch}", std::env::consts::OS),
-    });
-    json_response(StatusCode::OK, &info, &[])
+    let info = Info {
+        major: env!("CARGO_PKG_VERSION_MAJOR").into(),
+        minor: env!("CARGO_PKG_VERSION_MINOR").into(),
+        git_version: concat!("v", env!("CARGO_PKG_VERSION")).into(),
+        git_commit: option_env!("STOWAGE_GIT_COMMIT").unwrap_or("").into(),
+        git_tree_state: String::new(),
+        build_date: option_env!("STOWAGE_BUILD_DATE").unwrap_or("1970-01-01T00:00:00Z").into(),
+        go_version: "n/a".into(),
+        compiler: "rustc".into(),
+        platform: format!("{}/{go_arch}", std::env::consts::OS),
+        ..Info::default()
+    };
+    json_response(StatusCode::OK, &to_json(&info), &[])
 }
 
 #[cfg(test)]
@@ -268,18 +316,17 @@ mod tests {
     fn both_forms_advertise_the_same_verbs() {
         let legacy = resource_list();
         let aggregated = discovery_list(Aggregated::V2, true);
-        let resources = &aggregated["items"][0]["versions"][0]["resources"];
-        for entry in legacy["resources"].as_array().unwrap() {
-            let name = entry["name"].as_str().unwrap();
-            let verbs = match name.split_once('/') {
-                None => resources.as_array().unwrap().iter().find(|r| r["resource"] == name).unwrap()["verbs"].clone(),
+        let resources = &aggregated.list.items[0].versions[0].resources;
+        let resource = |plural: &str| resources.iter().find(|r| r.resource.as_deref() == Some(plural)).unwrap();
+        for entry in &legacy.resources {
+            let verbs = match entry.name.split_once('/') {
+                None => &resource(&entry.name).verbs,
                 Some((plural, sub)) => {
-                    let parent = resources.as_array().unwrap().iter().find(|r| r["resource"] == plural).unwrap();
-                    let found = parent["subresources"].as_array().unwrap().iter().find(|s| s["subresource"] == sub);
-                    found.unwrap()["verbs"].clone()
+                    let subresources = &resource(plural).subresources;
+                    &subresources.iter().find(|s| s.subresource.as_deref() == Some(sub)).unwrap().verbs
                 }
             };
-            assert_eq!(entry["verbs"], verbs, "{name}");
+            assert_eq!(&entry.verbs, verbs, "{}", entry.name);
         }
     }
 }

@@ -31,8 +31,9 @@ pub enum AuthnError {
 pub enum TokenAuthenticator {
     /// `--token-auth-file`.
     File(TokenFile),
-    /// In a cluster: service-account JWTs verified locally, else a TokenReview.
-    Delegated(DelegatedTokenAuthenticator),
+    /// In a cluster: service-account JWTs verified locally, else a TokenReview (boxed: it holds kube
+    /// clients, ~300 bytes).
+    Delegated(Box<DelegatedTokenAuthenticator>),
 }
 
 /// The authentication chain.

@@ -12,8 +12,9 @@ pub enum Authorizer {
     Policy(PolicyWatcher),
     /// No policy: only `system:masters` (the admin kubeconfig) is allowed.
     MastersOnly,
-    /// In a cluster: SubjectAccessReviews (cached), `system:masters` first.
-    Delegated(SarAuthorizer),
+    /// In a cluster: SubjectAccessReviews (cached), `system:masters` first (boxed: it holds a kube
+    /// client, ~300 bytes).
+    Delegated(Box<SarAuthorizer>),
 }
 
 impl Authorizer {

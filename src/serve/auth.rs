@@ -122,12 +122,12 @@ pub async fn configure(
             .await
             .context("reading kube-system/extension-apiserver-authentication")?;
     let tls = tls::setup_with_trust(&cert, &key, trust).context("TLS configuration")?;
-    tokens.push(TokenAuthenticator::Delegated(DelegatedTokenAuthenticator::from_client(
+    tokens.push(TokenAuthenticator::Delegated(Box::new(DelegatedTokenAuthenticator::from_client(
         client.clone(),
         auth.api_audiences.clone(),
-    )));
+    ))));
     let authenticator = Authenticator { trust: tls.trust.clone(), tokens, anonymous: auth.anonymous_auth };
-    let authorizer = Authorizer::Delegated(SarAuthorizer::new(client.clone(), SarConfig::default()));
+    let authorizer = Authorizer::Delegated(Box::new(SarAuthorizer::new(client.clone(), SarConfig::default())));
     Ok((tls, Access { authenticator, authorizer }, Some(Delegation { _watcher: watcher, client })))
 }
 

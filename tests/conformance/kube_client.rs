@@ -90,9 +90,9 @@ fn rv(obj: &DynamicObject) -> String {
 }
 
 /// The Kubernetes error a kube call failed with (panics on success or on a transport error).
-fn api_error<T: std::fmt::Debug>(result: kube::Result<T>, what: &str) -> kube::core::ErrorResponse {
+fn api_error<T: std::fmt::Debug>(result: kube::Result<T>, what: &str) -> kube::core::Status {
     match result {
-        Err(kube::Error::Api(e)) => e,
+        Err(kube::Error::Api(e)) => *e,
         other => panic!("{what}: expected an API error, got {other:?}"),
     }
 }
@@ -191,6 +191,22 @@ async fn discovery_finds_bundles_as_the_hand_written_resource() {
 
     let gvk = GroupVersionKind::gvk(GROUP, VERSION, "Bundle");
     assert_eq!(discovery.resolve_gvk(&gvk).map(|(ar, _)| ar), Some(bundle_resource()));
+
+    // The aggregated documents (`/apis` and `/api` as apidiscovery.k8s.io/v2, the latter without
+    // groups) say the same.
+    let aggregated = Discovery::new(client.clone()).run_aggregated().await.expect("aggregated discovery");
+    assert_eq!(aggregated.groups().map(|g| g.name()).collect::<Vec<_>>(), [GROUP], "aggregated groups");
+    let group = aggregated.get(GROUP).unwrap_or_else(|| panic!("aggregated discovery has no group {GROUP}"));
+    assert_eq!(group.preferred_version_or_latest(), VERSION);
+    let (aggregated_ar, aggregated_caps) = group.recommended_kind("Bundle").expect("aggregated discovery finds Bundle");
+    assert_eq!(aggregated_ar, bundle_resource());
+    assert_eq!(aggregated_caps.scope, Scope::Namespaced);
+    assert_eq!(aggregated_caps.operations, caps.operations, "verbs differ between the two discovery forms");
+    let aggregated_subresources: BTreeSet<&str> =
+        aggregated_caps.subresources.iter().map(|(r, _)| r.plural.as_str()).collect();
+    assert_eq!(aggregated_subresources, subresources);
+    let (content, _) = group.recommended_kind("BundleContent").expect("aggregated discovery finds BundleContent");
+    assert_eq!(content.plural, "bundlecontents");
     let (pinned, _) = discovery::pinned_kind(&client, &gvk).await.expect("pinned_kind Bundle");
     assert_eq!(pinned, bundle_resource());
 
@@ -352,10 +368,7 @@ async fn merge_and_json_patches_and_the_status_subresource() {
         "message": "set by a test", "lastTransitionTime": "2026-01-01T00:00:00Z",
     }]);
     body.data["spec"]["paused"] = json!(true);
-    let replaced = api
-        .replace_status("p", &PostParams::default(), serde_json::to_vec(&body).expect("serialize"))
-        .await
-        .expect("replace_status");
+    let replaced = api.replace_status("p", &PostParams::default(), &body).await.expect("replace_status");
     assert_eq!(replaced.data["status"]["phase"], "Failed");
     assert_eq!(replaced.data["status"]["conditions"][0]["reason"], "SourceUnavailable");
     assert_eq!(replaced.data["spec"], json_patched.data["spec"], "replace_status changed spec");
@@ -611,39 +624,9 @@ async fn converge(
     .await
 }
 
-/// What changes while the reflector is disconnected (a restart, a cut-off).
-#[derive(Clone, Copy, PartialEq)]
-enum WhileAway {
-    /// Creates, updates and deletes.
-    Everything,
-    /// Creates and updates; the deletes happen once the reflector is back.
-    NoDeletes,
-}
-
-/// Deletes `name` now if deletes may happen while the reflector is away, else returns it for later.
-async fn delete_while_away(api: &Api<DynamicObject>, name: &'static str, away: WhileAway) -> Option<&'static str> {
-    if away == WhileAway::NoDeletes {
-        return Some(name);
-    }
-    api.delete(name, &DeleteParams::default()).await.unwrap_or_else(|e| panic!("delete {name}: {e}"));
-    None
-}
-
-/// Deletes what [`delete_while_away`] held back and waits until the reflector has seen it (so that
-/// the next cut-off cannot swallow the event).
-async fn delete_later(
-    store: &reflector::Store<DynamicObject>,
-    api: &Api<DynamicObject>,
-    errors: &Mutex<Vec<String>>,
-    name: Option<&'static str>,
-) {
-    if let Some(name) = name {
-        api.delete(name, &DeleteParams::default()).await.unwrap_or_else(|e| panic!("delete {name}: {e}"));
-        converge(store, api, errors, &format!("after deleting {name}")).await;
-    }
-}
-
-async fn reflector_converges_across_restart_and_cut(config: watcher::Config, ns: &str, away: WhileAway) {
+/// A reflector through a proxy follows creates, updates and deletes made while it is connected, while
+/// the server is down and restarts, and while it is cut off.
+async fn reflector_converges_across_restart_and_cut(config: watcher::Config, ns: &str) {
     let mut server = Server::start_temp(&[]);
     let proxy = Proxy::start(&server.url).await;
     let mut direct = bundles_api(&kube_client(&server).await, ns);
@@ -688,19 +671,18 @@ async fn reflector_converges_across_restart_and_cut(config: watcher::Config, ns:
     proxy.set_backend(&server.url);
     direct = bundles_api(&kube_client(&server).await, ns);
     create(&direct, "after-restart", &[]).await;
-    let later = delete_while_away(&direct, "r1", away).await;
+    direct.delete("r1", &DeleteParams::default()).await.expect("delete r1");
     direct
         .patch("r2", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"gen": "2"}}})))
         .await
         .expect("label r2");
     converge(&store, &direct, &errors, "after a server restart").await;
-    delete_later(&store, &direct, &errors, later).await;
 
     // Cut off from the server (connections closed, new ones refused) while objects change.
     proxy.cut();
     tokio::time::sleep(Duration::from_millis(300)).await;
     create(&direct, "while-cut", &[]).await;
-    let later = delete_while_away(&direct, "r3", away).await;
+    direct.delete("r3", &DeleteParams::default()).await.expect("delete r3");
     direct
         .patch("r4", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"gen": "3"}}})))
         .await
@@ -708,7 +690,6 @@ async fn reflector_converges_across_restart_and_cut(config: watcher::Config, ns:
     tokio::time::sleep(Duration::from_secs(2)).await;
     proxy.resume();
     converge(&store, &direct, &errors, "after the watch was cut off").await;
-    delete_later(&store, &direct, &errors, later).await;
 
     // And it keeps following.
     direct.delete("live", &DeleteParams::default()).await.expect("delete live");
@@ -719,26 +700,15 @@ async fn reflector_converges_across_restart_and_cut(config: watcher::Config, ns:
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reflector_with_list_watch_converges_across_restart() {
-    reflector_converges_across_restart_and_cut(watcher::Config::default(), "reflect-lw", WhileAway::Everything).await;
+    reflector_converges_across_restart_and_cut(watcher::Config::default(), "reflect-lw").await;
 }
 
 /// Streaming lists (WatchList: `sendInitialEvents=true`, ended by the `k8s.io/initial-events-end`
-/// bookmark), with creates and updates while the reflector is away; deletes happen while it
-/// follows (see the ignored test below for why).
+/// bookmark). A resumed watcher asks from its last resourceVersion without initial events, so it
+/// sees the deletes made while it was away as DELETED events (kube-runtime before 3 asked for the
+/// initial events again and never pruned the objects deleted meanwhile: kube-rs/kube#1844).
 #[tokio::test(flavor = "multi_thread")]
-async fn reflector_with_streaming_list_converges_across_restart() {
-    let config = watcher::Config::default().streaming_lists();
-    reflector_converges_across_restart_and_cut(config, "reflect-sl", WhileAway::NoDeletes).await;
-}
-
-/// kube-runtime 2.0.1 resumes a streaming-list watcher with `sendInitialEvents=true` again, from its
-/// last resourceVersion, and applies the initial events as updates without pruning: an object
-/// deleted while it was away stays in the store for good (kube-rs/kube#1844, fixed by #1882 in
-/// kube 3, which needs Rust 1.88). The server answers as kube-apiserver does (current objects, then
-/// the bookmark); this fails against kube-apiserver too.
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "kube-runtime 2.0.1 bug (kube-rs/kube#1844): a resumed streaming list never prunes deletes"]
 async fn reflector_with_streaming_list_sees_deletes_made_while_away() {
     let config = watcher::Config::default().streaming_lists();
-    reflector_converges_across_restart_and_cut(config, "reflect-sl-del", WhileAway::Everything).await;
+    reflector_converges_across_restart_and_cut(config, "reflect-sl").await;
 }

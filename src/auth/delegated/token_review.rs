@@ -94,7 +94,7 @@ impl TokenReviewer {
         let audiences = &self.config.audiences;
         let review = TokenReview {
             spec: TokenReviewSpec {
-                token: Some(token.to_owned()),
+                token: token.to_owned(),
                 audiences: (!audiences.is_empty()).then(|| audiences.clone()),
             },
             ..TokenReview::default()
