@@ -14,7 +14,11 @@ mod push;
 
 use std::path::{Path, PathBuf};
 
+use kube::api::ListParams;
+use kube::Api;
 use serde_json::Value;
+
+use crate::api::{Bundle, BundleContent, BUNDLE_LABEL, UNPACKED};
 
 pub use pieces::FetchOptions;
 pub use push::Progress;
@@ -74,14 +78,12 @@ impl ContentClient {
 
     /// Bundles (in `namespace`, or all) whose `Unpacked` condition is `True`.
     pub async fn unpacked(&self, namespace: Option<&str>) -> Result<Vec<UnpackedBundle>, ClientError> {
-        let path = match namespace {
-            Some(ns) => format!("{API}/namespaces/{ns}/bundles"),
-            None => format!("{API}/bundles"),
+        let api: Api<Bundle> = match namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
         };
-        let request = http::Request::get(&path).body(Vec::new()).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let list: Value = self.client.request(request).await?;
-        let items = list.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
-        Ok(items.iter().filter(|b| is_unpacked(b)).map(summary).collect())
+        let list = api.list(&ListParams::default()).await?;
+        Ok(list.items.into_iter().filter_map(summary).collect())
     }
 
     /// Fetches the content of Bundle `namespace/name` into `dir` (replaced as a whole once the
@@ -143,23 +145,15 @@ impl ContentClient {
 
     /// The stored revisions of Bundle `name`, oldest first.
     pub async fn revisions(&self, namespace: &str, name: &str) -> Result<Vec<Revision>, ClientError> {
-        let path =
-            format!("{API}/namespaces/{namespace}/bundlecontents?labelSelector=content.stowage.dev%2Fbundle%3D{name}");
-        let request = http::Request::get(&path).body(Vec::new()).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let list: Value = self.client.request(request).await?;
-        let text = |v: &Value, p: &str| v.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
+        let api: Api<BundleContent> = Api::namespaced(self.client.clone(), namespace);
+        let list = api.list(&ListParams::default().labels(&format!("{BUNDLE_LABEL}={name}"))).await?;
         let mut revisions: Vec<(u64, Revision)> = list
-            .get("items")
-            .and_then(Value::as_array)
+            .items
             .into_iter()
-            .flatten()
             .map(|item| {
-                let rv = text(item, "/metadata/resourceVersion").parse().unwrap_or(0);
-                let revision = Revision {
-                    name: text(item, "/metadata/name"),
-                    digest: text(item, "/spec/digest"),
-                    created: text(item, "/metadata/creationTimestamp"),
-                };
+                let rv = item.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
+                let created = item.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
+                let revision = Revision { name: item.name().to_string(), digest: item.spec.digest, created };
                 (rv, revision)
             })
             .collect();
@@ -168,19 +162,15 @@ impl ContentClient {
     }
 }
 
-fn is_unpacked(bundle: &Value) -> bool {
-    bundle
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|list| list.iter().any(|c| c["type"] == "Unpacked" && c["status"] == "True"))
-}
-
-fn summary(bundle: &Value) -> UnpackedBundle {
-    let text = |p: &str| bundle.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
-    UnpackedBundle {
-        namespace: text("/metadata/namespace"),
-        name: text("/metadata/name"),
-        digest: text("/status/digest"),
-        format: text("/status/format"),
-    }
+/// The Bundle as an [`UnpackedBundle`] if its `Unpacked` condition is `True` (for any generation:
+/// what it serves is what a provisioner reads).
+fn summary(bundle: Bundle) -> Option<UnpackedBundle> {
+    let status = bundle.status.as_ref()?;
+    status.condition(UNPACKED).filter(|c| c.is_true())?;
+    Some(UnpackedBundle {
+        namespace: bundle.namespace().to_string(),
+        name: bundle.name().to_string(),
+        digest: status.digest.clone().unwrap_or_default(),
+        format: status.format.clone().unwrap_or_default(),
+    })
 }

@@ -7,10 +7,13 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use kube::api::PostParams;
+use kube::Api;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::{ClientError, ContentClient, API};
+use crate::api::{Bundle, BundleSpec, Source, UploadSource};
 
 /// Times a commit is re-sent after a 5xx or a cut connection (each may wait up to the
 /// aggregator's 60 s for the server's running commit).
@@ -29,7 +32,7 @@ impl ContentClient {
         dir: &Path,
         piece_bytes: u64,
         progress: Progress<'_>,
-    ) -> Result<Value, ClientError> {
+    ) -> Result<Bundle, ClientError> {
         self.ensure_upload_bundle(namespace, name).await?;
         let dir = dir.to_owned();
         let (mut archive, digest, total) = tokio::task::spawn_blocking(move || pack(&dir))
@@ -84,31 +87,17 @@ impl ContentClient {
     }
 
     async fn ensure_upload_bundle(&self, namespace: &str, name: &str) -> Result<(), ClientError> {
-        let path = format!("{API}/namespaces/{namespace}/bundles/{name}");
-        match self.send_json::<Value>("GET", &path, &[], Vec::new()).await {
-            Ok(bundle) => {
-                let sources = bundle.pointer("/spec/sources").and_then(Value::as_array).cloned().unwrap_or_default();
-                if sources.iter().any(|s| s.get("upload").is_some()) {
-                    return Ok(());
-                }
-                Err(ClientError::Protocol(format!(
-                    "Bundle {namespace}/{name} has no upload source: it takes its content from elsewhere"
-                )))
+        let api: Api<Bundle> = Api::namespaced(self.client.clone(), namespace);
+        match api.get_opt(name).await? {
+            Some(bundle) if bundle.takes_uploads() => Ok(()),
+            Some(_) => Err(ClientError::Protocol(format!(
+                "Bundle {namespace}/{name} has no upload source: it takes its content from elsewhere"
+            ))),
+            None => {
+                let upload = Source { upload: Some(UploadSource {}), ..Default::default() };
+                let bundle = Bundle::new(name, BundleSpec { sources: vec![upload], ..Default::default() });
+                api.create(&PostParams::default(), &bundle).await.map(|_| ()).map_err(ClientError::from)
             }
-            Err(ClientError::Status { status: 404, .. }) => {
-                let body = json!({"apiVersion": "content.stowage.dev/v1alpha1", "kind": "Bundle",
-                    "metadata": {"name": name, "namespace": namespace}, "spec": {"sources": [{"upload": {}}]}});
-                let create = format!("{API}/namespaces/{namespace}/bundles");
-                self.send_json::<Value>(
-                    "POST",
-                    &create,
-                    &[("Content-Type", "application/json")],
-                    body.to_string().into_bytes(),
-                )
-                .await
-                .map(|_| ())
-            }
-            Err(e) => Err(e),
         }
     }
 

@@ -87,8 +87,9 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
             let mut bar = progress_bar();
             let bundle = content.push(&namespace, &name, &dir, piece_bytes, &mut bar).await?;
             let _ = writeln!(std::io::stderr());
-            let text = |p: &str| bundle.pointer(p).and_then(serde_json::Value::as_str).unwrap_or("").to_string();
-            print_lines([format!("{namespace}/{name}: {} ({})", text("/status/digest"), text("/status/contentName"))])?;
+            let status = bundle.status.unwrap_or_default();
+            let (digest, content) = (status.digest.unwrap_or_default(), status.content_name.unwrap_or_default());
+            print_lines([format!("{namespace}/{name}: {digest} ({content})")])?;
         }
         PluginCommand::Pull { name, dir, piece_bytes, .. } => {
             let content = ContentClient::with_options(client, FetchOptions { piece_bytes, attempts: 5 });
