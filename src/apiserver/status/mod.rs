@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 pub use crate::api::Cause;
+use kube::core::response::{StatusDetails, StatusSummary};
 
 use super::GROUP;
 
@@ -269,20 +270,26 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, Reason::InternalError, message)
     }
 
+    /// The `Status` object, as kube-core's type (what kube-rs clients decode it into), with the
+    /// `kind` and `apiVersion` kube-apiserver sends.
     pub fn status_body(&self) -> serde_json::Value {
-        let mut status = json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": self.list_meta.as_deref().cloned().unwrap_or_else(|| json!({})),
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason.as_str(),
-            "code": self.code.as_u16(),
-        });
-        if let (Some(details), Some(fields)) = (&self.details, status.as_object_mut()) {
-            fields.insert("details".into(), (**details).clone());
+        let metadata = self.list_meta.as_deref().and_then(|m| serde_json::from_value(m.clone()).ok());
+        let details = self.details.as_deref().and_then(|d| serde_json::from_value::<StatusDetails>(d.clone()).ok());
+        let status = kube::core::Status {
+            status: Some(StatusSummary::Failure),
+            code: self.code.as_u16(),
+            message: self.message.clone(),
+            metadata: Some(metadata.unwrap_or_default()),
+            reason: self.reason.as_str().into(),
+            details,
+        };
+        let mut body = json!({"kind": "Status", "apiVersion": "v1"});
+        if let (Some(fields), Ok(serde_json::Value::Object(status))) =
+            (body.as_object_mut(), serde_json::to_value(status))
+        {
+            fields.extend(status);
         }
-        status
+        body
     }
 }
 
@@ -310,5 +317,23 @@ mod tests {
             "the store could not make a write durable (fsync of a pack file failed: Input/output error (os error 5)); \
              writes are refused until stowage restarts; reads still work"
         );
+    }
+
+    #[test]
+    fn a_status_is_kube_cores_with_its_causes_and_retry_hint() {
+        let invalid = ApiError::invalid("Bundle", "b", vec![Cause::required("spec.sources", "at least one source")]);
+        let body = invalid.status_body();
+        assert_eq!((body["kind"].as_str(), body["apiVersion"].as_str()), (Some("Status"), Some("v1")));
+        assert_eq!(body["metadata"], json!({}));
+        let decoded: kube::core::Status = serde_json::from_value(body).unwrap();
+        assert!(decoded.is_failure());
+        assert_eq!((decoded.code, decoded.reason.as_str()), (422, "Invalid"));
+        let details = decoded.details.unwrap();
+        assert_eq!((details.name.as_str(), details.kind.as_str()), ("b", "Bundle"));
+        assert_eq!(details.causes[0].field, "spec.sources");
+        let busy = ApiError::too_many_requests("slow down").status_body();
+        assert_eq!(busy["details"]["retryAfterSeconds"], 1);
+        let expired = ApiError::gone("too old").with_list_meta(json!({"continue": "x", "resourceVersion": "7"}));
+        assert_eq!(expired.status_body()["metadata"]["continue"], "x");
     }
 }
