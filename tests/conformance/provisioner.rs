@@ -112,6 +112,17 @@ impl Drop for Printed {
     }
 }
 
+/// docs/provisioners.md shows the minimal provisioner as it is compiled and tested here.
+#[test]
+fn the_documented_minimal_provisioner_is_the_example() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let example = std::fs::read_to_string(root.join("examples/minimal_provisioner.rs")).unwrap();
+    let docs = std::fs::read_to_string(root.join("docs/provisioners.md")).unwrap();
+    let code: String = example.lines().filter(|l| !l.starts_with("//!")).map(|l| format!("{l}\n")).collect();
+    assert!(docs.contains(&format!("```rust\n{code}```")), "docs/provisioners.md shows another program");
+    assert!(code.lines().filter(|l| !l.trim().is_empty()).count() < 20, "no longer under 20 lines");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_minimal_provisioner_follows_bundles_as_they_change() {
     let server = Server::start_temp(&[]);
