@@ -2,7 +2,6 @@
 //! server's `status`, see [`super::status`]). Its defaults and its validation live here, next to
 //! the fields they concern; `strategy::bundle` says how the API stores, prints and deletes one.
 
-use std::borrow::Cow;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -12,7 +11,7 @@ use serde_json::json;
 use super::meta::{dns1123_subdomain_errors, parse_duration};
 use super::source::Source;
 use super::status::BundleStatus;
-use super::{Cause, API_VERSION, GROUP, VERSION};
+use super::{Cause, API_VERSION};
 
 /// A bundle of content (operator bundle, Helm chart, manifests) and where it comes from.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -91,29 +90,7 @@ impl Bundle {
     }
 }
 
-impl kube::core::Resource for Bundle {
-    type DynamicType = ();
-    type Scope = kube::core::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(Bundle::KIND)
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(VERSION)
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(Bundle::PLURAL)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+super::namespaced_resource!(Bundle);
 
 /// What the bundle contains and how it is kept.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -1,7 +1,6 @@
 //! `BundleContent`: one immutable, unpacked revision of a Bundle's content, written only by the
 //! server and owned by its Bundle. Its `content` subresource serves exactly that revision.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -10,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::bundle::Bundle;
 use super::source::ResolvedSource;
 use super::status::{FormatDetails, Served};
-use super::{API_VERSION, GROUP, VERSION};
+use super::API_VERSION;
 
 /// Labels a BundleContent with its Bundle's name (`-l content.stowage.dev/bundle=NAME`).
 pub const BUNDLE_LABEL: &str = "content.stowage.dev/bundle";
@@ -109,29 +108,7 @@ impl BundleContent {
     }
 }
 
-impl kube::core::Resource for BundleContent {
-    type DynamicType = ();
-    type Scope = kube::core::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(BundleContent::KIND)
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(VERSION)
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(BundleContent::PLURAL)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+super::namespaced_resource!(BundleContent);
 
 /// `NAME-<first 10 hex digits of the digest>`, shortened so it stays a valid object name.
 pub fn content_name(bundle: &str, digest: &str) -> String {

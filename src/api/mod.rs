@@ -8,6 +8,37 @@
 //! This module depends on serde, k8s-openapi and kube-core only (plus the clock and a uid source
 //! for server-side creates); everything else depends on it.
 
+/// `kube::Resource` for a namespaced kind of this group with `KIND` and `PLURAL` consts and a
+/// `metadata` field: what `kube::Api::<T>` needs.
+macro_rules! namespaced_resource {
+    ($kind:ty) => {
+        impl kube::core::Resource for $kind {
+            type DynamicType = ();
+            type Scope = kube::core::NamespaceResourceScope;
+
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(<$kind>::KIND)
+            }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($crate::api::GROUP)
+            }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($crate::api::VERSION)
+            }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(<$kind>::PLURAL)
+            }
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+use namespaced_resource;
+
 mod bundle;
 mod cause;
 mod content;
