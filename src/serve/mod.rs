@@ -2,6 +2,7 @@
 
 mod admission;
 mod auth;
+mod lock;
 mod unpack;
 
 pub use admission::AdmissionOptions;
@@ -84,6 +85,8 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     std::fs::create_dir_all(&options.data_dir)
         .with_context(|| format!("creating data directory {}", options.data_dir.display()))?;
+    // Before anything in the directory is touched: a second server on it stops here, saying why.
+    let _lock = lock::DataDirLock::acquire(&options.data_dir)?;
     let pki = pki::ensure_standalone(&options.data_dir).context("preparing certificates")?;
     let store = {
         let dir = options.data_dir.join("store");

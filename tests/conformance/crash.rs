@@ -183,3 +183,39 @@ async fn kill9_during_garbage_collection_keeps_the_rest() {
     })
     .await;
 }
+
+/// A second `stowage serve` on a data directory in use stops before touching it, and says which
+/// process has it (sled's own refusal came late, as `IO error: could not acquire lock … WouldBlock`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_server_on_the_same_data_dir_says_who_has_it() {
+    let server = Server::start_temp(&[]);
+    server.create_bundle("ns", "kept").await;
+    let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_stowage"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(server.data_dir())
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn a second server");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = second.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = second.kill();
+            panic!("a second server on the same data directory kept running");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut second.stderr.take().expect("stderr"), &mut stderr).expect("read stderr");
+    assert!(!status.success(), "{stderr}");
+    let expected = format!("is in use by another stowage process (pid {})", server.pid());
+    assert!(stderr.contains(&expected), "{stderr}");
+    assert!(!stderr.contains("WouldBlock") && !stderr.contains("os error"), "{stderr}");
+    // The first server goes on serving what it holds.
+    assert_eq!(server.get(&bundle("ns", "kept")).await.status(), 200);
+}
