@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use self::sinks::{with_revision, CheckedSink};
 use crate::apiserver::fuzz_access::{
     check_object, decode_body, list_options, new_object, parse_patch, patched_object, piece, range, replacement,
-    selectable_fields, FieldSelector, LabelSelector, ResourceDef, UpdateScope, WriteRequest, RESOURCES,
+    FieldSelector, LabelSelector, ResourceDef, UpdateScope, WriteRequest, RESOURCES,
 };
 use crate::apiserver::status::ApiError;
 use crate::auth::UserInfo;
@@ -275,7 +275,7 @@ pub fn selectors(data: &[u8]) -> Outcome {
     let def = RESOURCES[usize::from(mode & 1)];
     let objects = [stored_bundle(), stored_bundle_content(), json!({}), json!({"metadata": {"labels": []}})];
     let label_selector = LabelSelector::parse(labels).map_err(client_error)?;
-    let field_selector = FieldSelector::parse(fields, &selectable_fields(def)).map_err(client_error)?;
+    let field_selector = FieldSelector::parse(fields, &def.all_selectable_fields()).map_err(client_error)?;
     for obj in &objects {
         let _ = label_selector.matches(obj) && field_selector.matches(obj);
     }

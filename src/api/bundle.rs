@@ -83,6 +83,16 @@ impl Bundle {
         self.spec.sources.iter().any(|s| s.upload.is_some())
     }
 
+    /// The status to change: the current one, or an empty one for a Bundle that has none yet.
+    pub fn status_or_default(&self) -> BundleStatus {
+        self.status.clone().unwrap_or_default()
+    }
+
+    /// The `Unpacked` condition's reason, if it was written for the current generation.
+    pub fn unpacked_reason(&self) -> Option<&str> {
+        self.status.as_ref()?.reason_for_generation(self.generation())
+    }
+
     /// Whether the status says the current generation's content is served (`Unpacked=True`,
     /// written for this generation): what `kubectl wait --for=condition=Unpacked` waits for.
     pub fn is_unpacked(&self) -> bool {

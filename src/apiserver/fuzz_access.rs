@@ -3,7 +3,7 @@
 
 pub(crate) use super::content::content_range_piece as piece;
 pub(crate) use super::handlers::{
-    check_object, decode_body, list_options, new_object, replacement, selectable_fields, UpdateScope, WriteRequest,
+    check_object, decode_body, list_options, new_object, replacement, UpdateScope, WriteRequest,
 };
 pub(crate) use super::patch::{parse as parse_patch, patched_object, PatchKind};
 pub(crate) use super::range;

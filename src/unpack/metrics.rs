@@ -125,15 +125,8 @@ impl UnpackMetrics {
 
     /// `bytes` were downloaded for `source`.
     pub fn fetched(&self, source: &Source, bytes: u64) {
-        let source = if source.image.is_some() {
-            "image"
-        } else if source.git.is_some() {
-            "git"
-        } else if source.http.is_some() {
-            "http"
-        } else {
-            return;
-        };
+        // Uploads are not a fetch: only the kinds in SOURCES are counted.
+        let Some(source) = source.kinds().into_iter().find(|k| SOURCES.contains(k)) else { return };
         self.fetched_bytes.get_or_create(&SourceLabel { source }).inc_by(bytes);
     }
 }

@@ -59,7 +59,7 @@ pub fn commit(
         let existing = store.get_object(&content_key)?;
         let existing_typed = existing.as_ref().map(|e| decode::<BundleContent>(&e.value)).transpose().ok().flatten();
         let reuse = existing_typed.is_some_and(|e| e.spec.digest == record.digest && e.owned_by(current.bundle.uid()));
-        let mut status = status_of(&current.bundle);
+        let mut status = current.bundle.status_or_default();
         status.unpacked(current.bundle.generation(), served.clone());
         let mut writes = vec![ObjectWrite::Put {
             key: bundle_key.clone(),
@@ -118,11 +118,6 @@ fn new_content(bundle: &Bundle, served: &Served, stored_size: u64) -> Result<Val
 pub struct Current {
     pub bundle: Bundle,
     pub stored: StoredObject,
-}
-
-/// The Bundle's status, or the empty one.
-pub fn status_of(bundle: &Bundle) -> BundleStatus {
-    bundle.status.clone().unwrap_or_default()
 }
 
 /// The stored object with `status` replaced — nothing else is rewritten, so the user's spec stays

@@ -115,6 +115,18 @@ pub fn stamp_new(metadata: &mut Map<String, Value>) {
     }
 }
 
+/// What is wrong with an object's name and labels, the metadata rules every kind shares (the API
+/// adds its finalizer and owner-reference rules after these, then the kind's own validation).
+pub fn metadata_causes(obj: &Value) -> Vec<Cause> {
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+    let mut causes: Vec<Cause> = meta::dns1123_subdomain_errors(name)
+        .into_iter()
+        .map(|e| Cause::invalid("metadata.name", &json!(name), e))
+        .collect();
+    causes.extend(meta::label_causes(obj.pointer("/metadata/labels")));
+    causes
+}
+
 /// A server-side create (the unpacker's BundleContents): stamped, defaulted, validated, given
 /// its initial status — the steps the API's create takes, without a request around them.
 pub fn prepare_create(def: &ResourceDef, mut obj: Value) -> Result<Value, Vec<Cause>> {
@@ -122,11 +134,7 @@ pub fn prepare_create(def: &ResourceDef, mut obj: Value) -> Result<Value, Vec<Ca
         stamp_new(metadata);
     }
     (def.default)(&mut obj);
-    let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
-    let mut causes: Vec<Cause> = meta::dns1123_subdomain_errors(name)
-        .into_iter()
-        .map(|e| Cause::invalid("metadata.name", &json!(name), e))
-        .collect();
+    let mut causes = metadata_causes(&obj);
     causes.extend((def.validate)(&obj));
     if !causes.is_empty() {
         return Err(causes);

@@ -152,7 +152,7 @@ where
         Ok::<_, ApiError>((writer.finalize().map_err(ApiError::from)?, report))
     })
     .await
-    .map_err(|e| ApiError::internal(format!("upload task failed: {e}")))??;
+    .map_err(ApiError::from)??;
 
     let expect = Expect { namespace: target.namespace, name: target.name, uid: target.uid, generation: None };
     let resolved = [ResolvedSource::Upload { digest: pending.record().digest.clone() }];

@@ -71,7 +71,7 @@ pub async fn post_bundle_content(
     let spool = app.uploads.clone();
     let id = tokio::task::spawn_blocking(move || spool.create(&meta))
         .await
-        .map_err(|e| ApiError::internal(format!("upload task failed: {e}")))?
+        .map_err(ApiError::from)?
         .map_err(|e| ApiError::io("starting an upload session", e))?;
     tracing::info!(upload = %id, bundle = %format!("{namespace}/{name}"), "upload session started");
     Ok(session_response(StatusCode::ACCEPTED, &namespace, &name, &id, 0))
@@ -175,7 +175,7 @@ pub async fn commit(
         tracing::info!(upload = %id, bytes = length, "upload session committed");
         Ok::<_, ApiError>(written)
     });
-    let written = work.await.map_err(|e| ApiError::internal(format!("upload commit task failed: {e}")))??;
+    let written = work.await.map_err(ApiError::from)??;
     Ok(json_response(StatusCode::OK, &written, &[]))
 }
 
@@ -198,7 +198,7 @@ impl Session {
         let (spool, owned_id) = (app.uploads.clone(), id.to_string());
         let meta = tokio::task::spawn_blocking(move || spool.load(&owned_id))
             .await
-            .map_err(|e| ApiError::internal(format!("upload task failed: {e}")))?
+            .map_err(ApiError::from)?
             .map_err(|e| ApiError::internal(format!("reading upload session {id:?}: {e}")))?
             .ok_or_else(not_found)?;
         if meta.namespace != namespace || meta.name != name {
@@ -238,7 +238,7 @@ impl Session {
         let mut meta = self.meta.clone();
         tokio::task::spawn_blocking(move || spool.mark_committed(&id, &mut meta))
             .await
-            .map_err(|e| ApiError::internal(format!("upload task failed: {e}")))?
+            .map_err(ApiError::from)?
             .map_err(|e| ApiError::io(&format!("recording the commit of upload {:?}", self.id), e))?;
         self.meta.committed = true;
         Ok(())
@@ -248,7 +248,7 @@ impl Session {
         let (spool, id) = (app.uploads.clone(), self.id.clone());
         tokio::task::spawn_blocking(move || spool.remove(&id))
             .await
-            .map_err(|e| ApiError::internal(format!("upload task failed: {e}")))?
+            .map_err(ApiError::from)?
             .map_err(|e| ApiError::internal(format!("removing upload session {:?}: {e}", self.id)))
     }
 }

@@ -9,7 +9,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::{dry_run, json_response, relabel, resource_def, selectable_fields, Params};
+use super::{dry_run, json_response, relabel, resource_def, Params};
 use crate::api::strategy::ResourceDef;
 use crate::apiserver::lifecycle::{self, DeleteOptions, Deleted};
 use crate::apiserver::selectors::{FieldSelector, LabelSelector};
@@ -48,8 +48,10 @@ pub async fn delete_collection(
 ) -> ApiResult<Response> {
     let def = resource_def(&resource)?;
     let labels = LabelSelector::parse(params.get("labelSelector").map(String::as_str).unwrap_or(""))?;
-    let fields =
-        FieldSelector::parse(params.get("fieldSelector").map(String::as_str).unwrap_or(""), &selectable_fields(def))?;
+    let fields = FieldSelector::parse(
+        params.get("fieldSelector").map(String::as_str).unwrap_or(""),
+        &def.all_selectable_fields(),
+    )?;
     let options = DeleteOptions::parse(&body, &params)?;
     let dry = dry_run(&params)?;
     let collection = Arc::new(Collection { def, namespace, labels, fields, options, dry });

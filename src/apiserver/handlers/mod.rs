@@ -27,7 +27,6 @@ use serde_json::{json, Value};
 use super::status::{ApiError, ApiResult, Cause, Reason};
 use super::table;
 use super::{fieldmanager, lifecycle, schema, API_VERSION};
-use crate::api::meta;
 use crate::api::strategy::{self, ResourceDef};
 
 pub type Params = Query<HashMap<String, String>>;
@@ -92,11 +91,6 @@ pub fn json_response(code: StatusCode, body: &Value, warnings: &[String]) -> Res
 
 fn render(def: &ResourceDef, obj: &Value, headers: &HeaderMap, params: &HashMap<String, String>) -> Value {
     table::render_one(def, obj, table::negotiate(headers, params.get("includeObject").map(String::as_str)))
-}
-
-/// Fields a field selector may name, per resource.
-pub(crate) fn selectable_fields(def: &ResourceDef) -> Vec<(&'static str, &'static str)> {
-    def.all_selectable_fields()
 }
 
 /// Parses a request body into an object of `def`'s kind: schema check, unknown-field handling per
@@ -174,10 +168,7 @@ fn put_metadata(obj: &mut Value, meta: serde_json::Map<String, Value>) {
 /// Validates an object about to be stored; `causes` are problems the caller found already.
 fn validate(def: &ResourceDef, obj: &Value, mut causes: Vec<Cause>) -> ApiResult<()> {
     let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
-    for error in meta::dns1123_subdomain_errors(name) {
-        causes.push(Cause::invalid("metadata.name", &json!(name), error));
-    }
-    causes.extend(meta::label_causes(obj.pointer("/metadata/labels")));
+    causes.extend(strategy::metadata_causes(obj));
     causes.extend(lifecycle::finalizer_causes(obj));
     causes.extend(lifecycle::owner_reference_causes(obj));
     causes.extend((def.validate)(obj));

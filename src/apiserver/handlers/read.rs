@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 use super::paging;
-use super::{json_response, render, resource_def, selectable_fields, Params};
+use super::{json_response, render, resource_def, Params};
 use crate::api::strategy::ResourceDef;
 use crate::apiserver::selectors::{FieldSelector, LabelSelector};
 use crate::apiserver::stall::ConnectionCut;
@@ -49,8 +49,10 @@ async fn list(
 ) -> ApiResult<Response> {
     let def = resource_def(resource)?;
     let labels = LabelSelector::parse(params.get("labelSelector").map(String::as_str).unwrap_or(""))?;
-    let fields =
-        FieldSelector::parse(params.get("fieldSelector").map(String::as_str).unwrap_or(""), &selectable_fields(def))?;
+    let fields = FieldSelector::parse(
+        params.get("fieldSelector").map(String::as_str).unwrap_or(""),
+        &def.all_selectable_fields(),
+    )?;
     if params.get("watch").is_some_and(|w| w == "true" || w == "1") {
         let cut = cut.map(|Extension(cut)| cut);
         return crate::apiserver::watch::serve(&app, def, namespace, &params, &headers, labels, fields, cut).await;
@@ -70,7 +72,7 @@ async fn list(
         Ok::<_, StorageError>((cursor, body))
     })
     .await
-    .map_err(|e| ApiError::internal(format!("store task failed: {e}")))?
+    .map_err(ApiError::from)?
     .map_err(|error| ApiError::from(ListFailure { error, options: &options }))?;
     Ok(body.into_response(app, cursor, filter, limit.is_some()))
 }

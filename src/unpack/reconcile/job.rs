@@ -12,7 +12,6 @@ use super::Shared;
 use crate::api::{Bundle, BundleStatus, UNFINISHED_REASONS};
 use crate::unpack::error::UnpackError;
 use crate::unpack::format::FormatReport;
-use crate::unpack::revisions::status_of;
 use crate::unpack::revisions::{self, CommitError, Expect};
 use crate::unpack::sink::TreeSink;
 use crate::unpack::source::{Budget, ResolvedSource, Scratch, Source, SourceContext};
@@ -103,7 +102,7 @@ fn backoff(failures: u32) -> Duration {
 
 /// The Bundle's status changed by `change` (given the Bundle's generation).
 fn with(bundle: &Bundle, change: impl FnOnce(&mut BundleStatus, i64)) -> BundleStatus {
-    let mut status = status_of(bundle);
+    let mut status = bundle.status_or_default();
     change(&mut status, bundle.generation());
     status
 }
@@ -148,9 +147,7 @@ async fn try_attempt(
     let bundle = current(shared, expect)?;
     if mode == Mode::Unpack {
         // Another job may have finished this generation since the plan was made.
-        let status = status_of(&bundle);
-        let reason = status.reason_for_generation(bundle.generation());
-        if reason.is_some_and(|r| !UNFINISHED_REASONS.contains(&r)) {
+        if bundle.unpacked_reason().is_some_and(|r| !UNFINISHED_REASONS.contains(&r)) {
             return Ok(false);
         }
     }
@@ -160,7 +157,7 @@ async fn try_attempt(
     }
     let mut contexts = Vec::with_capacity(specs.len());
     let mut resolved = Vec::with_capacity(specs.len());
-    let served: Vec<ResolvedSource> = status_of(&bundle).resolved_sources;
+    let served: &[ResolvedSource] = bundle.status.as_ref().map_or(&[], |s| &s.resolved_sources);
     for (i, spec) in specs.iter().enumerate() {
         let ctx = SourceContext {
             runtime: tokio::runtime::Handle::current(),

@@ -24,11 +24,11 @@ pub fn plan(bundle: &Bundle) -> Plan {
     if bundle.spec.sources.is_empty() || bundle.takes_uploads() {
         return Plan::Nothing;
     }
-    let status = bundle.status.clone().unwrap_or_default();
     if bundle.spec.is_paused() {
-        return if status.is_marked_paused() { Plan::Nothing } else { Plan::MarkPaused };
+        let marked = bundle.status.as_ref().is_some_and(|s| s.is_marked_paused());
+        return if marked { Plan::Nothing } else { Plan::MarkPaused };
     }
-    match status.reason_for_generation(bundle.generation()) {
+    match bundle.unpacked_reason() {
         None => Plan::Unpack,
         Some(reason) if UNFINISHED_REASONS.contains(&reason) => Plan::Unpack,
         Some(_) => match bundle.spec.poll_interval() {
