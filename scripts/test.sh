@@ -20,6 +20,7 @@ declare -A needed=(
     [openssl]=openssl   # htpasswd entries for nginx's auth_basic
     [docker-registry]=docker-registry   # a real OCI registry for the image source tests
     [skopeo]=skopeo
+    [curl]=curl         # the README test runs its curl snippets
     [cc]=gcc            # the power-cut suite compiles its LD_PRELOAD shim (it fails, never skips, without)
 )
 missing=()

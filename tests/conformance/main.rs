@@ -55,6 +55,7 @@ mod paging;
 mod plugin;
 mod provisioner;
 mod range;
+mod readme;
 mod slow_clients;
 mod source_git;
 mod source_http;
