@@ -29,7 +29,7 @@ use super::stall::{Abandons, ConnectionCut};
 use crate::auth::tls::TlsSetup;
 use crate::auth::trust::ClientTrust;
 
-mod lingering;
+pub(crate) mod lingering;
 
 /// Bounds how long a client may hold a socket without completing TLS (slowloris on the handshake);
 /// never longer than the request-header timeout.

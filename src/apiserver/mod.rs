@@ -17,6 +17,7 @@ mod fieldmanager;
 pub(crate) mod fuzz_access;
 pub mod garbage_collector;
 mod handlers;
+mod held_body;
 mod lifecycle;
 pub mod listener;
 mod metrics;
@@ -175,6 +176,8 @@ pub fn router(state: AppState, registry: prometheus_client::registry::Registry) 
         .merge(api)
         .layer(middleware::from_fn(panic_status::catch))
         .layer(middleware::from_fn_with_state(request_metrics, metrics::record_request))
+        // Outermost: whatever layer refuses a request, its body outlives the answer.
+        .layer(middleware::from_fn(held_body::hold_until_answered))
         .with_state(state)
 }
 

@@ -4,7 +4,7 @@
 //! (`--http1.1`, no `Expect: 100-continue`, so the body is on its way when the answer comes) and
 //! with Python requests (which sends the whole body before it reads anything). Before, the server
 //! closed with unread bytes, the kernel reset the connection, and curl failed with `(55) Broken
-//! pipe`, requests with `SSLEOFError`.
+//! pipe`, requests with `SSLEOFError`. Over HTTP/2 the same refusals reach curl too.
 
 use std::path::Path;
 use std::process::Command;
@@ -19,9 +19,14 @@ const BODY_BYTES: u64 = 64 << 20;
 /// `curl --http1.1 -T FILE` (a PUT streamed from the file), as the admin or anonymous; returns
 /// (exit code, stdout + stderr).
 fn curl_put(server: &Server, path: &str, file: &Path, admin: bool) -> (i32, String) {
+    curl_put_over(server, "--http1.1", path, file, admin)
+}
+
+/// [`curl_put`] over `http` (`--http1.1` or `--http2`, which curl negotiates by ALPN).
+fn curl_put_over(server: &Server, http: &str, path: &str, file: &Path, admin: bool) -> (i32, String) {
     let pki = server.data_dir().join("pki");
     let mut curl = Command::new("curl");
-    curl.args(["--silent", "--show-error", "--http1.1", "--max-time", "60", "--noproxy", "*"])
+    curl.args(["--silent", "--show-error", http, "--max-time", "60", "--noproxy", "*"])
         .arg("--cacert")
         .arg(pki.join("ca.crt"));
     if admin {
@@ -113,4 +118,33 @@ async fn an_early_refusal_reaches_curl_and_python_requests_on_http1() {
     // The server is unharmed and still answers.
     let b = server.get_json(&bundle(NS, "small")).await;
     assert_eq!(str_at(&b, "/metadata/name"), "small");
+}
+
+/// Over HTTP/2 (curl's default with TLS), a refusal sent before the body was read used to arrive
+/// after a `RST_STREAM(CANCEL)`: curl 7.88 failed with `(92) Stream error in the HTTP/2 framing
+/// layer` and no status. The body now outlives the answer, the reset says `NO_ERROR`.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_early_refusal_reaches_curl_on_http2() {
+    let server = Server::start_temp(&["--max-body-bytes", "1048576"]);
+    let files = tempfile::tempdir().unwrap();
+    let body = files.path().join("body.tar");
+    std::fs::File::create(&body).unwrap().set_len(BODY_BYTES).unwrap();
+    create(&server, "pulled-h2", serde_json::json!({"sources": [{"http": {"url": "https://127.0.0.1:9/x.tar"}}]}))
+        .await;
+    server.create_bundle(NS, "small-h2").await;
+    for _ in 0..2 {
+        let put = |path: String, admin| curl_put_over(&server, "--http2", &path, &body, admin);
+        assert_status_arrived("curl --http2", put(bundle_content(NS, "missing"), true), 404, "NotFound");
+        assert_status_arrived("curl --http2", put(bundle_content(NS, "pulled-h2"), true), 400, "no upload source");
+        assert_status_arrived("curl --http2", put(bundle_content(NS, "small-h2"), true), 413, "--max-body-bytes");
+        let (code, text) = put(bundle_content(NS, "small-h2"), false);
+        assert_eq!(code, 0, "curl --http2 failed instead of reading the answer: {text}");
+        assert!(text.contains("HTTP 401") || text.contains("HTTP 403"), "anonymous: {text}");
+    }
+    // An upload that is read goes through on the same protocol.
+    let tar = files.path().join("ok.tar");
+    std::fs::write(&tar, crate::tarutil::system_tar(&corpus().join("rukpak-testdata/plain-v0/valid"))).unwrap();
+    let (code, text) = curl_put_over(&server, "--http2", &bundle_content(NS, "small-h2"), &tar, true);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("HTTP 200"), "the upload is accepted over HTTP/2: {text}");
 }

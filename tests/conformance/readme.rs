@@ -129,7 +129,7 @@ fn every_shell_block_of_the_readme_runs_as_pasted() {
         .output()
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    let failed_at = stderr.lines().filter(|l| l.starts_with("--- README.md line")).last().unwrap_or("");
+    let failed_at = stderr.lines().rfind(|l| l.starts_with("--- README.md line")).unwrap_or("");
     assert!(
         output.status.success(),
         "the README's shell blocks failed ({}), in the block at {failed_at}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
@@ -148,6 +148,10 @@ fn the_readme_scan_finds_blocks_and_skip_reasons() {
     assert_eq!(blocks.len(), 2, "{blocks:#?}");
     assert_eq!((blocks[0].line, blocks[0].body.as_str(), blocks[0].skip.as_deref()), (2, "echo one", None));
     assert_eq!(blocks[1].skip.as_deref(), Some("needs a cluster"));
-    let served = as_script(&Block { line: 1, body: "cargo install --locked --path .\nstowage serve --x y  # c".into(), skip: None });
+    let served = as_script(&Block {
+        line: 1,
+        body: "cargo install --locked --path .\nstowage serve --x y  # c".into(),
+        skip: None,
+    });
     assert!(served.contains("readme_serve --x y\n") && !served.contains("\ncargo install"), "{served}");
 }
