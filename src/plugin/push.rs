@@ -75,7 +75,7 @@ pub async fn run(
         let upload = Source { upload: Some(UploadSource {}), ..Default::default() };
         let bundle = Bundle::new(name, BundleSpec { sources: vec![upload], ..Default::default() });
         match bundles.create(&PostParams::default(), &bundle).await.map_err(ClientError::from) {
-            Err(e) if !e.status().is_some_and(|s| s.code == 409) => return Err(e.into()),
+            Err(e) if e.status().is_none_or(|s| s.code != 409) => return Err(e.into()),
             _ => {}
         }
     }
