@@ -16,12 +16,18 @@ enum Command {
     /// Create (or keep, while valid) the CA and serving certificate of an in-cluster deployment,
     /// with the Secret and APIService caBundle manifests `deploy/apiservice` reads.
     Certs(stowage::certs::CertsOptions),
-    /// Client commands (also as `kubectl stowage …` when installed as `kubectl-stowage`).
+    /// Client commands, the same as `kubectl stowage …` (the `kubectl-stowage` binary).
     #[command(flatten)]
     Plugin(stowage::plugin::PluginCommand),
 }
 
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let command = match cli.command {
+        // Its own runtime, quiet logs and kubectl's way of printing errors.
+        Command::Plugin(command) => return stowage::plugin::execute(command),
+        other => other,
+    };
     limit_malloc_arenas();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
@@ -29,7 +35,6 @@ fn main() -> std::process::ExitCode {
         // Colour only on a terminal: `kubectl logs` and files get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     // One TLS provider for every client and server in the process (kube, reqwest, the listener).
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -39,10 +44,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let result = match cli.command {
+    let result = match command {
         Command::Serve(options) => runtime.block_on(stowage::serve::run(*options)),
         Command::Certs(options) => certs(&options),
-        Command::Plugin(command) => runtime.block_on(stowage::plugin::run(command)),
+        Command::Plugin(_) => Ok(()), // ran above
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

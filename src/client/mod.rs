@@ -9,6 +9,7 @@
 //! replaced only when the sha256 equals `status.digest`. With the digest already held,
 //! `If-None-Match` makes an unchanged Bundle cost one small response.
 
+mod archive;
 mod pieces;
 mod push;
 
@@ -16,29 +17,111 @@ use std::path::{Path, PathBuf};
 
 use kube::api::ListParams;
 use kube::Api;
-use serde_json::Value;
 
 use crate::api::{Bundle, BundleContent, BUNDLE_LABEL, UNPACKED};
 
+pub use archive::{Archive, Compression};
+pub use kube::core::Status;
 pub use pieces::FetchOptions;
-pub use push::Progress;
+pub use push::{PushEvent, PushOptions};
 
 const API: &str = "/apis/content.stowage.dev/v1alpha1";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("request failed: {0}")]
-    Request(#[from] kube::Error),
-    #[error("{what}: HTTP {status}: {body}")]
-    Status { what: String, status: u16, body: String },
+    /// The server refused the request: its `Status`, printed as kubectl prints one.
+    #[error("{}", server_message(.0))]
+    Server(Box<Status>),
+    /// No answer from the server (connection, TLS, a response that is not HTTP).
+    #[error("{}", request_message(.0))]
+    Request(kube::Error),
     #[error("content of {0} changed while it was being fetched; fetch again")]
     Changed(String),
     #[error("content of {bundle}: sha256 {actual} does not match the digest {expected}")]
     DigestMismatch { bundle: String, expected: String, actual: String },
+    #[error("{}: not a tar archive (expected tar, tar.gz or tar.zst)", .0.display())]
+    NotAnArchive(PathBuf),
     #[error("{0}")]
     Protocol(String),
-    #[error("writing {}: {source}", path.display())]
+    #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+}
+
+/// A refusal is the server's `Status`; anything else is a request that got no answer.
+impl From<kube::Error> for ClientError {
+    fn from(error: kube::Error) -> Self {
+        match error {
+            kube::Error::Api(status) => ClientError::Server(status),
+            other => ClientError::Request(other),
+        }
+    }
+}
+
+impl ClientError {
+    /// The server's `Status` when the server refused the request.
+    pub fn status(&self) -> Option<&Status> {
+        match self {
+            ClientError::Server(status) => Some(status),
+            _ => None,
+        }
+    }
+
+    /// A refusal with a non-2xx response whose body may be a `Status` (kube-apiserver's shape) or
+    /// anything else (a proxy's page: its first line only, never binary).
+    fn from_response(code: u16, body: &[u8]) -> ClientError {
+        let status = serde_json::from_slice::<Status>(body).ok().filter(|s| !s.message.is_empty());
+        ClientError::Server(Box::new(status.unwrap_or_else(|| {
+            let text = String::from_utf8_lossy(body.get(..200).unwrap_or(body));
+            let first = text.lines().next().unwrap_or("").trim();
+            let message = match first.chars().all(|c| !c.is_control()) && !first.is_empty() {
+                true => format!("HTTP {code}: {first}"),
+                false => format!("HTTP {code}"),
+            };
+            Status::failure(&message, "").with_code(code)
+        })))
+    }
+}
+
+/// kubectl's `Error from server (Reason): message`.
+fn server_message(status: &Status) -> String {
+    match status.reason.as_str() {
+        "" => format!("Error from server: {}", status.message),
+        reason => format!("Error from server ({reason}): {}", status.message),
+    }
+}
+
+/// What went wrong on the way, without kube-rs's variant names or repeated causes.
+fn request_message(error: &kube::Error) -> String {
+    let (what, source): (&str, Option<&(dyn std::error::Error + 'static)>) = match error {
+        kube::Error::Service(e) => ("cannot reach the server", Some(e.as_ref())),
+        kube::Error::HyperError(e) => ("cannot reach the server", Some(e)),
+        other => return chain(other),
+    };
+    match source {
+        Some(source) => format!("{what}: {}", chain(source)),
+        None => what.to_string(),
+    }
+}
+
+/// An error and its causes, `a: b: c`, leaving out a cause its parent already says.
+pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text = format!("{text}: {said}");
+        }
+        next = cause.source();
+    }
+    text
+}
+
+/// Bytes moved so far, of `total` when it is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transferred {
+    pub done: u64,
+    pub total: Option<u64>,
 }
 
 /// A Bundle whose content is served.
@@ -95,13 +178,37 @@ impl ContentClient {
         dir: &Path,
         current: Option<&str>,
     ) -> Result<Fetched, ClientError> {
+        self.fetch_into_with_progress(namespace, name, dir, current, &mut |_| {}).await
+    }
+
+    /// [`fetch_into`](Self::fetch_into), calling `progress` as the bytes arrive.
+    pub async fn fetch_into_with_progress(
+        &self,
+        namespace: &str,
+        name: &str,
+        dir: &Path,
+        current: Option<&str>,
+        progress: &mut (dyn FnMut(Transferred) + Send),
+    ) -> Result<Fetched, ClientError> {
         let path = format!("{API}/namespaces/{namespace}/bundles/{name}/content");
-        pieces::fetch(&self.client, &self.options, &format!("{namespace}/{name}"), &path, dir, current).await
+        let what = format!("{namespace}/{name}");
+        pieces::fetch(&self.client, &self.options, &what, &path, dir, current, progress).await
     }
 }
 
+/// A content listing (`BundleContentFileList`), as the server sends it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileList {
+    pub kind: String,
+    pub api_version: String,
+    /// `sha256:<hex>` of the content listed.
+    pub digest: String,
+    pub files: Vec<FileInfo>,
+}
+
 /// One entry of a content listing.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 pub struct FileInfo {
     pub path: String,
     #[serde(rename = "type")]
@@ -109,7 +216,7 @@ pub struct FileInfo {
     pub mode: u32,
     pub size: u64,
     pub sha256: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
 }
 
@@ -130,6 +237,16 @@ impl ContentClient {
         name: &str,
         revision: Option<&str>,
     ) -> Result<Vec<FileInfo>, ClientError> {
+        Ok(self.file_list(namespace, name, revision).await?.files)
+    }
+
+    /// The whole listing [`files`](Self::files) is taken from.
+    pub async fn file_list(
+        &self,
+        namespace: &str,
+        name: &str,
+        revision: Option<&str>,
+    ) -> Result<FileList, ClientError> {
         let path = match revision {
             None => format!("{API}/namespaces/{namespace}/bundles/{name}/content"),
             Some(rev) => format!("{API}/namespaces/{namespace}/bundlecontents/{rev}/content"),
@@ -138,12 +255,10 @@ impl ContentClient {
             .header("Accept", "application/json")
             .body(Vec::new())
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let listing: Value = self.client.request(request).await?;
-        let files = listing.get("files").cloned().unwrap_or(Value::Array(Vec::new()));
-        serde_json::from_value(files).map_err(|e| ClientError::Protocol(format!("listing of {path}: {e}")))
+        Ok(self.client.request(request).await?)
     }
 
-    /// The stored revisions of Bundle `name`, oldest first.
+    /// The stored revisions of Bundle `name`, oldest first (NotFound if there is no such Bundle).
     pub async fn revisions(&self, namespace: &str, name: &str) -> Result<Vec<Revision>, ClientError> {
         let api: Api<BundleContent> = Api::namespaced(self.client.clone(), namespace);
         let list = api.list(&ListParams::default().labels(&format!("{BUNDLE_LABEL}={name}"))).await?;
@@ -157,6 +272,10 @@ impl ContentClient {
                 (rv, revision)
             })
             .collect();
+        if revisions.is_empty() {
+            // None stored, or no such Bundle: the latter is the server's NotFound.
+            Api::<Bundle>::namespaced(self.client.clone(), namespace).get(name).await?;
+        }
         revisions.sort_by_key(|(rv, _)| *rv);
         Ok(revisions.into_iter().map(|(_, r)| r).collect())
     }

@@ -9,7 +9,7 @@ use http_body_util::BodyExt;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use super::{ClientError, Fetched};
+use super::{ClientError, Fetched, Transferred};
 
 /// How content is fetched.
 #[derive(Clone, Copy, Debug)]
@@ -51,6 +51,7 @@ pub(super) async fn fetch(
     path: &str,
     dir: &Path,
     current: Option<&str>,
+    progress: &mut (dyn FnMut(Transferred) + Send),
 ) -> Result<Fetched, ClientError> {
     let piece = options.piece_bytes.max(1);
     let first = request(client, what, path, 0, piece, current.map(|d| ("If-None-Match", quote(d)))).await?;
@@ -104,6 +105,7 @@ pub(super) async fn fetch(
                 Ok(bytes) => {
                     sha.update(&bytes);
                     offset += bytes.len() as u64;
+                    progress(Transferred { done: offset, total });
                     if tx.send(Ok(bytes)).await.is_err() {
                         break; // the extractor failed: its error is reported below
                     }
@@ -196,11 +198,7 @@ async fn request(
         // Past the end (empty content asked from 0): nothing to fetch beyond what we have.
         _ => {
             let body = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-            Err(ClientError::Status {
-                what: what.to_string(),
-                status,
-                body: String::from_utf8_lossy(body.get(..2000).unwrap_or(body.as_ref())).into_owned(),
-            })
+            Err(ClientError::from_response(status, &body))
         }
     }
 }

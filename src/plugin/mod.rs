@@ -1,17 +1,23 @@
-//! `kubectl stowage …`: the same binary installed as `kubectl-stowage` (or run as `stowage …`).
-//! `push DIR --name NAME` (resumable pieces, with a progress bar), `pull NAME DIR` (Range pieces, resumed, digest-checked), `ls NAME` (file listing), `diff NAME
-//! REV1 REV2` (file-level differences between two stored revisions). Connection flags are
-//! kubectl's: `--kubeconfig`, `--context`, `-n/--namespace`.
+//! `kubectl stowage …`: the `kubectl-stowage` binary (src/bin), also `stowage push|pull|ls|diff`.
+//! `push NAME DIR|FILE` (resumable pieces, resumed across runs), `pull NAME DIR` (Range pieces,
+//! resumed, digest-checked), `ls NAME` (file listing), `diff NAME REV1 REV2` (file-level
+//! differences between two stored revisions), `version`. Connection flags are kubectl's:
+//! `--kubeconfig`, `--context`, `-n/--namespace`; errors are printed as kubectl prints them.
 
 mod diff;
+mod output;
+mod progress;
+mod push;
+mod resume;
 
-use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::client::{ContentClient, FetchOptions, Fetched};
+pub use output::print_lines;
 
 /// kubectl's connection flags.
 #[derive(Clone, Debug, clap::Args)]
@@ -27,15 +33,32 @@ pub struct KubeFlags {
     pub namespace: Option<String>,
 }
 
+/// `kubectl stowage`, as the `kubectl-stowage` binary parses it.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "kubectl-stowage",
+    bin_name = "kubectl stowage",
+    version,
+    about = "Push, pull and list Bundle content through the Kubernetes API (stowage's kubectl plugin)"
+)]
+pub struct PluginCli {
+    #[command(subcommand)]
+    pub command: PluginCommand,
+}
+
 #[derive(Clone, Debug, clap::Subcommand)]
 pub enum PluginCommand {
-    /// Upload DIR as Bundle NAME's content (created with an upload source if missing), in
-    /// resumable pieces.
+    /// Upload DIR (packed as tar.zst) or FILE (a tar, tar.gz or tar.zst, as is) as Bundle NAME's
+    /// content, in pieces; an interrupted push resumes when run again.
     Push {
-        dir: PathBuf,
-        /// The Bundle.
-        #[arg(long)]
+        /// The Bundle (it must take uploads: `spec.sources: [{upload: {}}]`, or use --create).
         name: String,
+        /// A directory, or an archive file.
+        #[arg(value_name = "DIR|FILE")]
+        path: PathBuf,
+        /// Create the Bundle with an upload source if it does not exist.
+        #[arg(long)]
+        create: bool,
         /// Bytes per piece (each must finish well within the aggregator's 60 s).
         #[arg(long, default_value_t = 16 << 20)]
         piece_bytes: u64,
@@ -58,6 +81,9 @@ pub enum PluginCommand {
         /// A BundleContent name or digest prefix instead of the served content.
         #[arg(long)]
         revision: Option<String>,
+        /// Output format: json (the listing object) or name (one path per line).
+        #[arg(short = 'o', long, value_enum)]
+        output: Option<output::Format>,
         #[command(flatten)]
         kube: KubeFlags,
     },
@@ -69,51 +95,93 @@ pub enum PluginCommand {
         #[command(flatten)]
         kube: KubeFlags,
     },
+    /// Print the plugin's version.
+    Version,
+}
+
+/// The whole `kubectl-stowage` program: parses the arguments, runs the command, prints a failure
+/// the way kubectl does (`Error from server (Reason): message` or `error: …`), once; exit code 1.
+pub fn main() -> ExitCode {
+    use clap::Parser;
+    match PluginCli::try_parse() {
+        Ok(cli) => execute(cli.command),
+        Err(e) => {
+            // Help and --version go to stdout with success; usage errors exit 1 like kubectl's.
+            let _ = e.print();
+            match e.use_stderr() {
+                true => ExitCode::FAILURE,
+                false => ExitCode::SUCCESS,
+            }
+        }
+    }
+}
+
+/// Runs one plugin command as a program: its own runtime, output and exit code.
+pub fn execute(command: PluginCommand) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "off".into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init()
+        .ok();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let result = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime.block_on(run(command)),
+        Err(e) => Err(anyhow::Error::new(e).context("cannot start the runtime")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            output::print_error(&e);
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Runs one plugin command; prints to stdout. A reader that stops reading (`| head`) ends the
 /// output quietly, as with other command-line tools.
 pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
     let flags = match &command {
+        PluginCommand::Version => {
+            return print_lines([format!("kubectl-stowage {}", env!("CARGO_PKG_VERSION"))]);
+        }
         PluginCommand::Push { kube, .. }
         | PluginCommand::Pull { kube, .. }
         | PluginCommand::Ls { kube, .. }
         | PluginCommand::Diff { kube, .. } => kube,
     };
-    let (client, namespace) = connect(flags).await?;
+    if let PluginCommand::Push { path, .. } = &command {
+        // Before the kubeconfig is even read: a mistyped path touches nothing.
+        push::check_path(path)?;
+    }
+    let connection = connect(flags).await?;
+    let (client, namespace) = (connection.client.clone(), connection.namespace.clone());
     let content = ContentClient::new(client.clone());
     match command {
-        PluginCommand::Push { dir, name, piece_bytes, .. } => {
-            let mut bar = progress_bar();
-            let bundle = content.push(&namespace, &name, &dir, piece_bytes, &mut bar).await?;
-            let _ = writeln!(std::io::stderr());
-            let status = bundle.status.unwrap_or_default();
-            let (digest, content) = (status.digest.unwrap_or_default(), status.content_name.unwrap_or_default());
-            print_lines([format!("{namespace}/{name}: {digest} ({content})")])?;
+        PluginCommand::Version => {}
+        PluginCommand::Push { name, path, create, piece_bytes, .. } => {
+            let line = push::run(&content, &connection, &name, &path, create, piece_bytes).await?;
+            print_lines([line])?;
         }
         PluginCommand::Pull { name, dir, piece_bytes, .. } => {
             let content = ContentClient::with_options(client, FetchOptions { piece_bytes, attempts: 5 });
-            let line = match content.fetch_into(&namespace, &name, &dir, None).await? {
+            let bar = progress::Bar::new(&format!("pulling {name}"), None);
+            let fetched =
+                content.fetch_into_with_progress(&namespace, &name, &dir, None, &mut |moved| bar.update(moved)).await;
+            bar.finish(fetched.is_ok());
+            let line = match fetched? {
                 Fetched::Updated { digest } => format!("{namespace}/{name}: {digest} -> {}", dir.display()),
                 Fetched::Unchanged => format!("{namespace}/{name}: unchanged"),
             };
             print_lines([line])?;
         }
-        PluginCommand::Ls { name, revision, .. } => {
+        PluginCommand::Ls { name, revision, output, .. } => {
             let revision = match revision {
                 Some(r) => Some(diff::find_revision(&content, &namespace, &name, &r).await?),
                 None => None,
             };
-            let files = content.files(&namespace, &name, revision.as_deref()).await?;
-            print_lines(files.into_iter().map(|f| {
-                let link = f.target.map(|t| format!(" -> {t}")).unwrap_or_default();
-                // A directory has no content to hash.
-                let short: String = match f.kind.as_str() {
-                    "directory" => "-".into(),
-                    _ => f.sha256.chars().take(12).collect(),
-                };
-                format!("{:o} {:>12} {short} {}{link}", f.mode, f.size, f.path)
-            }))?;
+            let list = content.file_list(&namespace, &name, revision.as_deref()).await?;
+            output::print_listing(&list, output)?;
         }
         PluginCommand::Diff { name, from, to, .. } => {
             let from = diff::find_revision(&content, &namespace, &name, &from).await?;
@@ -126,38 +194,15 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes `lines` to stdout. A closed pipe ends the output without an error: the reader has all
-/// it wanted (`println!` would panic).
-pub fn print_lines(lines: impl IntoIterator<Item = String>) -> anyhow::Result<()> {
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    let written = lines.into_iter().try_for_each(|line| writeln!(out, "{line}")).and_then(|()| out.flush());
-    match written {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(anyhow::Error::new(e).context("writing the output"))
-        }
-        _ => Ok(()),
-    }
+/// A client for the kubeconfig's cluster and the namespace to work in.
+struct Connection {
+    client: kube::Client,
+    namespace: String,
+    /// The cluster's URL (part of what identifies an upload to resume).
+    server: String,
 }
 
-/// `[#####     ]  42%  12.0/28.5 MiB` on stderr, redrawn in place.
-fn progress_bar() -> impl FnMut(u64, u64) {
-    |sent, total| {
-        let share = if total == 0 { 1.0 } else { sent as f64 / total as f64 };
-        let filled = (share * 30.0).round() as usize;
-        // Progress is best effort: a closed stderr does not stop the upload.
-        let _ = write!(
-            std::io::stderr(),
-            "\r[{}{}] {:3.0}%  {:.1}/{:.1} MiB",
-            "#".repeat(filled),
-            " ".repeat(30 - filled.min(30)),
-            share * 100.0,
-            sent as f64 / 1048576.0,
-            total as f64 / 1048576.0
-        );
-    }
-}
-
-async fn connect(flags: &KubeFlags) -> anyhow::Result<(kube::Client, String)> {
+async fn connect(flags: &KubeFlags) -> anyhow::Result<Connection> {
     let options = KubeConfigOptions { context: flags.context.clone(), ..KubeConfigOptions::default() };
     let config = match &flags.kubeconfig {
         Some(path) => {
@@ -168,5 +213,6 @@ async fn connect(flags: &KubeFlags) -> anyhow::Result<(kube::Client, String)> {
         None => kube::Config::from_kubeconfig(&options).await.context("loading the kubeconfig")?,
     };
     let namespace = flags.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
-    Ok((kube::Client::try_from(config)?, namespace))
+    let server = config.cluster_url.to_string();
+    Ok(Connection { client: kube::Client::try_from(config)?, namespace, server })
 }

@@ -1,35 +1,83 @@
-//! `kubectl stowage …`: the binary installed as `kubectl-stowage` on PATH, driven through the real
-//! kubectl with its usual flags: `pull` (Range pieces, verified), `ls`, `diff` between revisions.
+//! `kubectl stowage …`: the `kubectl-stowage` binary Cargo builds (what `cargo install` puts on
+//! PATH), driven through the real kubectl with its usual flags: help and version, `push NAME
+//! DIR|FILE` (checks before any request, `--create`, archives as is, resumed after a kill),
+//! `pull`, `ls` (table, `-o json|name`, into a closed pipe), `diff`, progress bars only on a
+//! terminal, and failures printed once, as kubectl prints them.
 
-use std::path::Path;
-use std::process::Command;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
 
 use crate::harness::*;
-use crate::tarutil::{assert_trees_equal, build_tar, file, tree_from_dir};
+use crate::tarutil::{assert_trees_equal, build_tar, file, gzip, tree_from_dir, zstd};
 
 const NS: &str = "plugin";
 
-fn kubectl_stowage(server: &Server, bin_dir: &Path, args: &[&str]) -> String {
-    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
-    let kubeconfig = server.kubeconfig();
-    let output = Command::new("kubectl")
-        .arg("stowage")
-        .args(args)
-        .args(["--kubeconfig", kubeconfig.to_str().unwrap(), "-n", NS])
-        .env("PATH", path)
-        .env_remove("KUBECONFIG")
-        .output()
-        .expect("run kubectl (a missing kubectl is a failure)");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(output.status.success(), "kubectl stowage {args:?}: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    stdout
+/// kubectl with `kubectl-stowage` on its PATH, the server's kubeconfig and its own state dir.
+struct Kubectl {
+    bin_dir: tempfile::TempDir,
+    state: tempfile::TempDir,
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    fn new(server: &Server) -> Kubectl {
+        let bin_dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kubectl-stowage"), bin_dir.path().join("kubectl-stowage"))
+            .unwrap();
+        Kubectl { bin_dir, state: tempfile::tempdir().unwrap(), kubeconfig: server.kubeconfig() }
+    }
+
+    fn path_var(&self) -> String {
+        format!("{}:{}", self.bin_dir.path().display(), std::env::var("PATH").unwrap_or_default())
+    }
+
+    /// `kubectl stowage ARGS --kubeconfig … -n plugin`.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new("kubectl");
+        command
+            .arg("stowage")
+            .args(args)
+            .args(["--kubeconfig", self.kubeconfig.to_str().unwrap(), "-n", NS])
+            .env("PATH", self.path_var())
+            .env("XDG_STATE_HOME", self.state.path())
+            .env_remove("KUBECONFIG");
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run kubectl (a missing kubectl is a failure)")
+    }
+
+    /// Succeeds, prints nothing on stderr (a pipe: no progress bar); returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        let (stdout, stderr) = texts(&output);
+        assert!(output.status.success(), "kubectl stowage {args:?}: {stdout}\n{stderr}");
+        assert_eq!(stderr, "", "kubectl stowage {args:?} wrote on stderr");
+        stdout
+    }
+
+    /// Fails with exit code 1 and prints nothing on stdout; returns stderr.
+    fn fails(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        let (stdout, stderr) = texts(&output);
+        assert_eq!(output.status.code(), Some(1), "kubectl stowage {args:?}: {stdout}\n{stderr}");
+        assert_eq!(stdout, "", "kubectl stowage {args:?}");
+        stderr
+    }
+}
+
+fn texts(output: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_stowage_pull_ls_and_diff() {
     let server = Server::start_temp(&[]);
-    let bin_dir = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_stowage"), bin_dir.path().join("kubectl-stowage")).unwrap();
+    let kubectl = Kubectl::new(&server);
     let v1 = tree_from_dir(&corpus().join("rukpak-testdata/registry/valid"));
     let mut v2 = v1.clone();
     let (first, _) = v2.iter().find(|(p, _)| p.starts_with("manifests/")).map(|(p, n)| (p.clone(), n.clone())).unwrap();
@@ -39,23 +87,32 @@ async fn kubectl_stowage_pull_ls_and_diff() {
     let b1 = server.upload_ok(NS, "app", build_tar(&v1), None).await;
     let b2 = server.upload_ok(NS, "app", build_tar(&v2), None).await;
 
-    let listing = kubectl_stowage(&server, bin_dir.path(), &["ls", "app"]);
-    assert!(listing.lines().any(|l| l.ends_with(" manifests/added.yaml")), "{listing}");
-    // Files and the directories the uploaded tar named (`build_tar` names them all).
-    assert_eq!(listing.lines().filter(|l| !l.ends_with('/')).count(), v2.len(), "{listing}");
-    assert!(listing.lines().any(|l| l.ends_with(" - manifests/")), "{listing}");
+    // A header, then one row per file and per directory the uploaded tar named.
+    let listing = kubectl.ok(&["ls", "app"]);
+    let mut lines = listing.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["MODE", "SIZE", "SHA256", "PATH"], "{listing}");
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split_whitespace().collect()).collect();
+    assert!(rows.iter().any(|r| r[3] == "manifests/added.yaml" && r[1].parse::<u64>().is_ok()), "{listing}");
+    assert!(rows.iter().any(|r| r[2] == "-" && r[3] == "manifests/"), "{listing}");
+    assert_eq!(rows.iter().filter(|r| !r[3].ends_with('/')).count(), v2.len(), "{listing}");
+    let json: Value = serde_json::from_str(&kubectl.ok(&["ls", "app", "-o", "json"])).unwrap();
+    assert_eq!(json["kind"], "BundleContentFileList");
+    assert_eq!(json["digest"], b2["status"]["digest"]);
+    assert_eq!(json["files"].as_array().unwrap().len(), rows.len());
+    let names = kubectl.ok(&["ls", "app", "-o", "name"]);
+    assert_eq!(names.lines().collect::<Vec<_>>(), rows.iter().map(|r| r[3]).collect::<Vec<_>>());
 
     let rev1 = str_at(&b1, "/status/contentName");
     let rev2_digest = str_at(&b2, "/status/digest").trim_start_matches("sha256:")[..12].to_owned();
-    let diff = kubectl_stowage(&server, bin_dir.path(), &["diff", "app", rev1, &rev2_digest]);
+    let diff = kubectl.ok(&["diff", "app", rev1, &rev2_digest]);
     assert!(diff.lines().any(|l| l == "A manifests/added.yaml"), "{diff}");
     assert!(diff.lines().any(|l| l == format!("D {first}")), "{diff}");
     assert_eq!(diff.lines().count(), 2, "{diff}");
 
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().join("app");
-    let pulled =
-        kubectl_stowage(&server, bin_dir.path(), &["pull", "app", dir.to_str().unwrap(), "--piece-bytes", "4096"]);
+    let pulled = kubectl.ok(&["pull", "app", dir.to_str().unwrap(), "--piece-bytes", "4096"]);
     assert!(pulled.contains(str_at(&b2, "/status/digest")), "{pulled}");
     assert_trees_equal(&v2, &tree_from_dir(&dir), "kubectl stowage pull");
 }
@@ -63,24 +120,214 @@ async fn kubectl_stowage_pull_ls_and_diff() {
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_stowage_push_uploads_in_pieces_and_round_trips() {
     let server = Server::start_temp(&[]);
-    let bin_dir = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_stowage"), bin_dir.path().join("kubectl-stowage")).unwrap();
+    let kubectl = Kubectl::new(&server);
     let kps = corpus().join("kube-prometheus-stack/88.5.3");
     // 256 KiB pieces: the compressed chart takes several.
-    let pushed = kubectl_stowage(
-        &server,
-        bin_dir.path(),
-        &["push", kps.to_str().unwrap(), "--name", "kps", "--piece-bytes", "262144"],
-    );
+    let pushed = kubectl.ok(&["push", "kps", kps.to_str().unwrap(), "--create", "--piece-bytes", "262144"]);
     let b = server.get_json(&bundle(NS, "kps")).await;
     assert_unpacked(&b);
-    assert!(pushed.contains(str_at(&b, "/status/digest")), "{pushed}");
+    assert!(pushed.contains(&format!("pushed {}", str_at(&b, "/status/digest"))), "{pushed}");
     assert_eq!(b["status"]["format"], "helm", "a chart detected from the upload: {b:#}");
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().join("kps");
-    kubectl_stowage(&server, bin_dir.path(), &["pull", "kps", dir.to_str().unwrap()]);
+    kubectl.ok(&["pull", "kps", dir.to_str().unwrap()]);
     assert_trees_equal(&tree_from_dir(&kps), &tree_from_dir(&dir), "push then pull");
     // Pushing the same tree again stores nothing new: the same revision is served.
-    kubectl_stowage(&server, bin_dir.path(), &["push", kps.to_str().unwrap(), "--name", "kps"]);
+    kubectl.ok(&["push", "kps", kps.to_str().unwrap()]);
     assert_eq!(server.bundlecontent_names(NS).await.len(), 1);
+}
+
+/// tar, tar.gz and tar.zst files go up as they are, with the Content-Encoding their first bytes
+/// name; anything else is refused before a request is made.
+#[tokio::test(flavor = "multi_thread")]
+async fn push_sends_archive_files_as_they_are() {
+    let server = Server::start_temp(&[]);
+    let kubectl = Kubectl::new(&server);
+    let tree = tree_from_dir(&corpus().join("rukpak-testdata/registry/valid"));
+    let files = tempfile::tempdir().unwrap();
+    let tar = build_tar(&tree);
+    for (name, bytes) in [("plain.tar", tar.clone()), ("gz.tar.gz", gzip(&tar)), ("zst.tar.zst", zstd(&tar))] {
+        let path = files.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let bundle_name = name.split('.').next().unwrap();
+        let pushed = kubectl.ok(&["push", bundle_name, path.to_str().unwrap(), "--create"]);
+        let b = server.get_json(&bundle(NS, bundle_name)).await;
+        assert_unpacked(&b);
+        assert!(pushed.contains(str_at(&b, "/status/digest")), "{pushed}");
+        let dir = files.path().join(format!("{bundle_name}-pulled"));
+        kubectl.ok(&["pull", bundle_name, dir.to_str().unwrap()]);
+        assert_trees_equal(&tree, &tree_from_dir(&dir), name);
+    }
+    let readme = files.path().join("README.md");
+    std::fs::write(&readme, "# not an archive\n").unwrap();
+    let refused = kubectl.fails(&["push", "readme", readme.to_str().unwrap(), "--create"]);
+    assert_eq!(refused, format!("error: {}: not a tar archive (expected tar, tar.gz or tar.zst)\n", readme.display()));
+    assert_eq!(server.get(&bundle(NS, "readme")).await.status(), 404, "nothing was created");
+}
+
+/// A mistyped path or a missing Bundle changes nothing on the server; the refusal reads as
+/// kubectl's, once, with a hint about --create.
+#[tokio::test(flavor = "multi_thread")]
+async fn push_checks_before_it_writes_and_errors_read_like_kubectl() {
+    let server = Server::start_temp(&[]);
+    let kubectl = Kubectl::new(&server);
+    let missing = kubectl.fails(&["push", "x", "./does-not-exist", "--create"]);
+    assert_eq!(missing, "error: the path \"./does-not-exist\" does not exist\n");
+    let dir = corpus().join("rukpak-testdata/registry/valid");
+    let not_found = kubectl.fails(&["push", "x", dir.to_str().unwrap()]);
+    assert_eq!(
+        not_found,
+        "Error from server (NotFound): bundles.content.stowage.dev \"x\" not found\n\
+         hint: add --create to create Bundle \"x\" with an upload source\n"
+    );
+    let list = server.get_json(&bundles(NS)).await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 0, "no Bundle was created: {list:#}");
+
+    for args in [&["ls", "nope"][..], &["pull", "nope", "/tmp/never-written"], &["diff", "nope", "a", "b"]] {
+        let stderr = kubectl.fails(args);
+        assert_eq!(
+            stderr, "Error from server (NotFound): bundles.content.stowage.dev \"nope\" not found\n",
+            "{args:?}"
+        );
+    }
+    // Without a server: kubectl's `error: …`, one line, no library internals.
+    let config = std::fs::read_to_string(server.kubeconfig()).unwrap();
+    let port = server.url.rsplit(':').next().unwrap();
+    let unreachable = kubectl.state.path().join("unreachable.kubeconfig");
+    std::fs::write(&unreachable, config.replace(&format!(":{port}"), ":1")).unwrap();
+    let output = Kubectl { kubeconfig: unreachable, ..kubectl }.run(&["ls", "x"]);
+    let (_, stderr) = texts(&output);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr.starts_with("error: cannot reach the server: ") && stderr.lines().count() == 1, "{stderr}");
+    assert!(stderr.contains("Connection refused") && !stderr.contains("Error {"), "{stderr}");
+}
+
+/// A push killed midway is taken up where the server's bytes end when run again with the same
+/// content; a session the server no longer has is replaced by a new one.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupted_push_resumes_when_run_again() {
+    let server = Server::start_temp(&[]);
+    let kubectl = Kubectl::new(&server);
+    let kps = corpus().join("kube-prometheus-stack/88.5.3");
+    let kps = kps.to_str().unwrap();
+    let sessions = kubectl.state.path().join("stowage/uploads");
+
+    for (name, forget_on_server) in [("resumed", false), ("restarted", true)] {
+        // 1 KiB pieces: hundreds of requests, time enough to kill it in the middle.
+        let mut push = kubectl.command(&["push", name, kps, "--create", "--piece-bytes", "1024"]);
+        let mut child = push.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let started = Instant::now();
+        let (id, held) = loop {
+            assert!(started.elapsed() < Duration::from_secs(60), "no piece arrived");
+            assert!(child.try_wait().unwrap().is_none(), "the push ended before it could be interrupted");
+            let remembered = std::fs::read_dir(&sessions).into_iter().flatten().flatten().next();
+            if let Some(record) = remembered.and_then(|e| std::fs::read(e.path()).ok()) {
+                let id = str_at(&parse_json(&record, "session record"), "/uploadID").to_owned();
+                let state = server.get_json(&format!("{}?upload={id}", bundle_content(NS, name))).await;
+                if u64_at(&state, "/offset") > 0 {
+                    break (id, u64_at(&state, "/offset"));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        child.kill().unwrap(); // SIGKILL: nothing is cleaned up
+        child.wait().unwrap();
+        if forget_on_server {
+            let session = format!("{}?upload={id}", bundle_content(NS, name));
+            assert_eq!(server.delete(&session).await.status(), 204);
+        }
+        let pushed = kubectl.ok(&["push", name, kps]);
+        let b = server.get_json(&bundle(NS, name)).await;
+        assert_unpacked(&b);
+        assert!(pushed.contains(str_at(&b, "/status/digest")), "{pushed}");
+        let resumed_at: Option<u64> =
+            pushed.split(", resumed at byte ").nth(1).map(|rest| rest.split(' ').next().unwrap().parse().unwrap());
+        match forget_on_server {
+            false => assert!(resumed_at.is_some_and(|at| at >= held), "resumed from the server's {held}: {pushed}"),
+            true => assert_eq!(resumed_at, None, "a fresh session: {pushed}"),
+        }
+        assert_eq!(std::fs::read_dir(&sessions).unwrap().count(), 0, "a finished push forgets its session");
+    }
+    assert_eq!(server.bundlecontent_names(NS).await.len(), 2);
+}
+
+/// `ls | head -1` with more output than a pipe holds: the header, nothing on stderr, success.
+#[tokio::test(flavor = "multi_thread")]
+async fn ls_into_a_pipe_closed_early_ends_quietly() {
+    let server = Server::start_temp(&[]);
+    let kubectl = Kubectl::new(&server);
+    let tree = (0..3000).map(|i| (format!("dir/a-file-with-a-rather-long-name-{i:05}.yaml"), file("x"))).collect();
+    server.create_bundle(NS, "many").await;
+    server.upload_ok(NS, "many", build_tar(&tree), None).await;
+    let kubeconfig = kubectl.kubeconfig.to_str().unwrap().to_owned();
+    let script =
+        format!("kubectl stowage ls many --kubeconfig {kubeconfig} -n {NS} | head -1; exit ${{PIPESTATUS[0]}}");
+    let output = Command::new("bash")
+        .args(["-c", &script])
+        .env("PATH", kubectl.path_var())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = texts(&output);
+    assert_eq!(stderr, "", "nothing but the data: no panic, no error");
+    assert!(output.status.success(), "exit status {:?}", output.status);
+    assert_eq!(stdout.split_whitespace().collect::<Vec<_>>(), ["MODE", "SIZE", "SHA256", "PATH"]);
+}
+
+/// Bars (bytes, rate, ETA) on a terminal's stderr; piped, nothing (checked by `Kubectl::ok`
+/// everywhere else).
+#[tokio::test(flavor = "multi_thread")]
+async fn progress_bars_are_drawn_on_a_terminal_only() {
+    let server = Server::start_temp(&[]);
+    let kubectl = Kubectl::new(&server);
+    let kps = corpus().join("kube-prometheus-stack/88.5.3");
+    let out = tempfile::tempdir().unwrap();
+    let kubeconfig = kubectl.kubeconfig.display();
+    let commands = format!(
+        "kubectl stowage push kps {} --create --piece-bytes 65536 --kubeconfig {kubeconfig} -n {NS} && \
+         kubectl stowage pull kps {} --piece-bytes 65536 --kubeconfig {kubeconfig} -n {NS}",
+        kps.display(),
+        out.path().join("kps").display()
+    );
+    // util-linux's script runs the commands on a pseudo-terminal (a missing one is a failure).
+    let output = Command::new("script")
+        .args(["-qec", &commands, "/dev/null"])
+        .env("PATH", kubectl.path_var())
+        .env("XDG_STATE_HOME", kubectl.state.path())
+        .env("TERM", "xterm")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run script (util-linux)");
+    let (terminal, _) = texts(&output);
+    assert!(output.status.success(), "{terminal}");
+    for what in ["pushing kps [", "pulling kps ["] {
+        let frames: Vec<&str> = terminal.split('\r').filter(|l| l.contains(what)).collect();
+        // The last frame: full, with the bytes moved, the rate and the ETA.
+        let last = frames.last().unwrap_or_else(|| panic!("no bar {what:?}: {terminal:?}"));
+        assert!(last.contains("[=====") && last.contains("iB/s") && last.contains("ETA"), "{last:?}");
+    }
+    assert_trees_equal(&tree_from_dir(&kps), &tree_from_dir(&out.path().join("kps")), "pulled on a terminal");
+}
+
+#[test]
+fn kubectl_stowage_help_and_version() {
+    let bin_dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kubectl-stowage"), bin_dir.path().join("kubectl-stowage")).unwrap();
+    let path = format!("{}:{}", bin_dir.path().display(), std::env::var("PATH").unwrap_or_default());
+    let run = |args: &[&str]| {
+        let output = Command::new("kubectl").arg("stowage").args(args).env("PATH", &path).output().unwrap();
+        assert!(output.status.success(), "kubectl stowage {args:?}: {output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    for flag in ["--help", "-h"] {
+        let help = run(&[flag]);
+        assert!(help.contains("Usage: kubectl stowage <COMMAND>"), "{help}");
+        for command in ["push", "pull", "ls", "diff", "version"] {
+            assert!(help.lines().any(|l| l.trim_start().starts_with(command)), "{command} in {help}");
+        }
+        let server_side = help.lines().any(|l| ["serve ", "certs "].iter().any(|c| l.trim_start().starts_with(c)));
+        assert!(!server_side, "server commands are not the plugin's: {help}");
+    }
+    assert!(run(&["push", "--help"]).contains("Usage: kubectl stowage push [OPTIONS] <NAME> <DIR|FILE>"));
+    assert_eq!(run(&["version"]), format!("kubectl-stowage {}\n", env!("CARGO_PKG_VERSION")));
 }

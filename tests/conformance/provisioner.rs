@@ -1,5 +1,6 @@
 //! The provisioner side: `examples/provisioner.rs` run against a standalone server keeps a
-//! directory per unpacked Bundle and re-fetches only changed ones; so does the 19-line
+//! directory per unpacked Bundle of its kubeconfig's namespace and re-fetches only changed ones
+//! (a refusal is one plain line); so does the 19-line
 //! `examples/minimal_provisioner.rs` (kube-rs's watcher on `Api::<Bundle>`) as Bundles change
 //! under it; the client library resumes a download whose connections are cut mid-piece and still
 //! verifies the digest.
@@ -63,6 +64,79 @@ async fn the_example_provisioner_syncs_and_refetches_only_changed_bundles() {
     let third = run_provisioner(&server, out.path());
     assert!(third.contains("prov/plain updated") && third.contains("prov/etcd unchanged"), "{third}");
     assert_trees_equal(&tree_from_dir(&etcd), &tree_from_dir(&out.path().join(NS).join("plain")), "replaced");
+}
+
+/// A user who may read Bundles in one namespace only: the example works in the kubeconfig's
+/// namespace as kubectl does, and a refusal (asking for every namespace) is one plain line.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_example_provisioner_works_in_the_kubeconfigs_namespace() {
+    let files = tempfile::tempdir().unwrap();
+    let (tokens, policy) = (files.path().join("tokens.csv"), files.path().join("policy.yaml"));
+    std::fs::write(&tokens, "alice-token,alice,1001,\"readers\"\n").unwrap();
+    std::fs::write(
+        &policy,
+        format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {{name: reader}}\nrules:\n\
+             - {{apiGroups: [content.stowage.dev], resources: [bundles, bundles/content], verbs: [get, list, watch]}}\n\
+             ---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
+             metadata: {{name: readers, namespace: {NS}}}\n\
+             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: reader}}\n\
+             subjects: [{{kind: Group, name: readers}}]\n"
+        ),
+    )
+    .unwrap();
+    let server = Server::start_temp(&[
+        "--token-auth-file",
+        tokens.to_str().unwrap(),
+        "--authorization-policy-file",
+        policy.to_str().unwrap(),
+    ]);
+    let etcd = corpus().join("rukpak-testdata/registry/valid");
+    for ns in [NS, "elsewhere"] {
+        server.create_bundle(ns, "etcd").await;
+        server.upload_ok(ns, "etcd", system_tar(&etcd), None).await;
+    }
+    // alice's kubeconfig, made the way a user makes one: kubectl config on a copy of the admin's.
+    let kubeconfig = files.path().join("alice.kubeconfig");
+    std::fs::copy(server.kubeconfig(), &kubeconfig).unwrap();
+    for args in [
+        &["set-credentials", "alice", "--token", "alice-token"][..],
+        &["set-context", "alice", "--cluster", "stowage", "--user", "alice", "--namespace", NS],
+        &["use-context", "alice"],
+    ] {
+        let status = Command::new("kubectl").arg("config").args(args).env("KUBECONFIG", &kubeconfig).output().unwrap();
+        assert!(status.status.success(), "kubectl config {args:?}: {status:?}");
+    }
+    let run = |extra: &[&str]| {
+        let out = files.path().join("out");
+        let output = Command::new(example("provisioner"))
+            .arg(&out)
+            .args(extra)
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("HTTPS_PROXY")
+            .output()
+            .expect("run the provisioner example");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = run(&[]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert_eq!(stdout.lines().collect::<Vec<_>>().len(), 1, "only its namespace: {stdout}");
+    assert!(stdout.starts_with(&format!("{NS}/etcd updated ")), "{stdout}");
+    assert_trees_equal(
+        &tree_from_dir(&etcd),
+        &tree_from_dir(&files.path().join("out").join(NS).join("etcd")),
+        "synced",
+    );
+
+    let (code, stdout, stderr) = run(&["--all-namespaces"]);
+    assert_eq!((code, stdout.as_str()), (Some(1), ""), "{stderr}");
+    assert!(stderr.starts_with("provisioner: Error from server (Forbidden): "), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(!stderr.contains("Status {") && !stderr.contains("Api("), "no debug structures: {stderr}");
 }
 
 /// Lines the minimal provisioner prints (`NAME DIGEST`), read on a thread as they come.

@@ -1,0 +1,187 @@
+//! What a push uploads: a directory packed as a zstd-compressed tar, or an archive file taken as is
+//! (tar, tar.gz, tar.zst, told apart by their first bytes). Either way the bytes are hashed before
+//! anything is sent, so the commit can carry the sha256 and an interrupted push can be recognised
+//! when it is run again with the same content.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::ClientError;
+
+/// How an archive's tar is compressed: its upload's `Content-Encoding`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+impl Compression {
+    /// The archive kind its first bytes name (at least 512 for a plain tar), if it is one.
+    pub fn sniff(head: &[u8]) -> Option<Compression> {
+        match head {
+            [0x1f, 0x8b, ..] => Some(Compression::Gzip),
+            [0x28, 0xb5, 0x2f, 0xfd, ..] => Some(Compression::Zstd),
+            _ if is_tar_header(head) => Some(Compression::None),
+            _ => None,
+        }
+    }
+
+    /// The `Content-Encoding` the server reads it with (none for a plain tar).
+    pub fn content_encoding(self) -> Option<&'static str> {
+        match self {
+            Compression::None => None,
+            Compression::Gzip => Some("gzip"),
+            Compression::Zstd => Some("zstd"),
+        }
+    }
+}
+
+/// A tar header block: `ustar` magic (POSIX and GNU), or failing that a valid checksum (v7 tars).
+fn is_tar_header(head: &[u8]) -> bool {
+    let Some(block) = head.get(..512) else { return false };
+    if block.get(257..262) == Some(b"ustar") {
+        return true;
+    }
+    let stored = block.get(148..156).and_then(|field| {
+        let text = std::str::from_utf8(field).ok()?.trim_matches(|c: char| c == '\0' || c == ' ');
+        u32::from_str_radix(text, 8).ok()
+    });
+    // The checksum counts its own field as eight spaces.
+    let sum: u32 =
+        block.iter().enumerate().map(|(i, b)| if (148..156).contains(&i) { 32 } else { u32::from(*b) }).sum();
+    stored == Some(sum) && block.iter().any(|b| *b != 0)
+}
+
+/// Bytes ready to upload, with their sha256.
+#[derive(Debug)]
+pub struct Archive {
+    file: File,
+    path: PathBuf,
+    digest: String,
+    len: u64,
+    compression: Compression,
+}
+
+impl Archive {
+    /// `dir` as a zstd-compressed tar in an anonymous temporary file (symlinks kept as links).
+    pub fn pack(dir: &Path) -> Result<Archive, ClientError> {
+        let path = std::env::temp_dir().join(format!("stowage-push-{}", uuid::Uuid::new_v4()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|source| ClientError::Io { path: path.clone(), source })?;
+        // Unlinked at once: the open handle keeps it until the push ends, whatever happens.
+        let _ = std::fs::remove_file(&path);
+        let spool = |source| ClientError::Io { path: path.clone(), source };
+        let hashing = Hashing { inner: std::io::BufWriter::new(file), sha: Sha256::new(), len: 0 };
+        let encoder = zstd::Encoder::new(hashing, 3).map_err(spool)?;
+        let mut builder = tar::Builder::new(encoder);
+        builder.follow_symlinks(false);
+        builder.append_dir_all(".", dir).map_err(|source| ClientError::Io { path: dir.to_owned(), source })?;
+        let mut hashing = builder.into_inner().and_then(|encoder| encoder.finish()).map_err(spool)?;
+        hashing.flush().map_err(spool)?;
+        let digest = format!("sha256:{}", hex::encode(hashing.sha.finalize()));
+        let file = hashing.inner.into_inner().map_err(|e| spool(e.into_error()))?;
+        Ok(Archive { file, path: dir.to_owned(), digest, len: hashing.len, compression: Compression::Zstd })
+    }
+
+    /// The archive file at `path`, read in place; anything but a tar, tar.gz or tar.zst is refused.
+    pub fn open(path: &Path) -> Result<Archive, ClientError> {
+        let io = |source| ClientError::Io { path: path.to_owned(), source };
+        let file = File::open(path).map_err(io)?;
+        let mut head = Vec::with_capacity(512);
+        (&file).take(512).read_to_end(&mut head).map_err(io)?;
+        let compression = Compression::sniff(&head).ok_or_else(|| ClientError::NotAnArchive(path.to_owned()))?;
+        let (digest, len) = hash_file(&file).map_err(io)?;
+        Ok(Archive { file, path: path.to_owned(), digest, len, compression })
+    }
+
+    /// `sha256:<hex>` of the bytes.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn compression(&self) -> Compression {
+        self.compression
+    }
+
+    /// `len` bytes from `offset`.
+    pub(super) fn read_at(&self, offset: u64, len: u64) -> Result<Vec<u8>, ClientError> {
+        let mut piece = vec![0u8; len as usize];
+        self.file
+            .read_exact_at(&mut piece, offset)
+            .map_err(|source| ClientError::Io { path: self.path.clone(), source })?;
+        Ok(piece)
+    }
+}
+
+/// (`sha256:<hex>`, length) of the whole file.
+fn hash_file(file: &File) -> std::io::Result<(String, u64)> {
+    let mut sha = Sha256::new();
+    let (mut offset, mut buf) = (0u64, vec![0u8; 1 << 20]);
+    loop {
+        let n = file.read_at(&mut buf, offset)?;
+        if n == 0 {
+            return Ok((format!("sha256:{}", hex::encode(sha.finalize())), offset));
+        }
+        sha.update(buf.get(..n).unwrap_or(&buf));
+        offset += n as u64;
+    }
+}
+
+struct Hashing<W> {
+    inner: W,
+    sha: Sha256,
+    len: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        // `write` never reports more than it was given.
+        self.sha.update(buf.get(..n).unwrap_or(buf));
+        self.len += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn archives_are_told_apart_by_their_first_bytes() {
+        assert_eq!(Compression::sniff(&[0x1f, 0x8b, 8, 0]), Some(Compression::Gzip));
+        assert_eq!(Compression::sniff(&[0x28, 0xb5, 0x2f, 0xfd, 0]), Some(Compression::Zstd));
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(2);
+        header.set_cksum();
+        tar.append_data(&mut header, "a", &b"hi"[..]).unwrap();
+        assert_eq!(Compression::sniff(&tar.into_inner().unwrap()), Some(Compression::None));
+        let mut v7 = tar::Header::new_old();
+        v7.set_path("a").unwrap();
+        v7.set_cksum();
+        assert_eq!(Compression::sniff(v7.as_bytes()), Some(Compression::None));
+        assert_eq!(Compression::sniff(b"# a README, not an archive\n"), None);
+        assert_eq!(Compression::sniff(&[0u8; 1024]), None);
+    }
+}

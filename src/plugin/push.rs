@@ -1,0 +1,121 @@
+//! `push NAME DIR|FILE`: local checks first (the path exists; a file is a tar, tar.gz or tar.zst),
+//! then the Bundle (it must exist and take uploads, or `--create` makes one), then the archive
+//! (packed or hashed), then the upload — resumed from a session an interrupted push of the same
+//! archive left, if the server still has it.
+
+use std::path::Path;
+
+use anyhow::Context;
+use kube::api::PostParams;
+use kube::Api;
+
+use super::output::Hinted;
+use super::progress::Bar;
+use super::resume::{Key, Sessions};
+use super::Connection;
+use crate::api::{Bundle, BundleSpec, Source, UploadSource};
+use crate::client::{Archive, ClientError, Compression, ContentClient, PushEvent, PushOptions};
+
+/// A directory, or an archive file: anything else fails here, before any request.
+pub fn check_path(path: &Path) -> anyhow::Result<()> {
+    let metadata = match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            anyhow::bail!("the path {:?} does not exist", path.display().to_string())
+        }
+        other => other.map_err(|source| ClientError::Io { path: path.to_owned(), source })?,
+    };
+    if metadata.is_dir() {
+        return Ok(());
+    }
+    let mut head = Vec::with_capacity(512);
+    let read = std::fs::File::open(path)
+        .and_then(|file| std::io::Read::read_to_end(&mut std::io::Read::take(file, 512), &mut head));
+    read.map_err(|source| ClientError::Io { path: path.to_owned(), source })?;
+    match Compression::sniff(&head) {
+        Some(_) => Ok(()),
+        None => Err(ClientError::NotAnArchive(path.to_owned()).into()),
+    }
+}
+
+/// Pushes and returns the result line.
+pub async fn run(
+    content: &ContentClient,
+    connection: &Connection,
+    name: &str,
+    path: &Path,
+    create: bool,
+    piece_bytes: u64,
+) -> anyhow::Result<String> {
+    let namespace = connection.namespace.as_str();
+    let bundles: Api<Bundle> = Api::namespaced(connection.client.clone(), namespace);
+    let existing = match bundles.get(name).await.map_err(ClientError::from) {
+        Ok(bundle) => Some(bundle),
+        Err(e) if e.status().is_some_and(|s| s.code == 404) => match create {
+            true => None,
+            false => {
+                let hint = format!("hint: add --create to create Bundle {name:?} with an upload source");
+                return Err(Hinted { error: e, hint }.into());
+            }
+        },
+        Err(e) => return Err(e.into()),
+    };
+    if existing.as_ref().is_some_and(|b| !b.takes_uploads()) {
+        anyhow::bail!(
+            "Bundle {namespace}/{name} does not take uploads: its spec.sources fetch its content (add {{upload: {{}}}} to them to push)"
+        );
+    }
+    let source = path.to_owned();
+    let archive = tokio::task::spawn_blocking(move || match source.is_dir() {
+        true => Archive::pack(&source),
+        false => Archive::open(&source),
+    })
+    .await
+    .context("preparing the archive")??;
+    if existing.is_none() {
+        let upload = Source { upload: Some(UploadSource {}), ..Default::default() };
+        let bundle = Bundle::new(name, BundleSpec { sources: vec![upload], ..Default::default() });
+        match bundles.create(&PostParams::default(), &bundle).await.map_err(ClientError::from) {
+            Err(e) if e.status().is_none_or(|s| s.code != 409) => return Err(e.into()),
+            _ => {}
+        }
+    }
+
+    let sessions = Sessions::new();
+    let key = Key {
+        server: connection.server.clone(),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        digest: archive.digest().to_string(),
+    };
+    let options = PushOptions { piece_bytes, resume: sessions.recall(&key) };
+    let bar = Bar::new(&format!("pushing {name}"), Some(archive.len()));
+    let mut resumed_at = 0;
+    let pushed = content
+        .push(namespace, name, &archive, &options, &mut |event| match event {
+            PushEvent::Session { upload_id, offset } => {
+                sessions.remember(&key, upload_id);
+                resumed_at = offset;
+                bar.start_at(offset);
+            }
+            PushEvent::Sent(moved) => bar.update(moved),
+            PushEvent::Committing => bar.set_message(&format!("unpacking {name}")),
+        })
+        .await;
+    bar.finish(pushed.is_ok());
+    // A session worth keeping is one a network failure interrupted; a refused one is gone.
+    let refused =
+        |e: &ClientError| e.status().is_some_and(|s| (400..500).contains(&s.code) && ![408, 429].contains(&s.code));
+    match &pushed {
+        Ok(_) => sessions.forget(&key),
+        Err(e) if refused(e) => sessions.forget(&key),
+        Err(_) => {}
+    }
+    let status = pushed?.status.unwrap_or_default();
+    let digest = status.digest.unwrap_or_default();
+    let revision = status.content_name.unwrap_or_default();
+    let resumed = match resumed_at {
+        0 => String::new(),
+        at => format!(", resumed at byte {at} of {}", archive.len()),
+    };
+    Ok(format!("{namespace}/{name}: pushed {digest} ({revision}{resumed})"))
+}
