@@ -239,7 +239,7 @@ async fn kubectl_stowage_ls_into_head_ends_quietly() {
         .expect("run head");
     let head = head.wait_with_output().unwrap();
     let first = String::from_utf8_lossy(&head.stdout).into_owned();
-    assert!(first.ends_with(" manifests/\n"), "the directory comes first: {first:?}");
+    assert!(first.starts_with("MODE ") && first.ends_with(" PATH\n"), "the header comes first: {first:?}");
     let mut stderr = String::new();
     for line in BufReader::new(plugin.stderr.take().unwrap()).lines() {
         stderr.push_str(&line.unwrap());

@@ -82,14 +82,15 @@ readme_serve() {
 trap 'if [ -n "${SERVER_PID:-}" ]; then kill -INT "$SERVER_PID"; wait "$SERVER_PID"; fi' EXIT
 "#;
 
-/// A directory whose `stowage` and `kubectl-stowage` are this build's binary, as `cargo install`
-/// would put them on PATH.
+/// A directory with this build's `stowage` and `kubectl-stowage`, as `cargo install` puts them on
+/// PATH.
 fn bin_dir(scratch: &Path) -> std::path::PathBuf {
     let bin = scratch.join(".bin");
     std::fs::create_dir_all(&bin).unwrap();
-    let stowage = Path::new(env!("CARGO_BIN_EXE_stowage"));
-    for name in ["stowage", "kubectl-stowage"] {
-        std::os::unix::fs::symlink(stowage, bin.join(name)).unwrap();
+    for (name, built) in
+        [("stowage", env!("CARGO_BIN_EXE_stowage")), ("kubectl-stowage", env!("CARGO_BIN_EXE_kubectl-stowage"))]
+    {
+        std::os::unix::fs::symlink(built, bin.join(name)).unwrap();
     }
     bin
 }
