@@ -88,6 +88,24 @@ async fn spec_changes_of_an_upload_bundle_reach_its_status() {
     assert_eq!(str_at(&b, "/status/digest"), digest);
     assert_eq!(b["status"]["format"], "helm");
 
+    // Empty content, allowed when it was uploaded, no longer allowed.
+    let mut object = upload_bundle(NS, "empty");
+    object["spec"]["allowEmpty"] = true.into();
+    assert_eq!(server.post_json(&bundles(NS), &object).await.status().as_u16(), 201);
+    let uploaded = server.upload_ok(NS, "empty", build_tar(&Tree::new()), None).await;
+    k.ok(&["-n", NS, "patch", "bundle", "empty", "--type", "merge", "-p", r#"{"spec":{"allowEmpty":false}}"#]);
+    k.ok(&["-n", NS, "wait", "bundle/empty", "--for=jsonpath={.status.observedGeneration}=2", "--timeout=30s"]);
+    k.ok(&["-n", NS, "wait", "bundle/empty", "--for=condition=Unpacked=False", "--timeout=30s"]);
+    let b = server.get_json(&bundle(NS, "empty")).await;
+    let c = unpacked(&b);
+    assert_eq!(c["reason"], "EmptyContent", "{b:#}");
+    let still = format!(
+        "; still serving {} ({})",
+        str_at(&uploaded, "/status/contentName"),
+        str_at(&uploaded, "/status/digest")
+    );
+    assert!(c["message"].as_str().unwrap().ends_with(&still), "{b:#}");
+
     // Nothing served yet: the generation moves, the Bundle keeps waiting for an upload.
     let fresh = "fresh";
     server.create_bundle(NS, fresh).await;
