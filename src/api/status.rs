@@ -222,6 +222,38 @@ impl BundleStatus {
         self.set_condition(generation, UNPACKED, false, reason, &format!("{message}{note}"));
     }
 
+    /// Every condition, and the status, now speak for `generation`, unchanged otherwise: a spec
+    /// change that leaves what they say true (an upload Bundle still waiting for its content).
+    pub fn restamp(&mut self, generation: i64) {
+        self.observed(generation);
+        for condition in &mut self.conditions {
+            condition.observed_generation = Some(generation);
+        }
+    }
+
+    /// The content served was checked against `generation`'s spec and is valid for it, as
+    /// `format` with `details` (an upload Bundle's new `spec.format`).
+    pub fn rechecked(&mut self, generation: i64, format: String, format_details: FormatDetails) {
+        let served = Served {
+            content: self.content_name.clone().unwrap_or_default(),
+            digest: self.digest.clone().unwrap_or_default(),
+            files: self.files.unwrap_or_default(),
+            size: self.size.unwrap_or_default(),
+            format,
+            format_details,
+            resolved: self.resolved_sources.clone(),
+        };
+        self.unpacked(generation, served);
+        self.restamp(generation);
+    }
+
+    /// The content served was checked against `generation`'s spec and is not valid for it
+    /// (`reason`, `message`); it stays served, and `Available` says so for `generation` too.
+    pub fn recheck_failed(&mut self, generation: i64, reason: &str, message: &str) {
+        self.failed(generation, reason, message);
+        self.restamp(generation);
+    }
+
     /// `spec.paused`: nothing is fetched; what is served stays served.
     pub fn paused(&mut self, generation: i64) {
         self.observed(generation);
@@ -250,5 +282,25 @@ mod tests {
             Some("registry said no; still serving b-0123 (sha256:01)")
         );
         assert!(status.condition(AVAILABLE).is_some_and(Condition::is_true));
+    }
+
+    #[test]
+    fn a_recheck_speaks_for_the_new_generation_in_every_condition() {
+        let mut status = BundleStatus::default();
+        let served = Served { content: "b-01".into(), digest: "sha256:01".into(), files: 2, ..Default::default() };
+        status.unpacked(1, Served { format: "helm".into(), ..served });
+        status.recheck_failed(2, "InvalidFormat", "not a plain bundle: there is no manifests/ directory");
+        assert_eq!(status.observed_generation, Some(2));
+        assert!(status.conditions.iter().all(|c| c.observed_generation == Some(2)), "{status:?}");
+        assert_eq!(status.reason_for_generation(2), Some("InvalidFormat"));
+        assert!(status.condition(AVAILABLE).is_some_and(Condition::is_true));
+        let details = FormatDetails { chart: Some("demo".into()), ..Default::default() };
+        status.rechecked(3, "helm".into(), details.clone());
+        assert!(status.unpacked_for(3) && status.conditions.iter().all(|c| c.observed_generation == Some(3)));
+        assert_eq!((status.format.as_deref(), status.format_details.as_ref()), (Some("helm"), Some(&details)));
+        assert_eq!((status.content_name.as_deref(), status.files), (Some("b-01"), Some(2)));
+        let mut waiting = BundleStatus::initial(1, true);
+        waiting.restamp(2);
+        assert_eq!(waiting.reason_for_generation(2), Some("AwaitingUpload"));
     }
 }

@@ -23,14 +23,16 @@ pub enum UnpackError {
     /// An unsafe or malformed archive entry (path traversal, symlink escape, device file…).
     #[error("invalid entry {path:?}: {reason}")]
     InvalidEntry { path: String, reason: String },
-    /// A truncated or corrupt archive or compression stream.
-    #[error("corrupt archive: {0}")]
+    /// A truncated or corrupt archive or compression stream, or no archive at all; the message
+    /// says which (`corrupt archive: …`, `truncated archive: …`, `not a tar archive …`).
+    #[error("{0}")]
     CorruptArchive(String),
     /// A configured limit was exceeded (size, file count, expansion ratio, path length…).
     #[error("{0}")]
     TooLarge(String),
-    /// The tree is not a valid bundle of its format; `path` names the offending file.
-    #[error("{path}: {problem}")]
+    /// The tree is not a valid bundle of its format; `path` names the offending file, `problem`
+    /// is the whole message (`not a helm chart: no Chart.yaml …`: it names the path itself).
+    #[error("{problem}")]
     InvalidFormat { path: String, problem: String },
     /// The content holds no file or symlink (nothing, or directories only) and the Bundle does
     /// not say that empty content is intended (`spec.allowEmpty`). Not retried.
@@ -98,6 +100,17 @@ impl UnpackError {
     /// [`UnpackError::from_io`].
     pub fn into_io(self) -> std::io::Error {
         std::io::Error::other(self)
+    }
+}
+
+/// Why a JSON document did not parse, with where: serde's own wording can quote the document
+/// (`invalid type: string "…"`), so only its kind and position are kept.
+pub(crate) fn json_problem(e: &serde_json::Error) -> String {
+    let at = format!("line {}, column {}", e.line(), e.column());
+    match e.classify() {
+        serde_json::error::Category::Data => format!("does not have the expected fields ({at})"),
+        serde_json::error::Category::Eof => format!("ends early ({at})"),
+        serde_json::error::Category::Syntax | serde_json::error::Category::Io => format!("is not valid JSON ({at})"),
     }
 }
 

@@ -33,6 +33,10 @@ const MAX_KINDS: usize = 256;
 /// Longer kinds (Kubernetes' are at most 63 characters) are counted under [`OTHER_KINDS`] too.
 const MAX_KIND_BYTES: usize = 253;
 const OTHER_KINDS: &str = "(other kinds)";
+/// Top-level names remembered (for detection and for saying what was found).
+const MAX_TOP_LEVEL: usize = 64;
+/// Top-level names a message lists.
+const MAX_FOUND_SHOWN: usize = 8;
 
 /// A chart's name and version.
 type Chart = (String, String);
@@ -77,6 +81,7 @@ pub struct Inspector {
     root_chart: Option<(String, Result<Chart, String>)>,
     other_chart: Option<(String, Result<Chart, String>)>,
     charts: u64,
+    /// Top-level names (`dir/` for directories), at most [`MAX_TOP_LEVEL`].
     top_level: std::collections::BTreeSet<String>,
 }
 
@@ -86,12 +91,29 @@ impl Inspector {
         is_object_file(path) || path == "metadata/annotations.yaml" || is_chart_file(path)
     }
 
-    /// Records every path (for the shape of the tree).
+    /// Records every path (for the shape of the tree): its top-level name, `dir/` for a directory.
     pub fn saw(&mut self, path: &str) {
-        let top = path.split('/').next().unwrap_or(path);
-        if self.top_level.len() < 64 || self.top_level.contains(top) {
-            self.top_level.insert(top.to_string());
+        let top = match path.split_once('/') {
+            Some((dir, _)) => format!("{dir}/"),
+            None => path.to_string(),
+        };
+        if self.top_level.len() < MAX_TOP_LEVEL || self.top_level.contains(&top) {
+            self.top_level.insert(top);
         }
+    }
+
+    /// What the root holds, for messages: `found README.md, docs/` (the first few names).
+    fn found(&self) -> String {
+        if self.top_level.is_empty() {
+            return "found nothing".to_string();
+        }
+        let shown: Vec<String> = self.top_level.iter().take(MAX_FOUND_SHOWN).map(|n| quoted(n)).collect();
+        let more = match self.top_level.len().saturating_sub(MAX_FOUND_SHOWN) {
+            0 => String::new(),
+            n if self.top_level.len() >= MAX_TOP_LEVEL => format!(" and {n} or more others"),
+            n => format!(" and {n} others"),
+        };
+        format!("found {}{more}", shown.join(", "))
     }
 
     /// Looks at the bytes of a file [`Inspector::wants`].
@@ -139,7 +161,7 @@ impl Inspector {
 
     /// A file too large to parse: invalid if it is an object file.
     pub fn too_large(&mut self, path: &str) {
-        let problem = format!("larger than {} MiB; not a Kubernetes object", MAX_INSPECTED_BYTES >> 20);
+        let problem = format!("the file is larger than {} MiB, the most that is parsed", MAX_INSPECTED_BYTES >> 20);
         if is_object_file(path) && self.invalid_object.is_none() {
             self.invalid_object = Some((path.to_string(), problem));
         } else if path == "metadata/annotations.yaml" {
@@ -161,12 +183,15 @@ impl Inspector {
             "" => match self.detect() {
                 Some(format) => format,
                 None => {
+                    let found = self.found();
                     return Err(invalid(
+                        "",
                         ".",
-                        "no bundle found: expected manifests/ (plain), metadata/annotations.yaml with \
-                         manifests/ (registry-v1) or Chart.yaml (helm) at the root; set spec.sources[].destination \
-                         or pick the right directory",
-                    ))
+                        format!(
+                            "no bundle format detected: {found} at the root; expected manifests/ (plain), \
+                             metadata/annotations.yaml (registry-v1) or Chart.yaml (helm)"
+                        ),
+                    ));
                 }
             },
             other => other,
@@ -175,7 +200,7 @@ impl Inspector {
             PLAIN => self.plain(),
             REGISTRY_V1 => self.registry_v1(),
             HELM => self.helm(),
-            other => Err(invalid(".", &format!("unknown format {other:?}"))),
+            other => Err(invalid("", ".", format!("unknown format {other:?}: expected plain, registry-v1 or helm"))),
         }
     }
 
@@ -184,48 +209,52 @@ impl Inspector {
             Some(REGISTRY_V1)
         } else if self.charts > 0 {
             Some(HELM)
-        } else if self.top_level.contains("manifests") {
+        } else if self.top_level.contains("manifests/") {
             Some(PLAIN)
         } else {
             None
         }
     }
 
-    fn manifests(&self) -> Result<(), UnpackError> {
+    /// The object files under `manifests/` of a `format` bundle: all parse, and there is one.
+    fn manifests(&self, format: &str) -> Result<(), UnpackError> {
         if let Some((path, problem)) = &self.invalid_object {
-            return Err(invalid(path, problem));
+            return Err(invalid(format, path, format!("{}: {problem}", quoted(path))));
         }
         if self.object_files == 0 {
-            return Err(invalid("manifests/", "no YAML or JSON object files"));
+            let problem = match self.top_level.contains("manifests/") {
+                true => "manifests/ holds no YAML or JSON object files".to_string(),
+                false => format!("there is no manifests/ directory ({})", self.found()),
+            };
+            return Err(invalid(format, "manifests/", problem));
         }
         Ok(())
     }
 
     fn plain(self) -> Result<FormatReport, UnpackError> {
-        self.manifests()?;
+        self.manifests(PLAIN)?;
         Ok(FormatReport { format: PLAIN.into(), objects: self.objects, ..FormatReport::default() })
     }
 
     fn registry_v1(self) -> Result<FormatReport, UnpackError> {
+        const FILE: &str = "metadata/annotations.yaml";
+        let problem = |text: String| invalid(REGISTRY_V1, FILE, text);
         let annotations = match &self.annotations {
-            None => return Err(invalid("metadata/annotations.yaml", "missing")),
-            Some(Err(problem)) => return Err(invalid("metadata/annotations.yaml", problem)),
+            None => return Err(problem(format!("{FILE} is missing"))),
+            Some(Err(p)) => return Err(problem(format!("{FILE}: {p}"))),
             Some(Ok(a)) => a,
         };
         match annotations.get(MEDIATYPE_ANNOTATION).map(String::as_str) {
             Some("registry+v1") => {}
             Some(other) => {
-                return Err(invalid(
-                    "metadata/annotations.yaml",
-                    &format!("{MEDIATYPE_ANNOTATION} is {other:?}, expected \"registry+v1\""),
-                ))
+                return Err(problem(format!("{FILE}: {MEDIATYPE_ANNOTATION} is {other:?}, expected \"registry+v1\"")))
             }
-            None => return Err(invalid("metadata/annotations.yaml", &format!("{MEDIATYPE_ANNOTATION} is missing"))),
+            None => return Err(problem(format!("{FILE}: {MEDIATYPE_ANNOTATION} is not set"))),
         }
         let package = annotations.get(PACKAGE_ANNOTATION).cloned().unwrap_or_default();
-        self.manifests()?;
+        self.manifests(REGISTRY_V1)?;
         let Some((_, csv)) = &self.csv else {
-            return Err(invalid("manifests/", "no ClusterServiceVersion"));
+            return Err(invalid(REGISTRY_V1, "manifests/", "manifests/ holds no ClusterServiceVersion".into()));
         };
         let facts = BTreeMap::from([("package", package), ("clusterServiceVersion", csv.clone())]);
         Ok(FormatReport { format: REGISTRY_V1.into(), objects: self.objects, facts })
@@ -235,16 +264,28 @@ impl Inspector {
         let chart = match (&self.root_chart, &self.other_chart) {
             (Some(chart), _) => chart,
             (None, Some(chart)) if self.top_level.len() == 1 && self.charts == 1 => chart,
-            (None, None) => return Err(invalid("Chart.yaml", "missing")),
+            (None, None) => {
+                let found = self.found();
+                return Err(invalid(
+                    HELM,
+                    "Chart.yaml",
+                    format!("no Chart.yaml at the root or in a single top-level directory ({found})"),
+                ));
+            }
             (None, Some((path, _))) => {
                 return Err(invalid(
+                    HELM,
                     path,
-                    "a chart must be the only top-level directory, or have Chart.yaml at the root",
+                    format!(
+                        "{} is not at the root, and its directory is not the only top-level one ({})",
+                        quoted(path),
+                        self.found()
+                    ),
                 ))
             }
         };
         match &chart.1 {
-            Err(problem) => Err(invalid(&chart.0, problem)),
+            Err(problem) => Err(invalid(HELM, &chart.0, format!("{}: {problem}", quoted(&chart.0)))),
             Ok((name, version)) => Ok(FormatReport {
                 format: HELM.into(),
                 facts: BTreeMap::from([("chart", name.clone()), ("version", version.clone())]),
@@ -254,8 +295,27 @@ impl Inspector {
     }
 }
 
-fn invalid(path: &str, problem: &str) -> UnpackError {
-    UnpackError::InvalidFormat { path: path.to_string(), problem: problem.to_string() }
+/// The content is not a valid bundle of `format` (empty: of any format) because of `path`;
+/// `problem` names the path itself, so the message reads `not a helm chart: Chart.yaml: …`.
+fn invalid(format: &str, path: &str, problem: String) -> UnpackError {
+    let problem = match format {
+        PLAIN => format!("not a plain bundle: {problem}"),
+        REGISTRY_V1 => format!("not a registry-v1 bundle: {problem}"),
+        HELM => format!("not a helm chart: {problem}"),
+        _ => problem,
+    };
+    UnpackError::InvalidFormat { path: path.to_string(), problem }
+}
+
+/// A path in a message: as it is when it is plain text, quoted (escaped) when it holds anything
+/// that could be mistaken for the message's own punctuation or is not printable.
+fn quoted(path: &str) -> String {
+    let plain = path.chars().all(|c| c.is_alphanumeric() || "/._-+@~".contains(c));
+    if plain && !path.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path:?}")
+    }
 }
 
 fn is_object_file(path: &str) -> bool {
@@ -270,16 +330,17 @@ fn is_chart_file(path: &str) -> bool {
 fn parse_objects(bytes: &[u8]) -> Result<Vec<(String, String)>, String> {
     let mut found = Vec::new();
     for (i, document) in serde_yaml_ng::Deserializer::from_slice(bytes).enumerate() {
-        let value = Value::deserialize(document).map_err(|e| format!("document {}: {e}", i + 1))?;
+        let n = i + 1;
+        let value = Value::deserialize(document).map_err(|e| format!("document {n} {}", yaml_problem(&e)))?;
         if value.is_null() {
             continue; // an empty document (`---` at the end)
         }
         let Some(object) = value.as_object() else {
-            return Err(format!("document {}: not a Kubernetes object (a mapping with apiVersion and kind)", i + 1));
+            return Err(format!("document {n} is not a Kubernetes object (a mapping with apiVersion and kind)"));
         };
         let text = |key: &str| object.get(key).and_then(Value::as_str).filter(|s| !s.is_empty());
         let (Some(_), Some(kind)) = (text("apiVersion"), text("kind")) else {
-            return Err(format!("document {}: apiVersion and kind are required", i + 1));
+            return Err(format!("document {n} has no apiVersion and kind (both are required)"));
         };
         let name = object.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("");
         found.push((kind.to_string(), name.to_string()));
@@ -287,16 +348,31 @@ fn parse_objects(bytes: &[u8]) -> Result<Vec<(String, String)>, String> {
     Ok(found)
 }
 
+/// Why a YAML document did not parse, with where: the parser's own wording can quote the file
+/// (`invalid type: string "…"`), so only its kind and position are kept.
+fn yaml_problem(e: &serde_yaml_ng::Error) -> String {
+    let at = e.location().map(|l| format!(" (line {}, column {})", l.line(), l.column())).unwrap_or_default();
+    format!("is not valid YAML{at}")
+}
+
+/// `annotations:`, a mapping of strings to strings.
 fn parse_annotations(bytes: &[u8]) -> Result<BTreeMap<String, String>, String> {
-    #[derive(Deserialize)]
-    struct Annotations {
-        annotations: BTreeMap<String, String>,
+    let value: Value = serde_yaml_ng::from_slice(bytes).map_err(|e| format!("the file {}", yaml_problem(&e)))?;
+    let Some(map) = value.get("annotations").and_then(Value::as_object) else {
+        return Err("there is no `annotations` mapping".into());
+    };
+    let mut annotations = BTreeMap::new();
+    for (key, value) in map {
+        let Some(text) = value.as_str() else {
+            return Err(format!("annotation {key:?} is not a string"));
+        };
+        annotations.insert(key.clone(), text.to_string());
     }
-    serde_yaml_ng::from_slice::<Annotations>(bytes).map(|a| a.annotations).map_err(|e| e.to_string())
+    Ok(annotations)
 }
 
 fn parse_chart(bytes: &[u8]) -> Result<Chart, String> {
-    let value: Value = serde_yaml_ng::from_slice(bytes).map_err(|e| e.to_string())?;
+    let value: Value = serde_yaml_ng::from_slice(bytes).map_err(|e| format!("the file {}", yaml_problem(&e)))?;
     let text = |key: &str| value.get(key).and_then(Value::as_str).unwrap_or("").to_string();
     let (name, version) = (text("name"), text("version"));
     if name.is_empty() || version.is_empty() {

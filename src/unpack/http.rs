@@ -104,7 +104,7 @@ pub fn fetch(
     sink: &mut Sink<'_>,
 ) -> Result<ResolvedSource, UnpackError> {
     let url = check_url(&spec.url, &ctx.network)?;
-    let shown = redact(&url);
+    let shown = format!("http source {}", redact(&url));
     // Both the spec's digest and one recorded in the pinned identity must hold.
     let mut expected = Vec::new();
     if !spec.sha256.is_empty() {

@@ -1,14 +1,19 @@
 //! Turning a finalized revision into what a Bundle serves: one BundleContent per distinct content
 //! (owned by its Bundle, named after the digest, reused when the same content comes back), the
 //! Bundle's status pointing at it, and old BundleContents beyond `spec.revisionHistoryLimit`
-//! deleted — all in one atomic store write. Used by uploads and by the reconcile loop alike.
+//! deleted — all in one atomic store write. Used by uploads and by the reconcile loop alike; the
+//! loop also re-checks what an upload Bundle serves when its spec changes ([`recheck_upload`]).
 
 use serde_json::Value;
 
+use super::error::UnpackError;
 use super::format::FormatReport;
+use super::sink;
 use crate::api::strategy::{self, bundlecontent::BUNDLE_CONTENT, decode};
 use crate::api::{content_name, Bundle, BundleContent, BundleStatus, ResolvedSource, Served};
-use crate::storage::{ObjectKey, ObjectWrite, PendingRevision, Precondition, StorageError, Store, StoredObject};
+use crate::storage::{
+    ObjectKey, ObjectWrite, PendingRevision, Precondition, RevisionId, StorageError, Store, StoredObject,
+};
 
 /// What must still hold for a commit to land.
 #[derive(Clone, Debug)]
@@ -19,6 +24,11 @@ pub struct Expect {
     pub uid: String,
     /// The generation the content was unpacked for; `None` accepts any (uploads).
     pub generation: Option<i64>,
+    /// The generation whose spec the content was checked against, which the status names. An
+    /// upload lands even when the spec moved on meanwhile; its status then names the older
+    /// generation, and the reconcile loop checks the content against the new spec
+    /// ([`recheck_upload`]).
+    pub checked_generation: i64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +70,7 @@ pub fn commit(
         let existing_typed = existing.as_ref().map(|e| decode::<BundleContent>(&e.value)).transpose().ok().flatten();
         let reuse = existing_typed.is_some_and(|e| e.spec.digest == record.digest && e.owned_by(current.bundle.uid()));
         let mut status = current.bundle.status_or_default();
-        status.unpacked(current.bundle.generation(), served.clone());
+        status.unpacked(expect.checked_generation.min(current.bundle.generation()), served.clone());
         let mut writes = vec![ObjectWrite::Put {
             key: bundle_key.clone(),
             object: with_status(&current.stored.value, &status),
@@ -169,6 +179,53 @@ pub fn write_status(
         }
     }
     Err(StorageError::Conflict(format!("bundles {:?}", expect.name)).into())
+}
+
+/// Brings an upload Bundle's status to its current generation: the content it serves is checked
+/// again against the current spec (`format`, `allowEmpty`; the same checks an upload gets) and
+/// the `Unpacked` condition says whether it is valid for it — it stays served either way. With
+/// nothing served, the conditions (`AwaitingUpload`, `ContentDeleted`) stay true as they are.
+/// Blocking; a write that raced with another (an upload landing) is done again on what is new.
+pub fn recheck_upload(store: &Store, expect: &Expect) -> Result<(), CommitError> {
+    for _ in 0..8 {
+        let current = current(store, expect)?;
+        let bundle = &current.bundle;
+        let generation = bundle.generation();
+        let mut status = bundle.status_or_default();
+        if status.observed_generation == Some(generation) {
+            return Ok(());
+        }
+        match served_revision(store, bundle)? {
+            None => status.restamp(generation),
+            Some(revision) => {
+                match sink::recheck(store, revision, bundle.spec.format_name(), bundle.spec.allows_empty()) {
+                    Ok(report) => status.rechecked(generation, report.format.clone(), report.details()),
+                    Err(UnpackError::Storage(e)) => return Err(e.into()),
+                    Err(e) => status.recheck_failed(generation, e.reason(), &e.to_string()),
+                }
+            }
+        }
+        let write = ObjectWrite::Put {
+            key: ObjectKey::new(Bundle::PLURAL, &expect.namespace, &expect.name),
+            object: with_status(&current.stored.value, &status),
+            precondition: Precondition::ResourceVersion(current.stored.resource_version),
+            revision: None,
+        };
+        match store.write_objects(vec![write]) {
+            Err(StorageError::Conflict(_)) => continue,
+            other => return other.map(|_| ()).map_err(CommitError::from),
+        }
+    }
+    Err(StorageError::Conflict(format!("bundles {:?}", expect.name)).into())
+}
+
+/// The revision of the BundleContent a Bundle's status says it serves, if there is one.
+fn served_revision(store: &Store, bundle: &Bundle) -> Result<Option<RevisionId>, StorageError> {
+    let Some(content) = bundle.status.as_ref().and_then(|s| s.content_name.as_deref()).filter(|c| !c.is_empty()) else {
+        return Ok(None);
+    };
+    let key = ObjectKey::new(BundleContent::PLURAL, bundle.namespace(), content);
+    Ok(store.get_object(&key)?.and_then(|stored| stored.revision))
 }
 
 /// Deletes of the Bundle's BundleContents beyond its history limit: newest kept, never `active`.

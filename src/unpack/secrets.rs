@@ -80,8 +80,10 @@ fn docker_config(data: &BTreeMap<String, Vec<u8>>, namespace: &str, name: &str) 
     }
     if let Some(legacy) = data.get(".dockercfg") {
         // `kubernetes.io/dockercfg`: the `auths` map without its wrapper.
-        let auths: serde_json::Value = serde_json::from_slice(legacy)
-            .map_err(|e| UnpackError::Unsupported(format!("Secret {namespace}/{name}: .dockercfg is not JSON: {e}")))?;
+        let auths: serde_json::Value = serde_json::from_slice(legacy).map_err(|e| {
+            let problem = crate::unpack::error::json_problem(&e);
+            UnpackError::Unsupported(format!("Secret {namespace}/{name}: .dockercfg {problem}"))
+        })?;
         return Ok(Credentials::DockerConfig(serde_json::json!({"auths": auths}).to_string().into_bytes()));
     }
     Err(UnpackError::Unsupported(format!(

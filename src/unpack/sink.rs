@@ -16,7 +16,7 @@ use super::error::UnpackError;
 use super::format::{FormatReport, Inspector, MAX_INSPECTED_BYTES};
 use super::source::{Budget, UnpackLimits};
 use super::EntrySink;
-use crate::storage::{RevisionWriter, StorageError};
+use crate::storage::{RangeSpec, RevisionId, RevisionWriter, StorageError, Store};
 
 /// Unpacked bytes below which the expansion ratio is not checked (tiny archives compress well).
 const RATIO_FLOOR: u64 = 1 << 20;
@@ -58,15 +58,7 @@ impl<'w> TreeSink<'w> {
     /// file or symlink ([`UnpackError::Empty`]) unless `allow_empty` (`spec.allowEmpty`) says empty
     /// content is intended; an empty tree then has no format to detect, only a declared one to fail.
     pub fn finish(self, declared_format: &str, strict: bool, allow_empty: bool) -> Result<FormatReport, UnpackError> {
-        if self.files == 0 {
-            if !allow_empty {
-                return Err(UnpackError::Empty);
-            }
-            if declared_format.is_empty() {
-                return Ok(FormatReport::default());
-            }
-        }
-        self.inspector.finish(declared_format, strict)
+        conclude(self.inspector, self.files, declared_format, strict, allow_empty)
     }
 
     /// The final path of a file or symlink, counted and shown to the inspector.
@@ -149,6 +141,61 @@ impl EntrySink for TreeSink<'_> {
         }
         Ok(())
     }
+}
+
+/// [`TreeSink::finish`] for a tree of `files` files and symlinks the `inspector` saw.
+fn conclude(
+    inspector: Inspector,
+    files: u64,
+    declared_format: &str,
+    strict: bool,
+    allow_empty: bool,
+) -> Result<FormatReport, UnpackError> {
+    if files == 0 {
+        if !allow_empty {
+            return Err(UnpackError::Empty);
+        }
+        if declared_format.is_empty() {
+            return Ok(FormatReport::default());
+        }
+    }
+    inspector.finish(declared_format, strict)
+}
+
+/// The checks [`TreeSink::finish`] makes, made again on a committed revision: whether the content
+/// an upload Bundle serves is valid for its changed spec (`spec.format`, `spec.allowEmpty`). Reads
+/// only the files the inspector looks at, each at most [`MAX_INSPECTED_BYTES`]. Blocking.
+pub fn recheck(
+    store: &Store,
+    revision: RevisionId,
+    declared_format: &str,
+    allow_empty: bool,
+) -> Result<FormatReport, UnpackError> {
+    let mut inspector = Inspector::default();
+    let mut files = 0u64;
+    for entry in store.files(revision, "") {
+        let entry = entry?;
+        if entry.is_dir() {
+            continue;
+        }
+        files += 1;
+        inspector.saw(&entry.path);
+        if entry.is_symlink() || !Inspector::wants(&entry.path) {
+            continue;
+        }
+        if entry.size > MAX_INSPECTED_BYTES {
+            inspector.too_large(&entry.path);
+            continue;
+        }
+        let mut bytes = Vec::new();
+        let whole = RangeSpec { start: 0, end: entry.size };
+        store.read_file(revision, &entry, whole, &mut |chunk| {
+            bytes.extend_from_slice(chunk);
+            Ok(())
+        })?;
+        inspector.observe(&entry.path, &bytes);
+    }
+    conclude(inspector, files, declared_format, false, allow_empty)
 }
 
 /// A file's bytes on their way into the store, checked against the limits as they pass.

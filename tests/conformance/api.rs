@@ -61,8 +61,19 @@ async fn bundle_lifecycle_follows_kubernetes_semantics() {
     let updated: Value = resp.json().await.unwrap();
     assert_eq!(updated["metadata"]["generation"], 2, "{updated:#}");
     assert_eq!(updated["spec"]["revisionHistoryLimit"], 5);
+    assert_ne!(str_at(&updated, "/metadata/resourceVersion"), rv1);
+    // The server then brings the status to generation 2 (as a controller would): go on from the
+    // object as it is after that write.
+    let updated = eventually(Duration::from_secs(30), "status.observedGeneration 2", || async {
+        let b = server.get_json(&bundle("ns1", "b1")).await;
+        if b["status"]["observedGeneration"] == 2 {
+            Ok(b)
+        } else {
+            Err(format!("{}", b["status"]))
+        }
+    })
+    .await;
     let rv2 = str_at(&updated, "/metadata/resourceVersion").to_owned();
-    assert_ne!(rv2, rv1);
 
     let mut relabel = updated.clone();
     relabel["metadata"]["labels"] = json!({"tier": "gold"});

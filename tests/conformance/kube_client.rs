@@ -85,6 +85,19 @@ fn generation(obj: &DynamicObject) -> i64 {
     obj.metadata.generation.unwrap_or_else(|| panic!("no metadata.generation: {obj:?}"))
 }
 
+/// The Bundle once the server has brought its status to its generation (it writes the status of
+/// an upload Bundle after each spec change, as a controller would).
+async fn settled(api: &Api<DynamicObject>, name: &str) -> DynamicObject {
+    for _ in 0..300 {
+        let obj = api.get(name).await.expect("get");
+        if obj.data["status"]["observedGeneration"] == json!(generation(&obj)) {
+            return obj;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("the status of {name} never reached its generation");
+}
+
 fn rv(obj: &DynamicObject) -> String {
     obj.resource_version().unwrap_or_else(|| panic!("no metadata.resourceVersion: {obj:?}"))
 }
@@ -327,6 +340,7 @@ async fn merge_and_json_patches_and_the_status_subresource() {
     assert_eq!(generation(&merged), 2);
     assert_eq!(merged.data["spec"]["revisionHistoryLimit"], 5);
     assert_eq!(merged.data["spec"]["sources"], json!([{"upload": {}}]));
+    let merged = settled(&api, "p").await;
     let labelled = api
         .patch("p", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"tier": "gold"}}})))
         .await
@@ -348,6 +362,7 @@ async fn merge_and_json_patches_and_the_status_subresource() {
     assert_eq!(generation(&json_patched), 3);
     assert_eq!(json_patched.data["spec"]["revisionHistoryLimit"], 7);
     assert_eq!(json_patched.annotations().get("note").map(String::as_str), Some("json-patched"));
+    let json_patched = settled(&api, "p").await;
     let failing = json!([
         {"op": "test", "path": "/spec/revisionHistoryLimit", "value": 3},
         {"op": "replace", "path": "/spec/revisionHistoryLimit", "value": 9},

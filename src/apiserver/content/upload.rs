@@ -86,6 +86,8 @@ pub(super) struct UploadTarget {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+    /// The generation whose spec (format, allowEmpty, destination) the upload is checked against.
+    generation: i64,
     destination: String,
     declared_format: String,
     /// `spec.allowEmpty`: an archive without files is content, not a mistake.
@@ -105,6 +107,7 @@ impl UploadTarget {
             namespace: namespace.to_string(),
             name: name.to_string(),
             uid: bundle.uid().to_string(),
+            generation: bundle.generation(),
             destination: upload.destination.clone(),
             declared_format: bundle.spec.format_name().to_string(),
             allow_empty: bundle.spec.allows_empty(),
@@ -154,7 +157,15 @@ where
     .await
     .map_err(ApiError::from)??;
 
-    let expect = Expect { namespace: target.namespace, name: target.name, uid: target.uid, generation: None };
+    // Any generation: a spec changed meanwhile gets the content checked again (the status says
+    // which generation this check was for).
+    let expect = Expect {
+        namespace: target.namespace,
+        name: target.name,
+        uid: target.uid,
+        generation: None,
+        checked_generation: target.generation,
+    };
     let resolved = [ResolvedSource::Upload { digest: pending.record().digest.clone() }];
     blocking(app, move |store| match revisions::commit(store, &expect, pending, &report, &resolved) {
         Ok(bundle) => Ok(bundle),

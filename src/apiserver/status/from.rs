@@ -10,6 +10,7 @@ use crate::api::Bundle;
 use crate::apiserver::fieldmanager::ApplyError;
 use crate::apiserver::handlers::{continue_token, ListOptions};
 use crate::apiserver::panic_status;
+use crate::apiserver::GROUP;
 use crate::storage::StorageError;
 use crate::unpack::tar_ingest::IngestError;
 use crate::unpack::UnpackError;
@@ -144,7 +145,8 @@ impl From<UploadFailure> for ApiError {
 fn ingest_error(bundle: &str, err: IngestError<UnpackError>) -> ApiError {
     match err {
         IngestError::InvalidEntry { path, reason } => invalid_entry(bundle, path, reason),
-        IngestError::Corrupt(message) => ApiError::bad_request(format!("invalid archive: {message}")),
+        // The archive reader's messages are whole and plain (no library text, no body bytes).
+        IngestError::Corrupt(message) => ApiError::bad_request(message),
         IngestError::TooLarge { limit } => {
             ApiError::too_large(format!("archive expands past the maximum of {limit} bytes (--max-unpacked-bytes)"))
         }
@@ -159,16 +161,27 @@ fn ingest_error(bundle: &str, err: IngestError<UnpackError>) -> ApiError {
 fn unpack_error(bundle: &str, err: UnpackError) -> ApiError {
     match err {
         UnpackError::InvalidEntry { path, reason } => invalid_entry(bundle, path, reason),
-        UnpackError::InvalidFormat { path, problem } => invalid_entry(bundle, path, problem),
+        UnpackError::InvalidFormat { path, problem } => invalid_format(bundle, path, problem),
         UnpackError::TooLarge(message) => ApiError::too_large(message),
-        UnpackError::CorruptArchive(message) => ApiError::bad_request(format!("invalid archive: {message}")),
+        UnpackError::CorruptArchive(message) => ApiError::bad_request(message),
         UnpackError::Empty => ApiError::new_unprocessable(UnpackError::Empty.to_string()),
         UnpackError::Storage(e) => e.into(),
         other => ApiError::internal(other.to_string()),
     }
 }
 
+/// `Bundle "b" is invalid: PATH: REASON`: the entry's path is the cause's field, said once.
 fn invalid_entry(bundle: &str, path: String, reason: String) -> ApiError {
-    let cause = Cause { reason: "FieldValueInvalid".into(), message: format!("{path}: {reason}"), field: path };
+    let cause = Cause { reason: "FieldValueInvalid".into(), message: reason, field: path };
     ApiError::invalid(Bundle::KIND, bundle, vec![cause])
+}
+
+/// `Bundle "b" is invalid: not a helm chart: …`: the problem names the format and the file
+/// (the cause's field), so it is not prefixed with the file again.
+fn invalid_format(bundle: &str, path: String, problem: String) -> ApiError {
+    let kind = Bundle::KIND;
+    let message = format!("{kind}.{GROUP} {bundle:?} is invalid: {problem}");
+    let cause = Cause { reason: "FieldValueInvalid".into(), message: problem, field: path };
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, Reason::Invalid, message)
+        .with_details(json!({"name": bundle, "group": GROUP, "kind": kind, "causes": [cause]}))
 }

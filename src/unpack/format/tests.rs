@@ -36,7 +36,30 @@ fn an_object_file_that_does_not_parse_is_named() {
         other => panic!("unexpected {other:?}"),
     }
     let err = inspect(&[("manifests/x.yaml", "just: a map\n")]).finish(PLAIN, true).unwrap_err();
-    assert!(err.to_string().contains("apiVersion and kind are required"), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "not a plain bundle: manifests/x.yaml: document 1 has no apiVersion and kind (both are required)"
+    );
+}
+
+#[test]
+fn parse_errors_say_where_and_never_quote_the_file() {
+    let err = inspect(&[("manifests/x.yaml", "apiVersion: v1\nkind: [unclosed secret-words\n")])
+        .finish(PLAIN, true)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "not a plain bundle: manifests/x.yaml: document 1 is not valid YAML (line 3, column 1)"
+    );
+    let annotations = "annotations: secret-words\n";
+    let err = inspect(&[("metadata/annotations.yaml", annotations)]).finish("", true).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "not a registry-v1 bundle: metadata/annotations.yaml: there is no `annotations` mapping"
+    );
+    let err = inspect(&[("Chart.yaml", "name: [secret-words")]).finish(HELM, true).unwrap_err();
+    assert!(err.to_string().starts_with("not a helm chart: Chart.yaml: the file is not valid YAML (line "), "{err}");
+    assert!(!err.to_string().contains("secret-words"), "{err}");
 }
 
 #[test]
@@ -50,9 +73,9 @@ fn registry_v1_needs_the_annotation_and_a_csv() {
     let err = inspect(&[("metadata/annotations.yaml", annotations), ("manifests/d.yaml", DEPLOYMENT)])
         .finish("", true)
         .unwrap_err();
-    assert!(err.to_string().contains("no ClusterServiceVersion"), "{err}");
+    assert_eq!(err.to_string(), "not a registry-v1 bundle: manifests/ holds no ClusterServiceVersion");
     let err = inspect(&[("manifests/csv.yaml", csv)]).finish(REGISTRY_V1, true).unwrap_err();
-    assert!(err.to_string().starts_with("metadata/annotations.yaml: missing"), "{err}");
+    assert_eq!(err.to_string(), "not a registry-v1 bundle: metadata/annotations.yaml is missing");
 }
 
 #[test]
@@ -63,13 +86,32 @@ fn helm_charts_at_the_root_or_in_one_directory() {
     let nested = inspect(&[("demo/Chart.yaml", chart), ("demo/values.yaml", "a: 1")]).finish("", true).unwrap();
     assert_eq!(nested.facts.get("chart").map(String::as_str), Some("demo"));
     let err = inspect(&[("Chart.yaml", "name: x\n")]).finish(HELM, true).unwrap_err();
-    assert!(err.to_string().contains("version are required"), "{err}");
+    assert_eq!(err.to_string(), "not a helm chart: Chart.yaml: name and version are required");
+    let err = inspect(&[("a/Chart.yaml", chart), ("b/x", "")]).finish(HELM, true).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "not a helm chart: a/Chart.yaml is not at the root, and its directory is not the only top-level one \
+         (found a/, b/)"
+    );
 }
 
 #[test]
 fn undetectable_trees_fail_only_when_strict() {
     let files = [("README.md", "hi")];
-    assert!(matches!(inspect(&files).finish("", true), Err(UnpackError::InvalidFormat { .. })));
+    let err = inspect(&files).finish("", true).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "no bundle format detected: found README.md at the root; expected manifests/ (plain), \
+         metadata/annotations.yaml (registry-v1) or Chart.yaml (helm)"
+    );
+    let many: Vec<(String, &str)> = (0..70).map(|i| (format!("f{i:02}"), "")).collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(p, t)| (p.as_str(), *t)).collect();
+    let err = inspect(&many).finish(PLAIN, true).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "not a plain bundle: there is no manifests/ directory (found f00, f01, f02, f03, f04, f05, f06, f07 and 56 \
+         or more others)"
+    );
     assert_eq!(inspect(&files).finish("", false).unwrap().format, "");
     // A declared format is always checked.
     assert!(inspect(&files).finish(PLAIN, false).is_err());

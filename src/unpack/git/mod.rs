@@ -115,7 +115,13 @@ pub fn fetch(
     let commit_obj = repo.find_commit(id).map_err(|_| {
         UnpackError::Fetch(format!("git source {}: commit {id} not found in the repository", redact(&url)))
     })?;
-    let root = commit_obj.tree_id().map_err(|e| UnpackError::CorruptArchive(format!("git commit {id}: {e}")))?.detach();
+    let root = commit_obj
+        .tree_id()
+        .map_err(|e| {
+            tracing::debug!(commit = %id, error = %e, "decoding the commit failed");
+            UnpackError::CorruptArchive(format!("git commit {id} does not decode"))
+        })?
+        .detach();
     tree::walk(&repo, root, &spec.directory, id, ctx, sink)?;
     Ok(ResolvedSource::Git { repository: repository.clone(), commit: id.to_string() })
 }

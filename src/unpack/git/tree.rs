@@ -21,7 +21,11 @@ pub(super) fn walk(
     ctx: &SourceContext,
     sink: &mut Sink<'_>,
 ) -> Result<(), UnpackError> {
-    let corrupt = |e: &dyn std::fmt::Display| UnpackError::CorruptArchive(format!("git commit {commit}: {e}"));
+    // gix's wording is logged, not shown: the user learns which object of the commit is bad.
+    let corrupt = |what: String, e: &dyn std::fmt::Display| {
+        tracing::debug!(%commit, error = %e, "{what}");
+        UnpackError::CorruptArchive(format!("git commit {commit}: {what}"))
+    };
     let start = subdirectory(repo, root, directory, commit)?;
     let limits = &ctx.limits;
     let (mut files, mut total) = (0u64, 0u64);
@@ -29,8 +33,8 @@ pub(super) fn walk(
     let mut stack = vec![(String::new(), start)];
     while let Some((prefix, tree_id)) = stack.pop() {
         ctx.check_cancelled()?;
-        let tree = repo.find_tree(tree_id).map_err(|e| corrupt(&e))?;
-        let decoded = tree.decode().map_err(|e| corrupt(&e))?;
+        let tree = repo.find_tree(tree_id).map_err(|e| corrupt(format!("tree {tree_id} is missing or corrupt"), &e))?;
+        let decoded = tree.decode().map_err(|e| corrupt(format!("tree {tree_id} does not decode"), &e))?;
         let entries: Vec<(EntryKind, Result<String, ()>, gix::ObjectId)> = decoded
             .entries
             .iter()
@@ -81,7 +85,8 @@ pub(super) fn walk(
                     limits.max_files
                 )));
             }
-            let size = repo.find_header(oid).map_err(|e| corrupt(&e))?.size();
+            let size =
+                repo.find_header(oid).map_err(|e| corrupt(format!("object {oid} is missing or corrupt"), &e))?.size();
             if size > limits.max_file_bytes {
                 return Err(UnpackError::TooLarge(format!(
                     "{path}: {size} bytes is more than the limit of {} per file",
@@ -101,7 +106,7 @@ pub(super) fn walk(
                     limits.max_total_bytes
                 )));
             }
-            let blob = repo.find_blob(oid).map_err(|e| corrupt(&e))?;
+            let blob = repo.find_blob(oid).map_err(|e| corrupt(format!("blob {oid} is missing or corrupt"), &e))?;
             match kind {
                 EntryKind::Link => {
                     let target = std::str::from_utf8(&blob.data).map_err(|_| UnpackError::InvalidEntry {
@@ -133,17 +138,23 @@ fn subdirectory(
     if dir.is_empty() {
         return Ok(root);
     }
-    let missing = |problem: String| UnpackError::InvalidFormat { path: directory.to_owned(), problem };
+    let missing = |problem: String| UnpackError::InvalidFormat {
+        path: directory.to_owned(),
+        problem: format!("git directory {directory:?} {problem}"),
+    };
     if dir.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
-        return Err(missing("directory must be a relative path without '.' or '..' components".into()));
+        return Err(missing("must be a relative path without '.' or '..' components".into()));
     }
-    let tree = repo.find_tree(root).map_err(|e| UnpackError::CorruptArchive(format!("git commit {commit}: {e}")))?;
-    let entry =
-        tree.lookup_entry_by_path(dir).map_err(|e| UnpackError::CorruptArchive(format!("git commit {commit}: {e}")))?;
+    let unreadable = |e: &dyn std::fmt::Display| {
+        tracing::debug!(%commit, error = %e, "reading the commit's tree failed");
+        UnpackError::CorruptArchive(format!("git commit {commit}: its tree {root} is missing or corrupt"))
+    };
+    let tree = repo.find_tree(root).map_err(|e| unreadable(&e))?;
+    let entry = tree.lookup_entry_by_path(dir).map_err(|e| unreadable(&e))?;
     match entry {
         Some(e) if e.mode().is_tree() => Ok(e.object_id()),
         Some(_) => Err(missing(format!("is not a directory in commit {commit}"))),
-        None => Err(missing(format!("no such directory in commit {commit}"))),
+        None => Err(missing(format!("does not exist in commit {commit}"))),
     }
 }
 

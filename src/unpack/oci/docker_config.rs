@@ -28,7 +28,8 @@ impl std::fmt::Debug for BasicCredentials {
 /// file at all. Docker Hub's aliases (`docker.io`, `index.docker.io`, `registry-1.docker.io`) match
 /// each other; keys may carry a scheme and a path.
 pub fn credentials_for(config: &[u8], registry: &str) -> Result<Option<BasicCredentials>, String> {
-    let value: Value = serde_json::from_slice(config).map_err(|e| format!("not a docker config file: {e}"))?;
+    let value: Value = serde_json::from_slice(config)
+        .map_err(|e| format!("not a docker config file: it {}", crate::unpack::error::json_problem(&e)))?;
     let auths = match value.get("auths") {
         Some(Value::Object(auths)) => auths,
         // A config without an `auths` section (only `credHelpers`, say) has nothing for us.
@@ -67,7 +68,7 @@ fn entry_credentials(entry: &Value) -> Result<Option<BasicCredentials>, String> 
     if let Some(auth) = entry.get("auth").and_then(Value::as_str).filter(|a| !a.is_empty()) {
         let decoded = base64::engine::general_purpose::STANDARD
             .decode(auth.trim())
-            .map_err(|e| format!("`auth` is not base64: {e}"))?;
+            .map_err(|_| "`auth` is not base64".to_owned())?;
         let decoded = String::from_utf8(decoded).map_err(|_| "`auth` is not UTF-8".to_owned())?;
         let (username, password) =
             decoded.split_once(':').ok_or_else(|| "`auth` is not `username:password`".to_owned())?;

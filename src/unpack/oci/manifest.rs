@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use crate::unpack::error::UnpackError;
+use crate::unpack::error::{json_problem, UnpackError};
 use crate::unpack::tar_ingest::Encoding;
 
 /// Media types accepted when pulling a manifest by digest.
@@ -64,7 +64,7 @@ pub struct Manifest {
 impl Manifest {
     pub fn parse(bytes: &[u8], what: &str) -> Result<Manifest, UnpackError> {
         serde_json::from_slice(bytes)
-            .map_err(|e| UnpackError::Unsupported(format!("{what}: not an image manifest: {e}")))
+            .map_err(|e| UnpackError::Unsupported(format!("{what}: not an image manifest: it {}", json_problem(&e))))
     }
 
     pub fn is_index(&self) -> bool {

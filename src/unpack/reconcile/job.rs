@@ -38,6 +38,7 @@ enum Outcome {
 pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel: CancellationToken) {
     let (mut mode, mut wait) = match plan {
         Plan::Nothing => return,
+        Plan::RecheckUpload => return super::recheck::run(shared, &expect, &cancel).await,
         Plan::MarkPaused => {
             let _ = write_status(shared, &expect, |b| with(b, |s, generation| s.paused(generation))).await;
             return;
@@ -96,7 +97,7 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
     }
 }
 
-fn backoff(failures: u32) -> Duration {
+pub(super) fn backoff(failures: u32) -> Duration {
     FIRST_RETRY.saturating_mul(1 << failures.saturating_sub(1).min(10)).min(MAX_RETRY)
 }
 

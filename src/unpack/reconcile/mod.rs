@@ -6,6 +6,10 @@
 //! Bundle. Jobs share a bounded pool of unpack slots; a job is cancelled when its Bundle's spec
 //! changes or the Bundle goes, and all are cancelled on shutdown.
 //!
+//! An upload Bundle has nothing to fetch, but its status must still follow its spec: when the
+//! status speaks for an older generation, [`recheck`] checks the served content against the new
+//! spec (or, with nothing served, only moves the generation along).
+//!
 //! All state lives in the store: a Bundle whose `Unpacked` condition was not finally answered for
 //! its generation (`Pending`, `Unpacking`, a transient failure) is picked up again at start, so a
 //! crash or restart mid-unpack resumes (from the beginning of that unpack; the half-written
@@ -13,6 +17,7 @@
 
 mod job;
 mod plan;
+mod recheck;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -196,8 +201,13 @@ fn consider(shared: &Arc<Shared>, object: &Value) {
     let cancel = shared.shutdown.child_token();
     jobs.insert(key.clone(), Running { id, uid: uid.clone(), generation, cancel: cancel.clone() });
     drop(jobs);
-    let expect =
-        super::revisions::Expect { namespace: key.0.clone(), name: key.1.clone(), uid, generation: Some(generation) };
+    let expect = super::revisions::Expect {
+        namespace: key.0.clone(),
+        name: key.1.clone(),
+        uid,
+        generation: Some(generation),
+        checked_generation: generation,
+    };
     let shared = shared.clone();
     tokio::spawn(async move {
         job::run(&shared, expect, plan, cancel).await;

@@ -6,8 +6,11 @@ use crate::api::{Bundle, UNFINISHED_REASONS};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Plan {
-    /// Up to date, uploaded by users, or being deleted.
+    /// Up to date, waiting for an upload, or being deleted.
     Nothing,
+    /// An upload Bundle whose status speaks for an older generation: check what it serves
+    /// against the current spec.
+    RecheckUpload,
     /// `spec.paused` and not yet said so in the status.
     MarkPaused,
     /// Unpack the current generation.
@@ -20,9 +23,14 @@ pub fn plan(bundle: &Bundle) -> Plan {
     if bundle.is_deleting() {
         return Plan::Nothing;
     }
-    // Uploads arrive by PUT on the content subresource; nothing to fetch.
-    if bundle.spec.sources.is_empty() || bundle.takes_uploads() {
+    if bundle.spec.sources.is_empty() {
         return Plan::Nothing;
+    }
+    // Uploads arrive by PUT on the content subresource; nothing to fetch, but the status must
+    // follow every spec change.
+    if bundle.takes_uploads() {
+        let current = bundle.status.as_ref().is_some_and(|s| s.observed_generation == Some(bundle.generation()));
+        return if current { Plan::Nothing } else { Plan::RecheckUpload };
     }
     if bundle.spec.is_paused() {
         let marked = bundle.status.as_ref().is_some_and(|s| s.is_marked_paused());
@@ -64,7 +72,12 @@ mod tests {
         let polled = json!({"sources": [{"image": {"ref": "r/x:1"}}], "pollInterval": "1m"});
         assert_eq!(plan(&bundle(polled, Some(("Unpacked", 2)))), Plan::Poll(Duration::from_secs(60)));
         let upload = json!({"sources": [{"upload": {}}]});
-        assert_eq!(plan(&bundle(upload, None)), Plan::Nothing);
+        assert_eq!(plan(&bundle(upload.clone(), None)), Plan::RecheckUpload, "no status for this generation");
+        let mut current = bundle(upload.clone(), Some(("Unpacked", 2)));
+        current.status.as_mut().unwrap().observed_generation = Some(2);
+        assert_eq!(plan(&current), Plan::Nothing);
+        current.status.as_mut().unwrap().observed_generation = Some(1);
+        assert_eq!(plan(&current), Plan::RecheckUpload, "the spec changed since");
         let paused = json!({"sources": [{"git": {"repository": "https://x"}}], "paused": true});
         assert_eq!(plan(&bundle(paused, None)), Plan::MarkPaused);
     }

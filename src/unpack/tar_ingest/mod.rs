@@ -102,8 +102,10 @@ pub enum IngestError<E> {
     /// An unsafe or unsupported entry (answer 422, naming the path).
     #[error("invalid archive entry {path:?}: {reason}")]
     InvalidEntry { path: String, reason: String },
-    /// Truncated or corrupt archive or compression stream (answer 400).
-    #[error("corrupt archive: {0}")]
+    /// Truncated or corrupt archive or compression stream, or not an archive at all (answer 400).
+    /// The message is complete and plain: it names the entry and the rule, never quotes the
+    /// data or a library's wording.
+    #[error("{0}")]
     Corrupt(String),
     /// Decompressed/unpacked size past `max_unpacked_bytes`, or more than `max_entries` entries;
     /// `limit` is the limit that was exceeded (answer 413).
@@ -173,6 +175,12 @@ struct State {
     armed_fill: Cell<usize>,
     /// An end-of-archive zero block was seen where a header was expected.
     end_marker: Cell<bool>,
+    /// Entry headers seen so far (extension headers not counted): the number of the current entry.
+    entries: Cell<u64>,
+    /// The number and path of the last entry whose path was read, for messages.
+    last: Cell<Option<(u64, String)>>,
+    /// What the tar stream was decoded from: `tar` (nothing), `gzip` or `zstd`.
+    codec: Cell<&'static str>,
 }
 
 impl State {
@@ -186,6 +194,42 @@ impl State {
         let present = v.is_some();
         self.violation.set(v);
         present
+    }
+
+    /// Names entry `n` for a message: `entry 3 ("a/b.yaml")` once its path is known, else
+    /// `entry 3 (after "a/a.yaml")`, or `entry 1`.
+    fn entry(&self, n: u64) -> String {
+        let last = self.last.take();
+        let label = match &last {
+            Some((m, path)) if *m == n => format!("entry {n} ({path:?})"),
+            Some((_, path)) => format!("entry {n} (after {path:?})"),
+            None => format!("entry {n}"),
+        };
+        self.last.set(last);
+        label
+    }
+
+    /// The message for a stream the `tar` crate refused without one of our checks saying why
+    /// (its own wording is never shown: it can quote the data).
+    fn unexplained(&self) -> String {
+        let codec = self.codec.get();
+        let fill = self.armed_fill.get();
+        let entry = self.entry(self.entries.get().max(1));
+        if !self.stream_eof.get() {
+            return format!("corrupt archive: {entry}: the tar header is malformed");
+        }
+        match self.armed.get() {
+            Some(0) if codec == "tar" => {
+                format!("not a tar archive (plain, gzip or zstd): {fill} bytes, shorter than one 512-byte tar header")
+            }
+            Some(0) => format!(
+                "not a tar archive: the {codec} data decompresses to {fill} bytes, shorter than one 512-byte tar header"
+            ),
+            Some(_) if fill > 0 => {
+                format!("truncated archive: the data ends inside the header of {}", self.entry(self.entries.get() + 1))
+            }
+            _ => format!("truncated archive: the data ends inside {entry}"),
+        }
     }
 
     fn arm(&self, at: Option<u64>) {
@@ -203,12 +247,11 @@ impl State {
         if let Some(v) = self.violation.take() {
             return v.into_error();
         }
-        let msg = err.map_or_else(|| "unknown error".to_owned(), |e| e.to_string());
-        if self.stream_eof.get() {
-            IngestError::Corrupt(format!("truncated archive: {msg}"))
-        } else {
-            IngestError::Corrupt(format!("invalid tar archive: {msg}"))
+        // The error surfaced from the tar crate (or a reader under it) without a recorded cause.
+        if let Some(e) = err {
+            tracing::debug!(error = %e, "tar stream refused");
         }
+        IngestError::Corrupt(self.unexplained())
     }
 }
 
@@ -278,11 +321,13 @@ fn run_decoded<R: Read, S: EntrySink + ?Sized>(
         Encoding::Zstd => match zstd::stream::read::Decoder::new(raw) {
             Ok(d) => (Box::new(d), "zstd"),
             Err(e) => {
-                state.flag(Violation::Corrupt(format!("zstd decoder: {e}")));
+                tracing::warn!(error = %e, "starting a zstd decoder failed");
+                state.flag(Violation::Corrupt("the zstd decoder could not be started".to_owned()));
                 return Err(Failure::Flagged);
             }
         },
     };
+    state.codec.set(codec);
     state.arm(Some(0));
     let stream = TarStream::new(decoded, state, codec, limits);
     let mut archive = tar::Archive::new(stream);
@@ -297,7 +342,8 @@ fn run_decoded<R: Read, S: EntrySink + ?Sized>(
             };
             let next_header = block_align(entry.size()).and_then(|s| entry.raw_file_position().checked_add(s));
             if next_header.is_none() {
-                state.flag(Violation::Corrupt("entry size overflows".to_owned()));
+                let entry = state.entry(state.entries.get());
+                state.flag(Violation::Corrupt(format!("corrupt archive: {entry}: the size field is out of range")));
                 return Err(Failure::Flagged);
             }
             state.arm(next_header);
@@ -305,10 +351,13 @@ fn run_decoded<R: Read, S: EntrySink + ?Sized>(
         }
     }
     if !state.end_marker.get() {
-        let msg = if archive.into_inner().position() == 0 {
-            "empty archive".to_owned()
-        } else {
-            "truncated archive: stream ended without the end-of-archive marker".to_owned()
+        let msg = match (archive.into_inner().position(), state.entries.get()) {
+            (0, _) if codec == "tar" => "empty archive: there is no data".to_owned(),
+            (0, _) => format!("empty archive: the {codec} data decompresses to nothing"),
+            (_, n) => format!(
+                "truncated archive: the data ends after {} without the end-of-archive marker",
+                state.entry(n.max(1))
+            ),
         };
         state.flag(Violation::Corrupt(msg));
         return Err(Failure::Flagged);

@@ -13,6 +13,8 @@ use super::{aborted, IngestLimits, State, Violation};
 const BLOCK: u64 = 512;
 /// Largest PAX extended header (`x`) accepted; the `tar` crate holds it in memory.
 const MAX_PAX_HEADER_BYTES: u64 = 1024 * 1024;
+/// What a body whose first block is no tar header is told.
+const NOT_TAR: &str = "not a tar archive (plain, gzip or zstd): the first 512 bytes are not a tar header";
 
 /// Wraps the raw body: keeps its first error for [`IngestError::Source`](super::IngestError::Source),
 /// retries `Interrupted`.
@@ -105,11 +107,16 @@ impl<R: Read> Read for TarStream<'_, R> {
             }
             Err(e) => {
                 if !self.state.source_failed.get() && e.kind() != io::ErrorKind::Interrupted {
-                    // Not from the body: the decoder rejected its input.
+                    // Not from the body: the decoder rejected its input. Its wording is logged,
+                    // not shown: what it says is about its internals, not the user's file.
+                    tracing::debug!(codec = self.codec, error = %e, "decoder refused its input");
+                    let (codec, pos) = (self.codec, self.pos);
                     let msg = if self.state.source_eof.get() {
-                        format!("truncated archive: {} stream ended early ({e})", self.codec)
+                        format!("truncated archive: the {codec} data ends early, after {pos} decompressed bytes")
+                    } else if pos == 0 {
+                        format!("not valid {codec} data: nothing could be decompressed")
                     } else {
-                        format!("invalid {} stream: {e}", self.codec)
+                        format!("corrupt archive: the {codec} data is invalid after {pos} decompressed bytes")
                     };
                     self.state.flag(Violation::Corrupt(msg));
                 }
@@ -183,7 +190,7 @@ impl<R> TarStream<'_, R> {
         }
         let mut header = tar::Header::new_old();
         header.as_mut_bytes().copy_from_slice(&self.header);
-        // Leave headers with a bad checksum to the tar crate, which reports them.
+        // The tar crate checks the same sum, but its message quotes the field's bytes.
         let sum: u32 = self
             .header
             .iter()
@@ -191,7 +198,17 @@ impl<R> TarStream<'_, R> {
             .map(|(i, b)| if (148..156).contains(&i) { u32::from(b' ') } else { u32::from(*b) })
             .sum();
         if header.cksum().ok() != Some(sum) {
-            return Ok(None);
+            return Err(Violation::Corrupt(match (at, self.codec) {
+                (0, "tar") => NOT_TAR.to_owned(),
+                (0, codec) => format!(
+                    "not a tar archive: the {codec} data holds no tar header (its first 512 bytes, decompressed, are \
+                     not one)"
+                ),
+                _ => format!(
+                    "corrupt archive: {}: the header checksum does not match",
+                    self.state.entry(self.state.entries.get() + 1)
+                ),
+            }));
         }
         let entry_type = header.entry_type();
         let limit = if entry_type.is_gnu_longname() || entry_type.is_gnu_longlink() {
@@ -205,6 +222,11 @@ impl<R> TarStream<'_, R> {
             });
         } else {
             // A real entry: the entry loop re-arms the watcher once the crate has parsed it.
+            self.state.entries.set(self.state.entries.get() + 1);
+            if header.entry_size().is_err() {
+                let entry = self.state.entry(self.state.entries.get());
+                return Err(Violation::Corrupt(format!("corrupt archive: {entry}: the size field is not a number")));
+            }
             return Ok(None);
         };
         let Ok(size) = header.entry_size() else {
@@ -231,14 +253,16 @@ pub(super) fn block_align(size: u64) -> Option<u64> {
 pub(super) struct EntryData<'a, 's, R> {
     inner: R,
     remaining: u64,
+    /// The entry's number and path, for messages.
+    entry: u64,
     path: &'a str,
     state: &'s State,
     failed: Option<io::Error>,
 }
 
 impl<'a, 's, R> EntryData<'a, 's, R> {
-    pub(super) fn new(inner: R, remaining: u64, path: &'a str, state: &'s State) -> Self {
-        EntryData { inner, remaining, path, state, failed: None }
+    pub(super) fn new(inner: R, remaining: u64, entry: u64, path: &'a str, state: &'s State) -> Self {
+        EntryData { inner, remaining, entry, path, state, failed: None }
     }
 
     /// The read error the sink saw, if any (taken, so it is reported once).
@@ -262,8 +286,8 @@ impl<R: Read> Read for EntryData<'_, '_, R> {
         match self.inner.read(buf) {
             Ok(0) => {
                 self.state.flag(Violation::Corrupt(format!(
-                    "truncated archive: {:?} ends {} bytes early",
-                    self.path, self.remaining
+                    "truncated archive: entry {} ({:?}) ends {} bytes early",
+                    self.entry, self.path, self.remaining
                 )));
                 self.failed = Some(aborted());
                 Err(io::Error::new(io::ErrorKind::UnexpectedEof, "truncated archive"))

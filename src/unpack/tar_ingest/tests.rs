@@ -633,3 +633,72 @@ fn normalize_paths() {
     assert!(n("//a").is_err());
     assert!(normalize(b"a/b/", 4096).unwrap().trailing_slash);
 }
+
+#[track_caller]
+fn assert_message(err: IngestError<SinkError>, want: &str) {
+    match err {
+        IngestError::Corrupt(msg) => assert_eq!(msg, want),
+        other => panic!("expected Corrupt({want:?}), got {other:?}"),
+    }
+}
+
+/// The reader's messages are its own: entry and rule named, never the data or the crate's words.
+#[test]
+fn corrupt_archives_are_described_plainly() {
+    let not_tar = "not a tar archive (plain, gzip or zstd): the first 512 bytes are not a tar header";
+    assert_message(run_err(&[b'x'; 4096]), not_tar);
+    assert_message(
+        run_err(b"this is not a tar archive at all"),
+        "not a tar archive (plain, gzip or zstd): 32 bytes, shorter than one 512-byte tar header",
+    );
+    assert_message(run_err(b""), "empty archive: there is no data");
+    let (r, _) = run_with(&gzip(&[b'x'; 4096]), Encoding::Identity, &IngestLimits::default());
+    assert_message(
+        r.unwrap_err(),
+        "not a tar archive: the gzip data holds no tar header (its first 512 bytes, decompressed, are not one)",
+    );
+    let (r, _) = run_with(&[b'x'; 4096], Encoding::Zstd, &IngestLimits::default());
+    assert_message(r.unwrap_err(), "not valid zstd data: nothing could be decompressed");
+
+    // A header whose checksum is wrong, after a good entry.
+    let mut second = raw_entry(b"b", b'0', b"", b"2");
+    second[0] = b'c';
+    assert_message(
+        run_err(&raw_archive(&[raw_entry(b"a", b'0', b"", b"1"), second])),
+        "corrupt archive: entry 2 (after \"a\"): the header checksum does not match",
+    );
+    // Numeric fields that are not numbers (checksum fixed up so only the field is wrong).
+    let with_field = |at: std::ops::Range<usize>| {
+        let mut h = tar::Header::new_gnu();
+        h.as_old_mut().name[..1].copy_from_slice(b"m");
+        h.set_size(1);
+        h.set_mode(0o644);
+        h.as_mut_bytes()[at].copy_from_slice(b"zz zz\0\0\0");
+        h.set_cksum();
+        let mut out = h.as_bytes().to_vec();
+        out.resize(1024, 0);
+        raw_archive(&[out])
+    };
+    assert_message(
+        run_err(&with_field(100..108)),
+        "corrupt archive: entry 1 (\"m\"): the mode field is not an octal number",
+    );
+    let mut size = with_field(100..108);
+    size[100..108].copy_from_slice(b"0000644\0");
+    size[124..132].copy_from_slice(b"zz zz\0\0\0");
+    let mut h = tar::Header::new_old();
+    h.as_mut_bytes().copy_from_slice(&size[..512]);
+    h.set_cksum();
+    size[..512].copy_from_slice(h.as_bytes());
+    assert_message(run_err(&size), "corrupt archive: entry 1: the size field is not a number");
+    // Truncated inside the second header.
+    let two = raw_archive(&[raw_entry(b"a", b'0', b"", b"1"), raw_entry(b"b", b'0', b"", b"2")]);
+    assert_message(
+        run_err(&two[..1300]),
+        "truncated archive: the data ends inside the header of entry 2 (after \"a\")",
+    );
+    assert_message(
+        run_err(&two[..1024]),
+        "truncated archive: the data ends after entry 1 (\"a\") without the end-of-archive marker",
+    );
+}

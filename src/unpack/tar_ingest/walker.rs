@@ -62,6 +62,8 @@ impl<'l> Walker<'l> {
         }
         let raw_path = entry.path_bytes().into_owned();
         let shown = display_path(&raw_path);
+        let number = state.entries.get();
+        state.last.set(Some((number, shown.clone())));
         let norm = match normalize(&raw_path, self.limits.max_path_bytes) {
             Ok(norm) => norm,
             Err(reason) => return Err(invalid(state, shown, reason)),
@@ -76,7 +78,7 @@ impl<'l> Walker<'l> {
             if norm.path.is_empty() {
                 return Ok(()); // the root itself (`./`)
             }
-            let mode = entry_mode(mode, &norm.path, state)?;
+            let mode = entry_mode(mode, state)?;
             let first = self.tree.name_dir(&norm.path).map_err(|reason| invalid(state, norm.path.clone(), reason))?;
             // A directory named again keeps the mode of its first entry.
             if first {
@@ -94,10 +96,10 @@ impl<'l> Walker<'l> {
         let path = norm.path;
 
         if entry_type.is_file() || entry_type.is_contiguous() {
-            let mode = entry_mode(mode, &path, state)?;
+            let mode = entry_mode(mode, state)?;
             self.add_bytes(size, state)?;
             self.tree.insert(&path, Kind::File { size }).map_err(|reason| invalid(state, path.clone(), reason))?;
-            let mut data = EntryData::new(&mut *entry, size, &path, state);
+            let mut data = EntryData::new(&mut *entry, size, number, &path, state);
             let result = sink.file(&path, mode, &mut data);
             if let Some(e) = data.take_failure() {
                 // The sink saw a read error: that error, not the sink's reaction to it, counts.
@@ -233,11 +235,13 @@ impl<'l> Walker<'l> {
 /// The permission bits of an entry's mode: setuid, setgid and sticky bits are dropped (content is
 /// data for provisioners, never a way to hand out privileges), as are file-type bits some tools
 /// put in the field.
-fn entry_mode<E>(mode: std::io::Result<u32>, path: &str, state: &State) -> Result<u32, Failure<E>> {
+fn entry_mode<E>(mode: std::io::Result<u32>, state: &State) -> Result<u32, Failure<E>> {
     match mode {
         Ok(mode) => Ok(mode & 0o777),
-        Err(e) => {
-            state.flag(Violation::Corrupt(format!("{path:?}: {e}")));
+        Err(_) => {
+            // The crate's message quotes the field's bytes.
+            let entry = state.entry(state.entries.get());
+            state.flag(Violation::Corrupt(format!("corrupt archive: {entry}: the mode field is not an octal number")));
             Err(Failure::Flagged)
         }
     }
