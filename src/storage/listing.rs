@@ -131,11 +131,12 @@ impl Store {
             }
             _ => Bound::Included(prefix.clone()),
         };
-        let current = self.current_resource_version()?;
         // What a crash could no longer undo: a fresh list is at the durable resourceVersion (the
         // log has the writes applied since, so it reads as any other past version); a named one
-        // not yet durable waits for the flush that covers it.
+        // not yet durable waits for the flush that covers it. Durable is read before current:
+        // read after, a write flushed in between made a fresh list "too new" for itself.
         let at = query.at.unwrap_or_else(|| self.durable_resource_version());
+        let current = self.current_resource_version()?;
         if at > current {
             return Err(StorageError::TooNew { requested: at, current });
         }
