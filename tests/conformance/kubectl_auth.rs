@@ -1,7 +1,7 @@
 //! `kubectl auth whoami` and `kubectl auth can-i` (with `--list`) against a standalone server, for
 //! the admin kubeconfig and for token users of an RBAC policy file, printing what kube-apiserver
-//! prints for the same RBAC; the reviews' refusals of bad bodies; and `kubectl version` without a
-//! version-skew warning.
+//! prints for the same RBAC; the reviews' refusals of bad bodies; `kubectl version` without a
+//! version-skew warning; and a delegated server, which leaves the review groups to the cluster.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -258,4 +258,31 @@ async fn reviews_refuse_bad_bodies_in_plain_words() {
     let yaml = "spec:\n  resourceAttributes: {verb: create, group: content.stowage.dev, resource: bundles, namespace: default}\n";
     let answer: Value = review(&server, SSAR, yaml, "application/yaml").await.json().await.unwrap();
     assert_eq!(answer["status"], json!({"allowed": false}), "{answer:#}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delegated_server_leaves_the_review_groups_to_the_cluster() {
+    use crate::stub_apiserver::StubApiServer;
+    let stub = StubApiServer::start();
+    stub.publish_pki(&[]);
+    let server = Server::start_temp(&["--kubeconfig", stub.kubeconfig().to_str().unwrap()]);
+    // A cluster admin (system:masters needs no SubjectAccessReview).
+    let key = stub.client_ca().client_cert("root", &["system:masters"]);
+    let ca = std::fs::read(server.data_dir().join("pki/ca.crt")).unwrap();
+    let root = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()])
+        .identity(reqwest::Identity::from_pem(format!("{}{}", key.cert_pem, key.key_pem).as_bytes()).unwrap())
+        .no_proxy()
+        .build()
+        .unwrap();
+    let groups: Value = root.get(server.url("/apis")).send().await.unwrap().json().await.unwrap();
+    let names: Vec<&str> = groups["groups"].as_array().unwrap().iter().map(|g| g["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["content.stowage.dev"], "{groups:#}");
+    let review = root
+        .post(server.url("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews"))
+        .json(&json!({"spec": {"namespace": "default"}}))
+        .send()
+        .await
+        .unwrap();
+    expect_status(review, 404, "NotFound").await;
 }

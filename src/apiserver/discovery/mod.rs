@@ -5,27 +5,31 @@
 //!
 //! Every document is rendered once from one description of what is served ([`API_RESOURCES`], and
 //! standalone the self reviews of `authentication.k8s.io/v1` and `authorization.k8s.io/v1`,
-//! [`REVIEWS`]) and answered from memory, with an ETag. A delegated server advertises its own group
-//! only: there the kube-apiserver serves the review groups, and the aggregator merges documents. The documents are kube's own types: the legacy ones and
-//! `version.Info` from k8s-openapi, the aggregated ones from kube-core (`discovery::v2`, which the
-//! kube-rs client decodes them with).
+//! `review_groups.rs`) and answered from memory, with an ETag. A delegated server advertises its
+//! own group only: there the kube-apiserver serves the review groups. The documents are kube's own
+//! types: the legacy ones and `version.Info` (`version.rs`) from k8s-openapi, the aggregated ones
+//! from kube-core (`discovery::v2`, which the kube-rs client decodes them with).
 
 use std::sync::LazyLock;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
-use k8s_openapi::apimachinery::pkg::version::Info;
 use kube::core::discovery::v2;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::handlers::json_response;
 use super::negotiation::{accepted, Caching, Document};
-use super::reviews::{self, REVIEWS};
+use super::reviews;
 use super::{AppState, API_VERSION, GROUP, VERSION};
+
+mod review_groups;
+mod version;
+
 use crate::api::strategy::{ResourceDef, RESOURCES};
+use review_groups::{review_group_discovery, review_resource_list};
+pub use version::version;
 
 /// A served resource as discovery describes it.
 pub struct ApiResource {
@@ -127,53 +131,6 @@ fn api_groups(standalone: bool) -> Vec<meta::APIGroup> {
         groups.extend([reviews::AUTHENTICATION, reviews::AUTHORIZATION].map(|g| api_group(g, reviews::VERSION)));
     }
     groups
-}
-
-/// The legacy resource list of a review group.
-fn review_resource_list(group: &str) -> meta::APIResourceList {
-    let resources = REVIEWS
-        .iter()
-        .filter(|r| r.group == group)
-        .map(|r| meta::APIResource {
-            name: r.plural.into(),
-            singular_name: r.singular.into(),
-            namespaced: false,
-            kind: r.kind.into(),
-            verbs: strings(&["create"]),
-            ..meta::APIResource::default()
-        })
-        .collect();
-    meta::APIResourceList { group_version: format!("{group}/{}", reviews::VERSION), resources }
-}
-
-/// The aggregated form of a review group.
-fn review_group_discovery(group: &str) -> v2::APIGroupDiscovery {
-    let resources = REVIEWS
-        .iter()
-        .filter(|r| r.group == group)
-        .map(|r| v2::APIResourceDiscovery {
-            resource: Some(r.plural.into()),
-            response_kind: Some(v2::GroupVersionKind {
-                group: Some(group.into()),
-                version: Some(reviews::VERSION.into()),
-                kind: Some(r.kind.into()),
-            }),
-            scope: Some("Cluster".into()),
-            singular_resource: Some(r.singular.into()),
-            verbs: strings(&["create"]),
-            short_names: Vec::new(),
-            categories: Vec::new(),
-            subresources: Vec::new(),
-        })
-        .collect();
-    v2::APIGroupDiscovery {
-        metadata: Some(meta::ObjectMeta { name: Some(group.into()), ..meta::ObjectMeta::default() }),
-        versions: vec![v2::APIVersionDiscovery {
-            version: Some(reviews::VERSION.into()),
-            resources,
-            freshness: Some("Current".into()),
-        }],
-    }
 }
 
 fn resource_list() -> meta::APIResourceList {
@@ -374,46 +331,6 @@ fn review_document(headers: &HeaderMap, group: &str, resources: bool) -> Respons
     }
 }
 
-/// The Kubernetes version `/version` reports, as (major, minor). kubectl (`kubectl version`) warns
-/// when its own major differs or its minor is more than one away, so the server must name a
-/// Kubernetes release, not stowage's own version: the API is served as kube-apiserver 1.33 serves
-/// it, and stowage is tested with kubectl 1.32 and behind a 1.34 aggregator, both within one minor
-/// of 1.33. Move it with the releases stowage is tested against. Stowage's own version is the
-/// build metadata of `gitVersion` (`v1.33.0+stowage.0.1.0`), which kubectl parses and ignores.
-pub const KUBERNETES_VERSION: (u32, u32) = (1, 33);
-
-/// kube's `version.Info` for this build. The commit, tree state and build date come from
-/// `STOWAGE_GIT_COMMIT`, `STOWAGE_GIT_TREE_STATE` and `STOWAGE_BUILD_DATE` at compile time when a
-/// release build sets them (empty / the epoch otherwise, as kube reports unstamped builds).
-pub fn version_info() -> Info {
-    let (major, minor) = KUBERNETES_VERSION;
-    let go_arch = match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    };
-    Info {
-        major: major.to_string(),
-        minor: minor.to_string(),
-        git_version: format!("v{major}.{minor}.0+stowage.{}", env!("CARGO_PKG_VERSION")),
-        emulation_major: Some(major.to_string()),
-        emulation_minor: Some(minor.to_string()),
-        min_compatibility_major: Some(major.to_string()),
-        min_compatibility_minor: Some(minor.saturating_sub(1).to_string()),
-        git_commit: option_env!("STOWAGE_GIT_COMMIT").unwrap_or("").into(),
-        git_tree_state: option_env!("STOWAGE_GIT_TREE_STATE").unwrap_or("").into(),
-        build_date: option_env!("STOWAGE_BUILD_DATE").unwrap_or("1970-01-01T00:00:00Z").into(),
-        go_version: "n/a".into(),
-        compiler: "rustc".into(),
-        platform: format!("{}/{go_arch}", std::env::consts::OS),
-    }
-}
-
-/// `/version`: [`version_info`].
-pub async fn version() -> Response {
-    json_response(StatusCode::OK, &to_json(&version_info()), &[])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -460,17 +377,6 @@ mod tests {
             };
             assert_eq!(&entry.verbs, verbs, "{}", entry.name);
         }
-    }
-
-    #[test]
-    fn version_names_a_kubernetes_release_with_stowage_as_build_metadata() {
-        let info = version_info();
-        assert_eq!((info.major.as_str(), info.minor.as_str()), ("1", "33"));
-        let (core, build) = info.git_version.split_once('+').unwrap();
-        assert_eq!(core, "v1.33.0");
-        assert_eq!(build, format!("stowage.{}", env!("CARGO_PKG_VERSION")));
-        // SemVer build metadata: dot-separated non-empty [0-9A-Za-z-] identifiers.
-        assert!(build.split('.').all(|id| !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')));
     }
 
     #[test]
