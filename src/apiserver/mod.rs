@@ -1,5 +1,6 @@
 //! The Kubernetes API surface of `content.stowage.dev/v1alpha1` over axum: discovery, the generic
-//! verbs, the `content` and `status` subresources, health, version and metrics.
+//! verbs, the `content` and `status` subresources, health, version and metrics; standalone, the
+//! self reviews of `authentication.k8s.io` and `authorization.k8s.io` (`kubectl auth`).
 //!
 //! Handlers are thin: they parse the request, call the store (blocking work runs in
 //! `spawn_blocking`) and convert every failure into a Kubernetes `Status` ([`status::ApiError`]).
@@ -27,6 +28,7 @@ mod panic_status;
 mod patch;
 pub(crate) mod range;
 pub mod request_info;
+mod reviews;
 mod schema;
 mod selectors;
 pub mod stall;
@@ -162,6 +164,8 @@ pub fn router(state: AppState, registry: prometheus_client::registry::Registry) 
         .fallback(not_found)
         // Inside the gate: who may not write learns that first, not that the disk is full.
         .layer(middleware::from_fn_with_state(state.clone(), disk_space::refuse_writes_when_full))
+        // Standalone only; below the disk-space check (reviews write nothing), inside the gate.
+        .merge(reviews::routes(state.access.authorizer.is_standalone()))
         // Inside the gate, which names the user: seats are per user.
         .layer(middleware::from_fn_with_state(fairness, fairness::admit))
         .layer(middleware::from_fn_with_state(state.clone(), access::gate))

@@ -28,10 +28,12 @@ pub use csv::SyntaxProblem;
 /// Why a token file could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenFileError {
-    #[error("cannot read token file {}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("token file {}: {source}", path.display())]
-    InFile { path: PathBuf, source: Box<TokenFileError> },
+    // The underlying error is part of the message, not a `source()` a caller would print again;
+    // the path is the caller's to name (`reading --token-auth-file PATH: …`).
+    #[error("{error}")]
+    Io { path: PathBuf, error: std::io::Error },
+    #[error("{error}")]
+    InFile { path: PathBuf, error: Box<TokenFileError> },
     #[error("line {line}: {problem}")]
     Syntax { line: usize, problem: SyntaxProblem },
 }
@@ -52,8 +54,8 @@ impl TokenFile {
     /// Reads and parses the file at `path`.
     pub fn load(path: &Path) -> Result<Self, TokenFileError> {
         let text =
-            std::fs::read_to_string(path).map_err(|source| TokenFileError::Io { path: path.to_owned(), source })?;
-        Self::parse(&text).map_err(|e| TokenFileError::InFile { path: path.to_owned(), source: Box::new(e) })
+            std::fs::read_to_string(path).map_err(|error| TokenFileError::Io { path: path.to_owned(), error })?;
+        Self::parse(&text).map_err(|e| TokenFileError::InFile { path: path.to_owned(), error: Box::new(e) })
     }
 
     /// Parses the text of a token file.
@@ -165,16 +167,16 @@ mod tests {
     }
 
     #[test]
-    fn load_reports_the_path() {
+    fn load_keeps_the_path_and_says_the_problem_once() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens.csv");
         assert!(matches!(TokenFile::load(&path), Err(TokenFileError::Io { .. })));
         std::fs::write(&path, "t,u,1\n\"x\n").unwrap();
-        let message = TokenFile::load(&path).unwrap_err().to_string();
-        assert!(
-            message.starts_with("token file ") && message.ends_with("line 2: quoted field is never closed"),
-            "{message}"
-        );
+        let error = TokenFile::load(&path).unwrap_err();
+        assert!(matches!(&error, TokenFileError::InFile { path: p, .. } if *p == path));
+        // Printed with its causes (`{:#}`, as the command line does), the problem appears once.
+        let message = format!("{:#}", anyhow::Error::from(error));
+        assert_eq!(message, "line 2: quoted field is never closed");
         std::fs::write(&path, "t,u,1\n").unwrap();
         assert_eq!(TokenFile::load(&path).unwrap().authenticate("t").map(|u| u.name).as_deref(), Some("u"));
     }

@@ -1,7 +1,8 @@
 //! Standalone authentication and authorization, as operators configure them: static tokens and an
 //! RBAC policy file (re-read when it changes), the front proxy's headers believed only from its
 //! certificate, kube-apiserver's Forbidden messages, no Bundle naming a Secret its author may not
-//! read, and a serving certificate replaced in place.
+//! read, a serving certificate replaced in place, and `SelfSubjectReview`s of front-proxy and
+//! anonymous users (kubectl's own reviews are in kubectl_auth.rs).
 
 use std::path::Path;
 use std::time::Duration;
@@ -292,6 +293,70 @@ async fn only_the_front_proxy_may_assert_users_in_headers() {
     // Headers from an anonymous connection are ignored (and stripped).
     let status = expect_status(as_carol(&server.anonymous_client()).await.unwrap(), 403, "Forbidden").await;
     assert!(str_at(&status, "/message").contains("system:anonymous"), "{status:#}");
+}
+
+/// kube grants self reviews to authenticated users only; this policy lets anonymous ask who it is.
+const ANONYMOUS_WHOAMI: &str = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: whoami}
+rules: [{apiGroups: [authentication.k8s.io], resources: [selfsubjectreviews], verbs: [create]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: anonymous-whoami}
+roleRef: {kind: ClusterRole, name: whoami}
+subjects: [{kind: Group, name: "system:unauthenticated"}]
+"#;
+
+/// What a self review of `client` (with `headers`) answers: the HTTP code and the body.
+async fn whoami(server: &Server, client: &reqwest::Client, headers: &[(&str, &str)]) -> (u16, Value) {
+    let mut request = client
+        .post(server.url("/apis/authentication.k8s.io/v1/selfsubjectreviews"))
+        .json(&json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let resp = request.send().await.unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn self_reviews_name_front_proxy_users_and_anonymous_when_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (proxy_ca, issuer) = front_proxy_ca();
+    let ca_path = write(dir.path(), "front-proxy-ca.crt", &proxy_ca);
+    let policy = write(dir.path(), "policy.yaml", ANONYMOUS_WHOAMI);
+    let server =
+        Server::start_temp(&["--requestheader-client-ca-file", &ca_path, "--authorization-policy-file", &policy]);
+    let proxy = client_with(&server, &client_cert(&issuer, "front-proxy-client"));
+    let asserted = [("X-Remote-User", "carol"), ("X-Remote-Group", "team"), ("X-Remote-Extra-Scopes", "read")];
+    let (code, review) = whoami(&server, &proxy, &asserted).await;
+    assert_eq!(code, 201, "{review:#}");
+    assert_eq!(
+        review["status"]["userInfo"],
+        json!({"username": "carol", "groups": ["team", "system:authenticated"], "extra": {"scopes": ["read"]}})
+    );
+    let (code, review) = whoami(&server, &server.anonymous_client(), &[]).await;
+    assert_eq!(code, 201, "{review:#}");
+    assert_eq!(
+        review["status"]["userInfo"],
+        json!({"username": "system:anonymous", "groups": ["system:unauthenticated"]})
+    );
+    // Asking what it may do is not granted to anonymous, as in kube.
+    let resp = server
+        .anonymous_client()
+        .post(server.url("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews"))
+        .json(&json!({"spec": {"namespace": "default"}}))
+        .send()
+        .await
+        .unwrap();
+    let status = expect_status(resp, 403, "Forbidden").await;
+    assert_eq!(
+        str_at(&status, "/message"),
+        "selfsubjectrulesreviews.authorization.k8s.io is forbidden: User \"system:anonymous\" cannot create resource \
+         \"selfsubjectrulesreviews\" in API group \"authorization.k8s.io\" at the cluster scope"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

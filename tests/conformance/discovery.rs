@@ -55,8 +55,19 @@ async fn aggregated_discovery_when_asked_legacy_otherwise() {
     assert_eq!(list["kind"], "APIGroupDiscoveryList");
     assert_eq!(list["apiVersion"], "apidiscovery.k8s.io/v2");
     let items = list["items"].as_array().expect("items");
-    assert_eq!(items.len(), 1, "{list:#}");
-    assert_eq!(items[0]["metadata"]["name"], "content.stowage.dev");
+    let names: Vec<&str> = items.iter().map(|i| i["metadata"]["name"].as_str().unwrap_or("")).collect();
+    // Standalone, the self reviews kubectl's `auth whoami` and `auth can-i` use are served too.
+    assert_eq!(names, ["content.stowage.dev", "authentication.k8s.io", "authorization.k8s.io"], "{list:#}");
+    for (group, resources) in [
+        ("authentication.k8s.io", vec!["selfsubjectreviews"]),
+        ("authorization.k8s.io", vec!["selfsubjectaccessreviews", "selfsubjectrulesreviews"]),
+    ] {
+        let item = items.iter().find(|i| i["metadata"]["name"] == group).unwrap();
+        let served = item["versions"][0]["resources"].as_array().unwrap();
+        let plural: Vec<&str> = served.iter().map(|r| r["resource"].as_str().unwrap_or("")).collect();
+        assert_eq!(plural, resources, "{item:#}");
+        assert!(served.iter().all(|r| r["verbs"] == json!(["create"]) && r["scope"] == "Cluster"), "{item:#}");
+    }
     let version = &items[0]["versions"][0];
     assert_eq!((&version["version"], &version["freshness"]), (&json!("v1alpha1"), &json!("Current")));
 
@@ -228,10 +239,11 @@ async fn kubectl_explain_reads_the_openapi_documents() {
 async fn version_over_http_and_kubectl() {
     let server = Server::start_temp(&[]);
     let info = server.get_json("/version").await;
-    let expected = format!("v{}", env!("CARGO_PKG_VERSION"));
+    // A Kubernetes release kubectl does not warn about, stowage's own version as build metadata.
+    let expected = format!("v1.33.0+stowage.{}", env!("CARGO_PKG_VERSION"));
     assert_eq!(str_at(&info, "/gitVersion"), expected);
-    assert_eq!(str_at(&info, "/major"), env!("CARGO_PKG_VERSION_MAJOR"));
-    assert_eq!(str_at(&info, "/minor"), env!("CARGO_PKG_VERSION_MINOR"));
+    assert_eq!(str_at(&info, "/major"), "1");
+    assert_eq!(str_at(&info, "/minor"), "33");
     assert_eq!(str_at(&info, "/compiler"), "rustc");
     assert!(str_at(&info, "/platform").contains('/'), "{info:#}");
     for field in ["gitCommit", "buildDate", "goVersion"] {

@@ -46,6 +46,7 @@ mod http2_abuse;
 mod idle_connections;
 mod kube_client;
 mod kubectl;
+mod kubectl_auth;
 mod kubectl_conventions;
 mod lifecycle;
 mod load;

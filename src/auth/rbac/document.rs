@@ -18,9 +18,9 @@ pub(super) const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 const RBAC_V1: &str = "rbac.authorization.k8s.io/v1";
 
 /// A `PolicyRule`, as written.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(super) struct PolicyRule {
+pub struct PolicyRule {
     #[serde(default, deserialize_with = "null_default")]
     pub verbs: Vec<String>,
     #[serde(default, deserialize_with = "null_default")]
@@ -116,7 +116,7 @@ pub(super) fn parse(text: &str) -> Result<Vec<(Location, Object)>, PolicyError> 
     for (i, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let at = Location { document: i + 1, item: None };
         // Stop at the first error: the document iterator repeats a failure forever.
-        let value = Value::deserialize(document).map_err(|source| PolicyError::Yaml { at, source })?;
+        let value = Value::deserialize(document).map_err(|error| PolicyError::Yaml { at, error })?;
         if !matches!(value, Value::Null) {
             object(value, at, &mut out)?;
         }
@@ -135,7 +135,7 @@ fn object(value: Value, at: Location, out: &mut Vec<(Location, Object)>) -> Resu
         "" => meta("name").to_owned(),
         ns => format!("{ns}/{}", meta("name")),
     };
-    let malformed = |source| PolicyError::Malformed { at, kind: kind.clone(), name: name.clone(), source };
+    let malformed = |error| PolicyError::Malformed { at, kind: kind.clone(), name: name.clone(), error };
     let object = match (api_version.as_str(), kind.as_str()) {
         ("v1", "List") if at.item.is_none() => {
             let list: ListDoc = serde_yaml_ng::from_value(value).map_err(malformed)?;

@@ -12,7 +12,10 @@
 //! authorizer, which runs before RBAC); otherwise it answers `Allow` or `NoOpinion`, never `Deny`, as
 //! RBAC does: the caller turns `NoOpinion` into a 403 with [`Attributes::forbidden_message_with_reason`].
 //! Aggregation rules are not supported. [`PolicyWatcher`] re-reads the file when it changes.
+//! [`Policy::rules_for`] lists what a user may do in a namespace (a SelfSubjectRulesReview), and
+//! [`BOOTSTRAP`] holds the part of kube's bootstrap policy every standalone server carries.
 
+mod bootstrap;
 mod document;
 mod index;
 mod rules;
@@ -25,7 +28,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::auth::attributes::{Attributes, Decision, SYSTEM_MASTERS};
+use crate::auth::UserInfo;
 
+pub use bootstrap::BOOTSTRAP;
+pub use document::PolicyRule;
 pub use watcher::{PolicyWatcher, ReloadOutcome, POLL_INTERVAL};
 
 /// Where in the file an object is: its YAML document (1-based) and, inside a `List`, its item
@@ -45,15 +51,17 @@ impl fmt::Display for Location {
     }
 }
 
-/// Why a policy file was refused.
+/// Why a policy file was refused. Messages say what is wrong once: the underlying error is part
+/// of the message, not a `source()` a caller would print again; the path is the caller's to name
+/// (`reading --authorization-policy-file PATH: …`).
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
-    #[error("cannot read authorization policy file {}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("authorization policy file {}: {source}", path.display())]
-    InFile { path: PathBuf, source: Box<PolicyError> },
-    #[error("{at}: {source}")]
-    Yaml { at: Location, source: serde_yaml_ng::Error },
+    #[error("{error}")]
+    Io { path: PathBuf, error: std::io::Error },
+    #[error("{error}")]
+    InFile { path: PathBuf, error: Box<PolicyError> },
+    #[error("{at}: {error}")]
+    Yaml { at: Location, error: serde_yaml_ng::Error },
     #[error("{at}: not a Kubernetes object (a mapping with apiVersion and kind)")]
     NotAnObject { at: Location },
     #[error(
@@ -61,8 +69,8 @@ pub enum PolicyError {
          ClusterRoleBinding of rbac.authorization.k8s.io/v1, or a v1 List of them"
     )]
     UnsupportedKind { at: Location, api_version: String, kind: String },
-    #[error("{at}: {kind} {name:?}: {source}")]
-    Malformed { at: Location, kind: String, name: String, source: serde_yaml_ng::Error },
+    #[error("{at}: {kind} {name:?}: {error}")]
+    Malformed { at: Location, kind: String, name: String, error: serde_yaml_ng::Error },
     #[error("{at}: {kind} {name:?}: {message}")]
     Invalid { at: Location, kind: String, name: String, message: String },
     #[error("{at}: {kind} {name:?} is defined twice")]
@@ -99,8 +107,8 @@ pub struct Policy {
 impl Policy {
     /// Reads and parses the policy file at `path`.
     pub fn load(path: &Path) -> Result<Self, PolicyError> {
-        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Io { path: path.to_owned(), source })?;
-        Self::parse(&text).map_err(|e| PolicyError::InFile { path: path.to_owned(), source: Box::new(e) })
+        let text = std::fs::read_to_string(path).map_err(|error| PolicyError::Io { path: path.to_owned(), error })?;
+        Self::parse(&text).map_err(|e| PolicyError::InFile { path: path.to_owned(), error: Box::new(e) })
     }
 
     /// Parses the text of a policy file. An empty text is an empty policy (only `system:masters` allowed).
@@ -136,6 +144,63 @@ impl Policy {
         match errors.is_empty() {
             true => Decision::NoOpinion(String::new()),
             false => Decision::NoOpinion(format!("RBAC: {}", rules::aggregate(&errors))),
+        }
+    }
+}
+
+/// What a user may do in one namespace: the rules of the bindings that name them, and the role
+/// references of those bindings that could not be resolved.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RulesFor {
+    pub rules: Vec<PolicyRule>,
+    /// kube's not-found messages (`clusterrole.rbac.authorization.k8s.io "x" not found`), distinct.
+    pub errors: Vec<String>,
+}
+
+impl RulesFor {
+    /// Adds `other`'s rules and errors after these.
+    pub fn extend(&mut self, other: RulesFor) {
+        self.rules.extend(other.rules);
+        for error in other.errors {
+            if !self.errors.contains(&error) {
+                self.errors.push(error);
+            }
+        }
+    }
+
+    /// The errors as kube aggregates them (one message, or `[a, b]`), if any.
+    pub fn evaluation_error(&self) -> Option<String> {
+        let errors: Vec<&str> = self.errors.iter().map(String::as_str).collect();
+        (!errors.is_empty()).then(|| rules::aggregate(&errors))
+    }
+}
+
+impl Policy {
+    /// kube's `RuleResolver.RulesFor`: the rules of every ClusterRoleBinding and, in `namespace`,
+    /// every RoleBinding that names `user`, in the order [`Self::authorize`] visits them. No rule is
+    /// added for `system:masters` (in kube a `cluster-admin` binding grants them everything; see
+    /// [`BOOTSTRAP`]).
+    pub fn rules_for(&self, user: &UserInfo, namespace: &str) -> RulesFor {
+        let mut out = RulesFor::default();
+        collect(&self.compiled.cluster, user, &mut out);
+        if let Some(scope) = self.compiled.namespaces.get(namespace).filter(|_| !namespace.is_empty()) {
+            collect(scope, user, &mut out);
+        }
+        out
+    }
+}
+
+/// The rules (and unresolvable role references) of the bindings of `scope` that apply to `user`.
+fn collect(scope: &index::Scope, user: &UserInfo, out: &mut RulesFor) {
+    for position in scope.index.candidates(user) {
+        let Some(binding) = scope.bindings.get(position) else { continue };
+        if !binding.subjects.iter().any(|s| rules::applies_to(user, s, &binding.namespace)) {
+            continue;
+        }
+        match &binding.rules {
+            Ok(rules) => out.rules.extend(rules.iter().cloned()),
+            Err(not_found) if !out.errors.contains(not_found) => out.errors.push(not_found.clone()),
+            Err(_) => {}
         }
     }
 }

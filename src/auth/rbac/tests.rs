@@ -314,3 +314,36 @@ fn errors_name_the_document_and_kind() {
     );
     assert_eq!(error(&format!("{CR}---\n{CR}")), r#"document 2: ClusterRole "a" is defined twice"#);
 }
+
+#[test]
+fn rules_for_lists_cluster_then_namespace_bindings() {
+    let policy = Policy::parse(POLICY).unwrap();
+    let rules = |who: &str, namespace: &str| policy.rules_for(&user(who), namespace);
+    // alice's RoleBinding counts in team-a only.
+    let alice = rules("alice", "team-a");
+    assert_eq!(alice.rules.len(), 1, "{alice:?}");
+    assert_eq!(alice.rules[0].resources, ["bundles", "bundlecontents"]);
+    assert_eq!(alice.evaluation_error(), None);
+    assert!(rules("alice", "team-b").rules.is_empty());
+    assert!(rules("alice", "").rules.is_empty(), "no namespace, no RoleBindings");
+    // bob's Role is the one of team-a, resourceNames kept.
+    let bob = rules("bob", "team-a");
+    assert_eq!(bob.rules.len(), 2);
+    assert_eq!(bob.rules[0].resource_names, ["one"]);
+    // A ClusterRoleBinding counts everywhere; a group binds its members.
+    assert_eq!(rules("x|auditors", "anywhere").rules.len(), 1);
+    let erin = rules("erin", "team-a");
+    assert_eq!(erin.rules[0].non_resource_urls, ["/metrics", "/debug/*"]);
+    // Dangling references are reported, cluster ones first, as kube aggregates them.
+    let carol = rules("carol", "team-a");
+    assert!(carol.rules.is_empty());
+    assert_eq!(
+        carol.evaluation_error().as_deref(),
+        Some(
+            r#"[clusterrole.rbac.authorization.k8s.io "missing-cluster-role" not found, role.rbac.authorization.k8s.io "missing" not found]"#
+        )
+    );
+    assert_eq!(rules("system:serviceaccount:team-a:robot", "team-a").rules.len(), 1);
+    // No special case for masters here: the bootstrap policy's cluster-admin binding lists them.
+    assert!(rules("root|system:masters", "team-a").rules.is_empty());
+}

@@ -157,7 +157,7 @@ impl Shared {
                 ReloadOutcome::Reloaded
             }
             Err(e) => {
-                tracing::error!(error = %e, "authorization policy not reloaded; keeping the previous policy");
+                tracing::error!(path = %path, error = %e, "authorization policy not reloaded; keeping the previous policy");
                 ReloadOutcome::Failed
             }
         }
@@ -236,6 +236,10 @@ subjects: [{kind: User, name: alice}]
         write(&path, "apiVersion: v1\nkind: Pod\n");
         let message = PolicyWatcher::load(&path).unwrap_err().to_string();
         assert!(message.contains("document 1: unsupported kind \"Pod\""), "{message}");
+        // Printed with its causes (`{:#}`, as the command line does), the problem appears once.
+        write(&path, "kind: [\n");
+        let message = format!("{:#}", anyhow::Error::from(PolicyWatcher::load(&path).unwrap_err()));
+        assert_eq!(message.matches("did not find expected").count(), 1, "{message}");
         assert!(matches!(PolicyWatcher::spawn(&path, POLL_INTERVAL), Err(PolicyError::NoRuntime)));
     }
 

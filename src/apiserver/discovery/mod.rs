@@ -3,25 +3,33 @@
 //! `apidiscovery.k8s.io/v2` `APIGroupDiscoveryList` when the client asks for it, as kubectl and the
 //! kube-aggregator do), the group, the group-version `APIResourceList`, and `/version`.
 //!
-//! Every document is rendered once from one description of what is served ([`API_RESOURCES`]) and
-//! answered from memory, with an ETag. The documents are kube's own types: the legacy ones and
-//! `version.Info` from k8s-openapi, the aggregated ones from kube-core (`discovery::v2`, which the
-//! kube-rs client decodes them with).
+//! Every document is rendered once from one description of what is served ([`API_RESOURCES`], and
+//! standalone the self reviews of `authentication.k8s.io/v1` and `authorization.k8s.io/v1`,
+//! `review_groups.rs`) and answered from memory, with an ETag. A delegated server advertises its
+//! own group only: there the kube-apiserver serves the review groups. The documents are kube's own
+//! types: the legacy ones and `version.Info` (`version.rs`) from k8s-openapi, the aggregated ones
+//! from kube-core (`discovery::v2`, which the kube-rs client decodes them with).
 
 use std::sync::LazyLock;
 
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
-use k8s_openapi::apimachinery::pkg::version::Info;
 use kube::core::discovery::v2;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::handlers::json_response;
 use super::negotiation::{accepted, Caching, Document};
-use super::{API_VERSION, GROUP, VERSION};
+use super::reviews;
+use super::{AppState, API_VERSION, GROUP, VERSION};
+
+mod review_groups;
+mod version;
+
 use crate::api::strategy::{ResourceDef, RESOURCES};
+use review_groups::{review_group_discovery, review_resource_list};
+pub use version::version;
 
 /// A served resource as discovery describes it.
 pub struct ApiResource {
@@ -102,17 +110,27 @@ fn strings(values: &[&str]) -> Vec<String> {
     values.iter().map(|v| v.to_string()).collect()
 }
 
-fn group_version() -> meta::GroupVersionForDiscovery {
-    meta::GroupVersionForDiscovery { group_version: API_VERSION.into(), version: VERSION.into() }
+fn group_version(group: &str, version: &str) -> meta::GroupVersionForDiscovery {
+    meta::GroupVersionForDiscovery { group_version: format!("{group}/{version}"), version: version.into() }
 }
 
-fn api_group() -> meta::APIGroup {
+/// A group with its one version.
+fn api_group(group: &str, version: &str) -> meta::APIGroup {
     meta::APIGroup {
-        name: GROUP.into(),
-        versions: vec![group_version()],
-        preferred_version: Some(group_version()),
+        name: group.into(),
+        versions: vec![group_version(group, version)],
+        preferred_version: Some(group_version(group, version)),
         server_address_by_client_cidrs: None,
     }
+}
+
+/// The groups `/apis` lists: ours, and standalone the review groups.
+fn api_groups(standalone: bool) -> Vec<meta::APIGroup> {
+    let mut groups = vec![api_group(GROUP, VERSION)];
+    if standalone {
+        groups.extend([reviews::AUTHENTICATION, reviews::AUTHORIZATION].map(|g| api_group(g, reviews::VERSION)));
+    }
+    groups
 }
 
 fn resource_list() -> meta::APIResourceList {
@@ -154,7 +172,8 @@ struct AggregatedDocument {
     list: v2::APIGroupDiscoveryList,
 }
 
-fn discovery_list(version: Aggregated, with_group: bool) -> AggregatedDocument {
+/// `/apis` (`with_groups`) or `/api` (no groups) in aggregated form; standalone with the review groups.
+fn discovery_list(version: Aggregated, with_groups: bool, standalone: bool) -> AggregatedDocument {
     let resources = API_RESOURCES
         .iter()
         .map(|resource| {
@@ -189,7 +208,13 @@ fn discovery_list(version: Aggregated, with_group: bool) -> AggregatedDocument {
             freshness: Some("Current".into()),
         }],
     };
-    let items = if with_group { vec![group] } else { vec![] };
+    let mut items = vec![group];
+    if standalone {
+        items.extend([reviews::AUTHENTICATION, reviews::AUTHORIZATION].map(review_group_discovery));
+    }
+    if !with_groups {
+        items.clear();
+    }
     AggregatedDocument {
         kind: "APIGroupDiscoveryList",
         api_version: version.api_version(),
@@ -203,7 +228,7 @@ fn to_json(document: &impl Serialize) -> Value {
     serde_json::to_value(document).unwrap_or(Value::Null)
 }
 
-/// Every discovery document, rendered once.
+/// Every discovery document of one mode, rendered once.
 struct Documents {
     core_legacy: Document,
     core_aggregated: [Document; 2],
@@ -211,24 +236,51 @@ struct Documents {
     groups_aggregated: [Document; 2],
     group: Document,
     resources: Document,
+    /// Standalone only: each review group's APIGroup and APIResourceList.
+    review_groups: Vec<(&'static str, Document, Document)>,
 }
 
-static DOCUMENTS: LazyLock<Documents> = LazyLock::new(|| {
-    let both = |with_group| {
-        [
-            Document::json(&to_json(&discovery_list(Aggregated::V2, with_group))),
-            Document::json(&to_json(&discovery_list(Aggregated::V2Beta1, with_group))),
-        ]
-    };
-    Documents {
-        core_legacy: Document::json(&to_json(&meta::APIVersions::default())),
-        core_aggregated: both(false),
-        groups_legacy: Document::json(&to_json(&meta::APIGroupList { groups: vec![api_group()] })),
-        groups_aggregated: both(true),
-        group: Document::json(&to_json(&api_group())),
-        resources: Document::json(&to_json(&resource_list())),
+impl Documents {
+    fn render(standalone: bool) -> Documents {
+        let both = |with_groups| {
+            [
+                Document::json(&to_json(&discovery_list(Aggregated::V2, with_groups, standalone))),
+                Document::json(&to_json(&discovery_list(Aggregated::V2Beta1, with_groups, standalone))),
+            ]
+        };
+        let review_groups = match standalone {
+            true => [reviews::AUTHENTICATION, reviews::AUTHORIZATION]
+                .map(|g| {
+                    let group = Document::json(&to_json(&api_group(g, reviews::VERSION)));
+                    (g, group, Document::json(&to_json(&review_resource_list(g))))
+                })
+                .into(),
+            false => Vec::new(),
+        };
+        Documents {
+            core_legacy: Document::json(&to_json(&meta::APIVersions::default())),
+            core_aggregated: both(false),
+            groups_legacy: Document::json(&to_json(&meta::APIGroupList { groups: api_groups(standalone) })),
+            groups_aggregated: both(true),
+            group: Document::json(&to_json(&api_group(GROUP, VERSION))),
+            resources: Document::json(&to_json(&resource_list())),
+            review_groups,
+        }
     }
-});
+}
+
+/// The documents of a delegated server, and of a standalone one.
+static DOCUMENTS: LazyLock<[Documents; 2]> = LazyLock::new(|| [Documents::render(false), Documents::render(true)]);
+
+/// The documents of the server's mode.
+fn documents(app: &AppState) -> &'static Documents {
+    let [delegated, standalone] = &*DOCUMENTS;
+    if app.access.authorizer.is_standalone() {
+        standalone
+    } else {
+        delegated
+    }
+}
 
 fn legacy_or_aggregated(headers: &HeaderMap, legacy: &Document, aggregated: &[Document; 2]) -> Response {
     match negotiate(headers) {
@@ -242,44 +294,41 @@ fn legacy_or_aggregated(headers: &HeaderMap, legacy: &Document, aggregated: &[Do
 }
 
 /// `/api`: this server serves no core (legacy) group.
-pub async fn core_versions(headers: HeaderMap) -> Response {
-    legacy_or_aggregated(&headers, &DOCUMENTS.core_legacy, &DOCUMENTS.core_aggregated)
+pub async fn core_versions(State(app): State<AppState>, headers: HeaderMap) -> Response {
+    let documents = documents(&app);
+    legacy_or_aggregated(&headers, &documents.core_legacy, &documents.core_aggregated)
 }
 
-pub async fn groups(headers: HeaderMap) -> Response {
-    legacy_or_aggregated(&headers, &DOCUMENTS.groups_legacy, &DOCUMENTS.groups_aggregated)
+pub async fn groups(State(app): State<AppState>, headers: HeaderMap) -> Response {
+    let documents = documents(&app);
+    legacy_or_aggregated(&headers, &documents.groups_legacy, &documents.groups_aggregated)
 }
 
-pub async fn group(headers: HeaderMap) -> Response {
-    DOCUMENTS.group.respond(&headers, "application/json", Caching::Revalidate)
+pub async fn group(State(app): State<AppState>, headers: HeaderMap) -> Response {
+    documents(&app).group.respond(&headers, "application/json", Caching::Revalidate)
 }
 
-pub async fn resources(headers: HeaderMap) -> Response {
-    DOCUMENTS.resources.respond(&headers, "application/json", Caching::Revalidate)
+pub async fn resources(State(app): State<AppState>, headers: HeaderMap) -> Response {
+    documents(&app).resources.respond(&headers, "application/json", Caching::Revalidate)
 }
 
-/// `/version`: kube's `version.Info`. The commit and build date come from `STOWAGE_GIT_COMMIT` and
-/// `STOWAGE_BUILD_DATE` at compile time when a release build sets them (empty / the epoch
-/// otherwise, as kube reports unstamped builds).
-pub async fn version() -> Response {
-    let go_arch = match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    };
-    let info = Info {
-        major: env!("CARGO_PKG_VERSION_MAJOR").into(),
-        minor: env!("CARGO_PKG_VERSION_MINOR").into(),
-        git_version: concat!("v", env!("CARGO_PKG_VERSION")).into(),
-        git_commit: option_env!("STOWAGE_GIT_COMMIT").unwrap_or("").into(),
-        git_tree_state: String::new(),
-        build_date: option_env!("STOWAGE_BUILD_DATE").unwrap_or("1970-01-01T00:00:00Z").into(),
-        go_version: "n/a".into(),
-        compiler: "rustc".into(),
-        platform: format!("{}/{go_arch}", std::env::consts::OS),
-        ..Info::default()
-    };
-    json_response(StatusCode::OK, &to_json(&info), &[])
+/// `/apis/GROUP` of a review group (routed only when standalone).
+pub async fn review_group(headers: HeaderMap, group: &'static str) -> Response {
+    review_document(&headers, group, false)
+}
+
+/// `/apis/GROUP/v1` of a review group (routed only when standalone).
+pub async fn review_resources(headers: HeaderMap, group: &'static str) -> Response {
+    review_document(&headers, group, true)
+}
+
+fn review_document(headers: &HeaderMap, group: &str, resources: bool) -> Response {
+    let [_, standalone] = &*DOCUMENTS;
+    match standalone.review_groups.iter().find(|(g, _, _)| *g == group) {
+        Some((_, document, _)) if !resources => document.respond(headers, "application/json", Caching::Revalidate),
+        Some((_, _, document)) => document.respond(headers, "application/json", Caching::Revalidate),
+        None => super::status::ApiError::not_found_message(format!("no group {group:?}")).into_response(),
+    }
 }
 
 #[cfg(test)]
@@ -315,7 +364,7 @@ mod tests {
     #[test]
     fn both_forms_advertise_the_same_verbs() {
         let legacy = resource_list();
-        let aggregated = discovery_list(Aggregated::V2, true);
+        let aggregated = discovery_list(Aggregated::V2, true, false);
         let resources = &aggregated.list.items[0].versions[0].resources;
         let resource = |plural: &str| resources.iter().find(|r| r.resource.as_deref() == Some(plural)).unwrap();
         for entry in &legacy.resources {
@@ -328,5 +377,31 @@ mod tests {
             };
             assert_eq!(&entry.verbs, verbs, "{}", entry.name);
         }
+    }
+
+    #[test]
+    fn standalone_discovery_adds_the_review_groups_only() {
+        let names = |standalone| {
+            discovery_list(Aggregated::V2, true, standalone)
+                .list
+                .items
+                .iter()
+                .map(|g| g.metadata.as_ref().and_then(|m| m.name.clone()).unwrap_or_default())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(false), [GROUP]);
+        assert_eq!(names(true), [GROUP, "authentication.k8s.io", "authorization.k8s.io"]);
+        assert!(discovery_list(Aggregated::V2, false, true).list.items.is_empty(), "/api has no groups");
+        let legacy: Vec<String> = api_groups(true).into_iter().map(|g| g.name).collect();
+        assert_eq!(legacy, names(true));
+        let authz = review_resource_list("authorization.k8s.io");
+        let listed: Vec<(&str, &[String])> = authz.resources.iter().map(|r| (r.name.as_str(), &r.verbs[..])).collect();
+        assert_eq!(
+            listed,
+            [
+                ("selfsubjectaccessreviews", &["create".to_owned()][..]),
+                ("selfsubjectrulesreviews", &["create".to_owned()][..])
+            ]
+        );
     }
 }
