@@ -1,10 +1,13 @@
-//! Just enough of Kubernetes' protobuf encoding to read the three review bodies, which kubectl
-//! (1.32 on) sends as `application/vnd.kubernetes.protobuf` for built-in kinds and never retries
-//! as JSON: the `k8s\0` envelope (a `runtime.Unknown` carrying the apiVersion and kind) around the
-//! object's message. Only the fields a review reads are decoded, into the JSON shape the
-//! k8s-openapi types take; other fields are skipped by their wire type. Answers are JSON, which
-//! kubectl accepts as well. Depth is bounded by the schemas below, size by the body limit.
+//! Kubernetes' protobuf encoding of the three review bodies, which kubectl (1.32 on) sends as
+//! `application/vnd.kubernetes.protobuf` for built-in kinds and never retries as JSON: the `k8s\0`
+//! magic, then a `runtime.Unknown` envelope (apiVersion, kind, the object's message). The messages
+//! below are the parts of Kubernetes' `generated.proto` a review reads, with the same field
+//! numbers; `prost` decodes them and skips every other field. They become the JSON shape the
+//! k8s-openapi types take. Answers are JSON, which kubectl accepts as well. Size is bounded by the
+//! body limit, depth by these messages.
 
+use prost::Message;
+use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
 /// The media type of Kubernetes' protobuf encoding.
@@ -28,158 +31,126 @@ pub enum ProtobufError {
     Empty,
 }
 
-/// How a field is read.
-enum Shape {
-    Text,
-    Message(&'static [FieldShape]),
+/// Declares a message whose fields are all text, by field number. `prost` reads them as bytes and
+/// `text` writes them as JSON strings, so that text that is not UTF-8 is told apart from a body
+/// that is not protobuf (prost's own strings fail both alike).
+macro_rules! text_message {
+    ($(#[$doc:meta])* $name:ident { $($tag:literal: $field:ident),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Message, Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct $name {
+            $(#[prost(bytes, tag = $tag)] #[serde(serialize_with = "text")] $field: Vec<u8>,)*
+        }
+    };
 }
 
-/// A message field: its number, its JSON name and how it is read.
-struct FieldShape(u64, &'static str, Shape);
+/// `runtime.Unknown` (k8s.io/apimachinery/pkg/runtime).
+#[derive(Message)]
+struct Unknown {
+    #[prost(message, optional, tag = "1")]
+    type_meta: Option<TypeMeta>,
+    #[prost(bytes, optional, tag = "2")]
+    raw: Option<Vec<u8>>,
+    #[prost(bytes, tag = "3")]
+    content_encoding: Vec<u8>,
+}
 
-use Shape::{Message, Text};
+text_message!(
+    /// `runtime.TypeMeta`.
+    TypeMeta { "1": api_version, "2": kind }
+);
+text_message!(
+    /// `ObjectMeta` (meta/v1): the fields that make metadata "not empty" for a review.
+    ObjectMeta { "1": name, "2": generate_name, "3": namespace }
+);
 
-const TYPE_META: &[FieldShape] = &[FieldShape(1, "apiVersion", Text), FieldShape(2, "kind", Text)];
-/// `ObjectMeta`: the fields that make metadata "not empty" for a review.
-const OBJECT_META: &[FieldShape] =
-    &[FieldShape(1, "name", Text), FieldShape(2, "generateName", Text), FieldShape(3, "namespace", Text)];
-const RESOURCE_ATTRIBUTES: &[FieldShape] = &[
-    FieldShape(1, "namespace", Text),
-    FieldShape(2, "verb", Text),
-    FieldShape(3, "group", Text),
-    FieldShape(4, "version", Text),
-    FieldShape(5, "resource", Text),
-    FieldShape(6, "subresource", Text),
-    FieldShape(7, "name", Text),
-];
-const NON_RESOURCE_ATTRIBUTES: &[FieldShape] = &[FieldShape(1, "path", Text), FieldShape(2, "verb", Text)];
-const ACCESS_REVIEW: &[FieldShape] = &[
-    FieldShape(1, "metadata", Message(OBJECT_META)),
-    FieldShape(
-        2,
-        "spec",
-        Message(&[
-            FieldShape(1, "resourceAttributes", Message(RESOURCE_ATTRIBUTES)),
-            FieldShape(2, "nonResourceAttributes", Message(NON_RESOURCE_ATTRIBUTES)),
-        ]),
-    ),
-];
-const RULES_REVIEW: &[FieldShape] = &[
-    FieldShape(1, "metadata", Message(OBJECT_META)),
-    FieldShape(2, "spec", Message(&[FieldShape(1, "namespace", Text)])),
-];
-const SUBJECT_REVIEW: &[FieldShape] = &[FieldShape(1, "metadata", Message(OBJECT_META))];
+/// `SelfSubjectReview` (authentication/v1); its status is the server's to fill.
+#[derive(Message, Serialize)]
+struct SelfSubjectReview {
+    #[prost(message, optional, tag = "1")]
+    metadata: Option<ObjectMeta>,
+}
+
+/// `SelfSubjectAccessReview` (authorization/v1).
+#[derive(Message, Serialize)]
+struct SelfSubjectAccessReview {
+    #[prost(message, optional, tag = "1")]
+    metadata: Option<ObjectMeta>,
+    #[prost(message, optional, tag = "2")]
+    spec: Option<SelfSubjectAccessReviewSpec>,
+}
+
+#[derive(Message, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SelfSubjectAccessReviewSpec {
+    #[prost(message, optional, tag = "1")]
+    resource_attributes: Option<ResourceAttributes>,
+    #[prost(message, optional, tag = "2")]
+    non_resource_attributes: Option<NonResourceAttributes>,
+}
+
+text_message!(
+    /// `ResourceAttributes`; its field and label selectors (8, 9) are not read.
+    ResourceAttributes {
+        "1": namespace, "2": verb, "3": group, "4": version, "5": resource, "6": subresource, "7": name,
+    }
+);
+text_message!(
+    /// `NonResourceAttributes`: a path, for `kubectl auth can-i VERB /PATH`.
+    NonResourceAttributes { "1": path, "2": verb }
+);
+
+/// `SelfSubjectRulesReview` (authorization/v1).
+#[derive(Message, Serialize)]
+struct SelfSubjectRulesReview {
+    #[prost(message, optional, tag = "1")]
+    metadata: Option<ObjectMeta>,
+    #[prost(message, optional, tag = "2")]
+    spec: Option<SelfSubjectRulesReviewSpec>,
+}
+
+text_message!(SelfSubjectRulesReviewSpec { "1": namespace });
 
 /// The body of a review of kind `kind` as JSON, with the envelope's apiVersion and kind.
 pub fn to_json(body: &[u8], kind: &str) -> Result<Value, ProtobufError> {
     let envelope = body.strip_prefix(MAGIC).ok_or(ProtobufError::NoEnvelope)?;
-    let (mut type_meta, mut raw, mut encoded) = (Map::new(), None, false);
-    for (number, field) in Fields(envelope) {
-        match (number, field?) {
-            (1, Field::Bytes(bytes)) => type_meta = message(bytes, TYPE_META)?,
-            (2, Field::Bytes(bytes)) => raw = Some(bytes),
-            (3, Field::Bytes(bytes)) => encoded = !bytes.is_empty(),
-            (1..=3, _) => return Err(ProtobufError::Malformed),
-            _ => {}
-        }
-    }
-    if encoded {
+    let envelope = Unknown::decode(envelope).map_err(|_| ProtobufError::Malformed)?;
+    if !envelope.content_encoding.is_empty() {
         return Err(ProtobufError::Encoded);
     }
-    let shape = match kind {
-        "SelfSubjectAccessReview" => ACCESS_REVIEW,
-        "SelfSubjectRulesReview" => RULES_REVIEW,
-        _ => SUBJECT_REVIEW,
+    let raw = envelope.raw.ok_or(ProtobufError::Empty)?;
+    let mut object = match kind {
+        "SelfSubjectAccessReview" => read::<SelfSubjectAccessReview>(&raw)?,
+        "SelfSubjectRulesReview" => read::<SelfSubjectRulesReview>(&raw)?,
+        _ => read::<SelfSubjectReview>(&raw)?,
     };
-    let mut object = message(raw.ok_or(ProtobufError::Empty)?, shape)?;
-    object.extend(type_meta);
+    object.extend(json(envelope.type_meta.unwrap_or_default())?);
     Ok(Value::Object(object))
 }
 
-/// The fields of `shape` found in `bytes`; empty strings are left out, as JSON's `omitempty` does.
-fn message(bytes: &[u8], shape: &'static [FieldShape]) -> Result<Map<String, Value>, ProtobufError> {
-    let mut out = Map::new();
-    for (number, field) in Fields(bytes) {
-        let field = field?;
-        let Some(FieldShape(_, name, kind)) = shape.iter().find(|f| f.0 == number) else { continue };
-        let Field::Bytes(bytes) = field else { return Err(ProtobufError::Malformed) };
-        match kind {
-            Text => {
-                let text = std::str::from_utf8(bytes).map_err(|_| ProtobufError::NotUtf8)?;
-                match text.is_empty() {
-                    true => out.remove(*name),
-                    false => out.insert((*name).to_owned(), text.into()),
-                };
-            }
-            Message(inner) => {
-                out.insert((*name).to_owned(), Value::Object(message(bytes, inner)?));
-            }
-        }
-    }
-    Ok(out)
+/// `bytes` as a message of type `M`, as JSON.
+fn read<M: Message + Default + Serialize>(bytes: &[u8]) -> Result<Map<String, Value>, ProtobufError> {
+    json(M::decode(bytes).map_err(|_| ProtobufError::Malformed)?)
 }
 
-/// One field's value: length-delimited bytes, or a scalar the reviews never read.
-enum Field<'a> {
-    Bytes(&'a [u8]),
-    Scalar,
+/// A decoded message as a JSON object, without unset messages and empty strings (Go writes every
+/// string, empty or not; JSON's `omitempty` leaves the empty ones out).
+fn json(message: impl Serialize) -> Result<Map<String, Value>, ProtobufError> {
+    // Only `text` can fail.
+    let Ok(Value::Object(mut object)) = serde_json::to_value(message) else { return Err(ProtobufError::NotUtf8) };
+    prune(&mut object);
+    Ok(object)
 }
 
-/// The fields of a message, in order; an error ends the iteration.
-struct Fields<'a>(&'a [u8]);
-
-impl<'a> Iterator for Fields<'a> {
-    type Item = (u64, Result<Field<'a>, ProtobufError>);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.0.is_empty() {
-            return None;
-        }
-        let field = self.field();
-        if field.is_err() {
-            self.0 = &[];
-        }
-        Some(field.map_or_else(|e| (0, Err(e)), |(number, field)| (number, Ok(field))))
-    }
+fn prune(object: &mut Map<String, Value>) {
+    object.retain(|_, value| !value.is_null() && *value != "");
+    object.values_mut().filter_map(Value::as_object_mut).for_each(prune);
 }
 
-impl<'a> Fields<'a> {
-    fn field(&mut self) -> Result<(u64, Field<'a>), ProtobufError> {
-        let key = self.varint()?;
-        let field = match key & 7 {
-            0 => self.varint().map(|_| Field::Scalar)?,
-            1 => self.take(8).map(|_| Field::Scalar)?,
-            2 => {
-                let len = usize::try_from(self.varint()?).map_err(|_| ProtobufError::Malformed)?;
-                Field::Bytes(self.take(len)?)
-            }
-            5 => self.take(4).map(|_| Field::Scalar)?,
-            // Groups (3, 4) are not used by Kubernetes; 6 and 7 do not exist.
-            _ => return Err(ProtobufError::Malformed),
-        };
-        Ok((key >> 3, field))
-    }
-
-    fn varint(&mut self) -> Result<u64, ProtobufError> {
-        let mut value = 0u64;
-        for (i, byte) in self.0.iter().take(10).enumerate() {
-            value |= u64::from(byte & 0x7f) << (7 * i);
-            if byte & 0x80 == 0 {
-                self.0 = self.0.get(i + 1..).unwrap_or_default();
-                return Ok(value);
-            }
-        }
-        Err(ProtobufError::Malformed)
-    }
-
-    fn take(&mut self, len: usize) -> Result<&'a [u8], ProtobufError> {
-        if len > self.0.len() {
-            return Err(ProtobufError::Malformed);
-        }
-        let (head, rest) = self.0.split_at(len);
-        self.0 = rest;
-        Ok(head)
-    }
+/// A protobuf string as JSON text.
+fn text<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(std::str::from_utf8(bytes).map_err(|_| serde::ser::Error::custom("not UTF-8"))?)
 }
 
 #[cfg(test)]
