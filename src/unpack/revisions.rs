@@ -161,24 +161,7 @@ pub fn write_status(
     expect: &Expect,
     compute: &dyn Fn(&Bundle) -> BundleStatus,
 ) -> Result<(), CommitError> {
-    for _ in 0..8 {
-        let current = current(store, expect)?;
-        let updated = with_status(&current.stored.value, &compute(&current.bundle));
-        if updated == current.stored.value {
-            return Ok(());
-        }
-        let write = ObjectWrite::Put {
-            key: ObjectKey::new(Bundle::PLURAL, &expect.namespace, &expect.name),
-            object: updated,
-            precondition: Precondition::ResourceVersion(current.stored.resource_version),
-            revision: None,
-        };
-        match store.write_objects(vec![write]) {
-            Err(StorageError::Conflict(_)) => continue,
-            other => return other.map(|_| ()).map_err(CommitError::from),
-        }
-    }
-    Err(StorageError::Conflict(format!("bundles {:?}", expect.name)).into())
+    write_status_with(store, expect, &mut |bundle| Ok(Some(compute(bundle))))
 }
 
 /// Brings an upload Bundle's status to its current generation: the content it serves is checked
@@ -187,13 +170,11 @@ pub fn write_status(
 /// nothing served, the conditions (`AwaitingUpload`, `ContentDeleted`) stay true as they are.
 /// Blocking; a write that raced with another (an upload landing) is done again on what is new.
 pub fn recheck_upload(store: &Store, expect: &Expect) -> Result<(), CommitError> {
-    for _ in 0..8 {
-        let current = current(store, expect)?;
-        let bundle = &current.bundle;
+    write_status_with(store, expect, &mut |bundle| {
         let generation = bundle.generation();
         let mut status = bundle.status_or_default();
         if status.observed_generation == Some(generation) {
-            return Ok(());
+            return Ok(None);
         }
         match served_revision(store, bundle)? {
             None => status.restamp(generation),
@@ -205,9 +186,27 @@ pub fn recheck_upload(store: &Store, expect: &Expect) -> Result<(), CommitError>
                 }
             }
         }
+        Ok(Some(status))
+    })
+}
+
+/// Writes the status `compute` makes of the current Bundle (`None`: nothing to write), if it is
+/// still the expected one; after a conflicting write it is computed again on what is new.
+fn write_status_with(
+    store: &Store,
+    expect: &Expect,
+    compute: &mut dyn FnMut(&Bundle) -> Result<Option<BundleStatus>, CommitError>,
+) -> Result<(), CommitError> {
+    for _ in 0..8 {
+        let current = current(store, expect)?;
+        let Some(status) = compute(&current.bundle)? else { return Ok(()) };
+        let updated = with_status(&current.stored.value, &status);
+        if updated == current.stored.value {
+            return Ok(());
+        }
         let write = ObjectWrite::Put {
             key: ObjectKey::new(Bundle::PLURAL, &expect.namespace, &expect.name),
-            object: with_status(&current.stored.value, &status),
+            object: updated,
             precondition: Precondition::ResourceVersion(current.stored.resource_version),
             revision: None,
         };
