@@ -223,15 +223,15 @@ async fn serve_connection(
             let app = app.clone();
             async move {
                 let response = app.oneshot(request).await?;
-                // A stream reset before this point abandoned the request (its handler was dropped);
-                // a body dropped unread is not counted: clients that only wanted the status do that.
-                answering.answered();
+                // A stream reset before this point abandoned the request (its handler was dropped),
+                // and so did one whose answer is dropped unfinished right away (stall.rs).
                 // The request stays in flight until its body is sent or dropped.
                 Ok::<_, Infallible>(response.map(|body| {
-                    Body::new(body.map_frame(move |frame| {
+                    let body = Body::new(body.map_frame(move |frame| {
                         let _in_flight = &in_flight;
                         frame
-                    }))
+                    }));
+                    Body::new(answering.answered(body))
                 }))
             }
         })

@@ -4,7 +4,7 @@
 //! themselves (`content/stream.rs`); a watch is watched by [`watch_for_stall`], and only while
 //! events wait for it — a quiet watch is never cut. A connection whose client abandons many
 //! requests before their answers are ready (HTTP/2 streams reset as soon as they are opened, the
-//! "rapid reset" attack) is cut too ([`Abandons`]).
+//! "rapid reset" attack, also when each is answered before its reset) is cut too ([`Abandons`]).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use futures_util::Stream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -67,9 +67,55 @@ impl Abandons {
     }
 }
 
+/// A response body dropped unfinished this soon after its answer counts as abandoned too: a watch
+/// answered at once and reset at once costs a handler as a stream reset before its answer does.
+const QUICK_ABANDON: Duration = Duration::from_secs(1);
+
 impl Answering {
-    pub fn answered(mut self) {
-        self.0 = None;
+    /// The answer is ready. Its body, returned, still counts as abandoned if the client drops it
+    /// unfinished within [`QUICK_ABANDON`].
+    pub fn answered(mut self, body: Body) -> Answered {
+        Answered { body, abandons: self.0.take(), at: Instant::now() }
+    }
+}
+
+/// A response body that may still be abandoned ([`Answering::answered`]).
+pub struct Answered {
+    body: Body,
+    abandons: Option<Arc<Abandons>>,
+    at: Instant,
+}
+
+impl hyper::body::Body for Answered {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            self.abandons = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        let unfinished = !hyper::body::Body::is_end_stream(&self.body);
+        if let Some(abandons) = self.abandons.take().filter(|_| unfinished && self.at.elapsed() < QUICK_ABANDON) {
+            abandons.abandoned();
+        }
     }
 }
 
@@ -145,7 +191,8 @@ mod tests {
         let cut = ConnectionCut::default();
         let abandons = Abandons::new(cut.clone());
         for _ in 0..1000 {
-            abandons.begin().answered();
+            // Answered and read to the end (an empty body ends at once).
+            drop(abandons.begin().answered(Body::empty()));
         }
         assert!(!cut.0.is_cancelled(), "answered requests count for nothing");
         for _ in 0..MAX_ABANDONED {
@@ -154,6 +201,17 @@ mod tests {
         assert!(!cut.0.is_cancelled());
         drop(abandons.begin());
         assert!(cut.0.is_cancelled(), "{} abandoned requests did not cut the connection", MAX_ABANDONED + 1);
+    }
+
+    #[test]
+    fn answers_dropped_unfinished_at_once_count_as_abandoned() {
+        let cut = ConnectionCut::default();
+        let abandons = Abandons::new(cut.clone());
+        let streaming = || Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>());
+        for _ in 0..=MAX_ABANDONED {
+            drop(abandons.begin().answered(streaming()));
+        }
+        assert!(cut.0.is_cancelled(), "watches answered and reset at once did not cut the connection");
     }
 
     #[tokio::test]
