@@ -247,32 +247,19 @@ async fn idle_sessions_are_swept() {
 /// `bundles/content`; reading content (`get`) is not enough to start, continue or inspect one.
 #[tokio::test(flavor = "multi_thread")]
 async fn chunked_uploads_need_update_on_bundles_content() {
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.csv");
-    std::fs::write(&tokens, "reader-token,reader,2001,\"\"\nwriter-token,writer,2002,\"\"\n").unwrap();
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(
-        &policy,
-        format!(
-            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: r, namespace: {NS}}}\n\
-             rules: [{{apiGroups: [content.stowage.dev], resources: [bundles/content], verbs: [get]}}]\n---\n\
-             apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: r, namespace: {NS}}}\n\
-             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: r}}\n\
-             subjects: [{{kind: User, name: reader}}]\n---\n\
-             apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: w, namespace: {NS}}}\n\
-             rules: [{{apiGroups: [content.stowage.dev], resources: [bundles/content], verbs: [update]}}]\n---\n\
-             apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: w, namespace: {NS}}}\n\
-             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: w}}\n\
-             subjects: [{{kind: User, name: writer}}]\n"
-        ),
-    )
-    .unwrap();
-    let server = Server::start_temp(&[
-        "--token-auth-file",
-        tokens.to_str().unwrap(),
-        "--authorization-policy-file",
-        policy.to_str().unwrap(),
-    ]);
+    let policy = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: r, namespace: {NS}}}\n\
+         rules: [{{apiGroups: [content.stowage.dev], resources: [bundles/content], verbs: [get]}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: r, namespace: {NS}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: r}}\n\
+         subjects: [{{kind: User, name: reader}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: w, namespace: {NS}}}\n\
+         rules: [{{apiGroups: [content.stowage.dev], resources: [bundles/content], verbs: [update]}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: w, namespace: {NS}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: w}}\n\
+         subjects: [{{kind: User, name: writer}}]\n"
+    );
+    let server = Server::start_with_users("reader-token,reader,2001,\"\"\nwriter-token,writer,2002,\"\"\n", &policy);
     server.create_bundle(NS, "app").await;
     let start_url = server.url(&format!("{}?uploads", bundle_content(NS, "app")));
     let as_reader = server.anonymous_client().post(&start_url).bearer_auth("reader-token").send().await.unwrap();

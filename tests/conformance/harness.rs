@@ -214,6 +214,45 @@ impl Server {
         server
     }
 
+    /// Starts a server on a fresh temporary directory whose users come from a token file holding
+    /// `tokens` (`--token-auth-file`, kube-apiserver's CSV) and whose rules from an RBAC policy
+    /// file holding `policy` (`--authorization-policy-file`), both beside its data directory.
+    pub fn start_with_users(tokens: &str, policy: &str) -> Server {
+        let tmp = tempfile::Builder::new().prefix("stowage-conformance-").tempdir().expect("create tempdir");
+        let (token_file, policy_file) = (tmp.path().join("tokens.csv"), tmp.path().join("policy.yaml"));
+        std::fs::write(&token_file, tokens).unwrap();
+        std::fs::write(&policy_file, policy).unwrap();
+        let mut server = Server::start(
+            &tmp.path().join("data"),
+            &[
+                "--token-auth-file",
+                token_file.to_str().unwrap(),
+                "--authorization-policy-file",
+                policy_file.to_str().unwrap(),
+            ],
+        );
+        server._tmp = Some(tmp);
+        server
+    }
+
+    /// A kubeconfig for token user `user` (token `USER-token`) in `namespace`, as the README
+    /// shows one, written beside the data directory.
+    pub fn token_kubeconfig(&self, user: &str, namespace: &str) -> PathBuf {
+        let ca = self.data_dir.join("pki/ca.crt");
+        let config = format!(
+            "apiVersion: v1\nkind: Config\n\
+             clusters: [{{name: stowage, cluster: {{server: \"{}\", certificate-authority: \"{}\"}}}}]\n\
+             users: [{{name: {user}, user: {{token: {user}-token}}}}]\n\
+             contexts: [{{name: {user}, context: {{cluster: stowage, user: {user}, namespace: {namespace}}}}}]\n\
+             current-context: {user}\n",
+            self.url,
+            ca.display()
+        );
+        let path = self.data_dir.with_file_name(format!("{user}.kubeconfig"));
+        std::fs::write(&path, config).unwrap();
+        path
+    }
+
     pub fn kubeconfig(&self) -> PathBuf {
         self.data_dir.join("admin.kubeconfig")
     }

@@ -3,7 +3,7 @@
 //! prints for the same RBAC; the reviews' refusals of bad bodies; `kubectl version` without a
 //! version-skew warning; and a delegated server, which leaves the review groups to the cluster.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::{json, Value};
@@ -27,37 +27,9 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: bundle-r
 subjects: [{kind: Group, name: readers}]
 "#;
 
-/// A server with the token file and the policy, and the directory holding them.
-fn start() -> (tempfile::TempDir, Server) {
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.csv");
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(&tokens, TOKENS).unwrap();
-    std::fs::write(&policy, POLICY).unwrap();
-    let server = Server::start_temp(&[
-        "--token-auth-file",
-        tokens.to_str().unwrap(),
-        "--authorization-policy-file",
-        policy.to_str().unwrap(),
-    ]);
-    (dir, server)
-}
-
-/// A kubeconfig for a token user, as the README shows one (namespace `default`).
-fn token_kubeconfig(server: &Server, dir: &Path, user: &str) -> PathBuf {
-    let ca = server.data_dir().join("pki/ca.crt");
-    let config = format!(
-        "apiVersion: v1\nkind: Config\n\
-         clusters: [{{name: stowage, cluster: {{server: \"{}\", certificate-authority: \"{}\"}}}}]\n\
-         users: [{{name: {user}, user: {{token: {user}-token}}}}]\n\
-         contexts: [{{name: {user}, context: {{cluster: stowage, user: {user}, namespace: default}}}}]\n\
-         current-context: {user}\n",
-        server.url,
-        ca.display()
-    );
-    let path = dir.join(format!("{user}.kubeconfig"));
-    std::fs::write(&path, config).unwrap();
-    path
+/// A server with the token file and the policy.
+fn start() -> Server {
+    Server::start_with_users(TOKENS, POLICY)
 }
 
 /// The real kubectl with `kubeconfig` (each request bounded by kubectl's own timeout).
@@ -104,8 +76,8 @@ fn has_row(table: &str, row: &[&str]) -> bool {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_auth_whoami_for_the_admin_and_token_users() {
-    let (dir, server) = start();
-    let alice = token_kubeconfig(&server, dir.path(), "alice");
+    let server = start();
+    let alice = server.token_kubeconfig("alice", "default");
     let whoami = ok(&alice, &["auth", "whoami"]);
     report(&format!("kubectl auth whoami (alice):\n{whoami}"));
     assert!(has_row(&whoami, &["Username", "alice"]), "{whoami}");
@@ -123,14 +95,14 @@ async fn kubectl_auth_whoami_for_the_admin_and_token_users() {
     assert!(has_row(&admin, &["Username", "stowage-admin"]), "{admin}");
     assert!(has_row(&admin, &["Groups", "[system:masters system:authenticated]"]), "{admin}");
     // bob is bound to nothing and still learns who he is.
-    let bob = token_kubeconfig(&server, dir.path(), "bob");
+    let bob = server.token_kubeconfig("bob", "default");
     assert!(has_row(&ok(&bob, &["auth", "whoami"]), &["Username", "bob"]));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_auth_can_i_answers_as_the_policy_decides() {
-    let (dir, server) = start();
-    let alice = token_kubeconfig(&server, dir.path(), "alice");
+    let server = start();
+    let alice = server.token_kubeconfig("alice", "default");
     // Namespace `default` from the kubeconfig; the RoleBinding grants nothing elsewhere.
     assert_eq!(can_i(&alice, &["get", "bundles"]), ("yes".into(), true));
     assert_eq!(can_i(&alice, &["list", "bundles", "-n", "default"]), ("yes".into(), true));
@@ -142,7 +114,7 @@ async fn kubectl_auth_can_i_answers_as_the_policy_decides() {
     assert_eq!(can_i(&alice, &["get", "bundlecontents"]), ("no".into(), false));
     assert_eq!(can_i(&alice, &["get", "/apis"]), ("yes".into(), true));
     assert_eq!(can_i(&alice, &["get", "/metrics"]), ("no".into(), false));
-    let bob = token_kubeconfig(&server, dir.path(), "bob");
+    let bob = server.token_kubeconfig("bob", "default");
     assert_eq!(can_i(&bob, &["get", "bundles"]), ("no".into(), false));
     assert_eq!(can_i(&server.kubeconfig(), &["delete", "bundles", "-A"]), ("yes".into(), true));
     // kubectl's -q for scripts: the exit code alone.
@@ -155,8 +127,8 @@ async fn kubectl_auth_can_i_answers_as_the_policy_decides() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_auth_can_i_list_shows_the_rules_granted() {
-    let (dir, server) = start();
-    let alice = token_kubeconfig(&server, dir.path(), "alice");
+    let server = start();
+    let alice = server.token_kubeconfig("alice", "default");
     let list = ok(&alice, &["auth", "can-i", "--list"]);
     report(&format!("kubectl auth can-i --list (alice):\n{list}"));
     assert!(has_row(&list, &["Resources", "Non-Resource URLs", "Resource Names", "Verbs"]), "{list}");
@@ -215,7 +187,7 @@ async fn review(server: &Server, resource: &str, body: &str, content_type: &str)
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reviews_refuse_bad_bodies_in_plain_words() {
-    let (_dir, server) = start();
+    let server = start();
     const SSAR: &str = "selfsubjectaccessreviews";
     let json = "application/json";
     // Neither kind of attributes, or both: 422 naming the field.

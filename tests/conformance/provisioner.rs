@@ -71,42 +71,21 @@ async fn the_example_provisioner_syncs_and_refetches_only_changed_bundles() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_example_provisioner_works_in_the_kubeconfigs_namespace() {
     let files = tempfile::tempdir().unwrap();
-    let (tokens, policy) = (files.path().join("tokens.csv"), files.path().join("policy.yaml"));
-    std::fs::write(&tokens, "alice-token,alice,1001,\"readers\"\n").unwrap();
-    std::fs::write(
-        &policy,
-        format!(
-            "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {{name: reader}}\nrules:\n\
-             - {{apiGroups: [content.stowage.dev], resources: [bundles, bundles/content], verbs: [get, list, watch]}}\n\
-             ---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
-             metadata: {{name: readers, namespace: {NS}}}\n\
-             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: reader}}\n\
-             subjects: [{{kind: Group, name: readers}}]\n"
-        ),
-    )
-    .unwrap();
-    let server = Server::start_temp(&[
-        "--token-auth-file",
-        tokens.to_str().unwrap(),
-        "--authorization-policy-file",
-        policy.to_str().unwrap(),
-    ]);
+    let policy = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {{name: reader}}\nrules:\n\
+         - {{apiGroups: [content.stowage.dev], resources: [bundles, bundles/content], verbs: [get, list, watch]}}\n\
+         ---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
+         metadata: {{name: readers, namespace: {NS}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: reader}}\n\
+         subjects: [{{kind: Group, name: readers}}]\n"
+    );
+    let server = Server::start_with_users("alice-token,alice,1001,\"readers\"\n", &policy);
     let etcd = corpus().join("rukpak-testdata/registry/valid");
     for ns in [NS, "elsewhere"] {
         server.create_bundle(ns, "etcd").await;
         server.upload_ok(ns, "etcd", system_tar(&etcd), None).await;
     }
-    // alice's kubeconfig, made the way a user makes one: kubectl config on a copy of the admin's.
-    let kubeconfig = files.path().join("alice.kubeconfig");
-    std::fs::copy(server.kubeconfig(), &kubeconfig).unwrap();
-    for args in [
-        &["set-credentials", "alice", "--token", "alice-token"][..],
-        &["set-context", "alice", "--cluster", "stowage", "--user", "alice", "--namespace", NS],
-        &["use-context", "alice"],
-    ] {
-        let status = Command::new("kubectl").arg("config").args(args).env("KUBECONFIG", &kubeconfig).output().unwrap();
-        assert!(status.status.success(), "kubectl config {args:?}: {status:?}");
-    }
+    let kubeconfig = server.token_kubeconfig("alice", NS);
     let run = |extra: &[&str]| {
         let out = files.path().join("out");
         let output = Command::new(example("provisioner"))
