@@ -397,13 +397,14 @@ impl Store {
     /// Writes a record that makes pinned chunks reachable (a writer's manifest). Replicated: only
     /// while this replica's lease is the one its pins were taken under — once it lapsed, the
     /// collector may have taken them, so the write is refused and the writer fails.
-    pub(super) fn record_while_pinned(&self, key: &[u8], value: &[u8]) -> Result<()> {
+    pub(super) fn record_while_pinned(&self, key: &[u8], value: &[u8], lease_epoch: u64) -> Result<()> {
         let mut batch = super::meta::Batch::default();
         batch.insert(key, value);
         match (self.remote(), self.tree()) {
             (Some(remote), Meta::Etcd(etcd)) => {
                 batch.insert(MANIFESTS_KEY, key);
-                if !etcd.apply_when(batch, vec![etcd.lease_held(remote.lease())])? || remote.lease_lost() {
+                let lapsed = remote.lease_epoch() != lease_epoch;
+                if lapsed || !etcd.apply_when(batch, vec![etcd.lease_held(remote.lease())])? || remote.lease_lost() {
                     return Err(StorageError::Remote("this replica's etcd lease lapsed while it was writing".into()));
                 }
                 Ok(())

@@ -40,6 +40,8 @@ pub struct RevisionWriter {
     staging: Staging,
     /// Every chunk this writer pinned, once per pin.
     pinned: Vec<Hash>,
+    /// Replicated: the count of lost leases when the writer began (its pins hold while it stays).
+    lease_epoch: u64,
 }
 
 /// The counter of revision ids in the replicated store's map.
@@ -91,6 +93,7 @@ impl Store {
             blocks: BlockBuilder::default(),
             staging,
             pinned: Vec::new(),
+            lease_epoch: self.remote().map_or(0, |r| r.lease_epoch()),
         })
     }
 
@@ -267,7 +270,7 @@ impl RevisionWriter {
             manifest: hex::encode(root.hash),
             manifest_len: root.len,
         };
-        store.record_while_pinned(&key_revision(id), &encode_json(&record))?;
+        store.record_while_pinned(&key_revision(id), &encode_json(&record), self.lease_epoch)?;
         store.flush()?;
         // The collector now finds these chunks through the manifest; see `Store::manifest_recorded`.
         store.manifest_recorded();

@@ -68,6 +68,7 @@ pub struct Remote {
     pub(super) options: RemoteOptions,
     lease: AtomicI64,
     lease_lost: Arc<AtomicBool>,
+    lease_epoch: std::sync::atomic::AtomicU64,
     /// Set while this replica holds the leader key ([`leader`]).
     leader: AtomicBool,
     pub(super) s3: Arc<dyn object_store::ObjectStore>,
@@ -114,6 +115,7 @@ impl Remote {
             options,
             lease: AtomicI64::new(0),
             lease_lost: Arc::new(AtomicBool::new(false)),
+            lease_epoch: std::sync::atomic::AtomicU64::new(0),
             leader: AtomicBool::new(false),
             s3,
         });
@@ -162,7 +164,7 @@ impl Remote {
     /// `Err` once the lease lapsed: pins taken under it may be gone, so no write may rely on them.
     pub fn writable(&self) -> Result<()> {
         if self.lease_lost() {
-            return Err(StorageError::Remote("this replica lost its etcd lease; it must be restarted".into()));
+            return Err(StorageError::Remote("this replica lost its etcd lease and is taking a new one".into()));
         }
         Ok(())
     }
@@ -240,35 +242,65 @@ impl Remote {
 
     /// Grants the lease, writes the presence key under it and keeps it alive in the background.
     fn take_lease(self: &Arc<Self>) -> Result<()> {
-        let mut etcd = self.etcd.clone();
-        let presence = self.presence_key();
-        let id = self.block_on(async move {
-            let lease = etcd.lease_grant(LEASE_TTL_SECS, None).await.map_err(|e| remote_error("etcd lease", e))?;
-            etcd.put(presence, b"".to_vec(), Some(PutOptions::new().with_lease(lease.id())))
-                .await
-                .map_err(|e| remote_error("etcd", e))?;
-            Ok::<i64, StorageError>(lease.id())
-        })?;
+        let id = self.block_on(grant(self.etcd.clone(), self.presence_key()))?;
         self.lease.store(id, Ordering::Release);
-        let mut etcd = self.etcd.clone();
-        let lost = self.lease_lost.clone();
-        self.spawn(async move {
-            let keep = async {
-                let (mut keeper, mut answers) = etcd.lease_keep_alive(id).await?;
-                loop {
-                    keeper.keep_alive().await?;
-                    match answers.message().await? {
-                        Some(answer) if answer.ttl() > 0 => {}
-                        _ => return Ok::<(), etcd_client::Error>(()),
-                    }
-                    tokio::time::sleep(Duration::from_secs((LEASE_TTL_SECS / 3).max(1) as u64)).await;
-                }
-            };
-            let outcome = keep.await;
-            lost.store(true, Ordering::Release);
-            tracing::error!(?outcome, "this replica's etcd lease lapsed: writes are refused until a restart");
-        });
+        self.spawn(keep_lease(Arc::downgrade(self), id));
         Ok(())
+    }
+
+    /// Counts the leases this replica lost: a writer that began under another count than the
+    /// current one may have lost its pins ([`super::chunks`]).
+    pub fn lease_epoch(&self) -> u64 {
+        self.lease_epoch.load(Ordering::Acquire)
+    }
+}
+
+/// A new lease with this replica's presence key under it.
+async fn grant(mut etcd: Client, presence: Vec<u8>) -> Result<i64> {
+    let lease = etcd.lease_grant(LEASE_TTL_SECS, None).await.map_err(|e| remote_error("etcd lease", e))?;
+    etcd.put(presence, b"".to_vec(), Some(PutOptions::new().with_lease(lease.id())))
+        .await
+        .map_err(|e| remote_error("etcd", e))?;
+    Ok(lease.id())
+}
+
+/// Renews the lease every third of its TTL for as long as the replica lives. A lease that lapsed
+/// (etcd said so, or no renewal got through for a whole TTL) is replaced by a new one: meanwhile
+/// writes are refused, and writers that began under the old one fail when they record.
+async fn keep_lease(remote: std::sync::Weak<Remote>, mut id: i64) {
+    let ttl = Duration::from_secs(LEASE_TTL_SECS as u64);
+    let mut renewed = std::time::Instant::now();
+    loop {
+        tokio::time::sleep(ttl / 3).await;
+        let Some(this) = remote.upgrade() else { return };
+        let mut etcd = this.etcd.clone();
+        let renewal = async {
+            let (mut keeper, mut answers) = etcd.lease_keep_alive(id).await?;
+            keeper.keep_alive().await?;
+            Ok::<bool, etcd_client::Error>(answers.message().await?.is_some_and(|a| a.ttl() > 0))
+        };
+        match tokio::time::timeout(ttl / 3, renewal).await {
+            Ok(Ok(true)) => {
+                renewed = std::time::Instant::now();
+                continue;
+            }
+            Ok(Err(_)) | Err(_) if renewed.elapsed() < ttl => continue,
+            _ => {}
+        }
+        this.lease_lost.store(true, Ordering::Release);
+        this.lease_epoch.fetch_add(1, Ordering::AcqRel);
+        this.leader.store(false, Ordering::Release);
+        tracing::error!("this replica's etcd lease lapsed: writes are refused until it has a new one");
+        match grant(this.etcd.clone(), this.presence_key()).await {
+            Ok(new) => {
+                id = new;
+                this.lease.store(new, Ordering::Release);
+                this.lease_lost.store(false, Ordering::Release);
+                renewed = std::time::Instant::now();
+                tracing::info!("this replica has a new etcd lease");
+            }
+            Err(e) => tracing::warn!(error = %e, "no new etcd lease yet"),
+        }
     }
 }
 
