@@ -256,18 +256,6 @@ impl Store {
     /// Pins `hash` and tells whether the store already has the chunk. The caller unpins it with
     /// [`Store::unpin_all`] once its manifest is recorded (or it gave up).
     pub(super) fn pin_and_check(&self, hash: Hash) -> Result<bool> {
-        if let (Some(remote), Meta::Etcd(etcd)) = (self.remote(), self.tree()) {
-            // The shared pin goes in before the lookup, in one transaction; held under the local
-            // lock so that an unpin of the same hash by another writer here cannot overtake it.
-            let mut pins = self.lock_pins();
-            pins.pin(hash);
-            let pinned =
-                etcd.put_leased_and_probe(&pin_key(remote.replica_id(), &hash), remote.lease(), &chunk_key(&hash));
-            if pinned.is_err() {
-                pins.unpin(&hash);
-            }
-            return pinned;
-        }
         self.lock_pins().pin(hash);
         match self.tree().contains_key(chunk_key(&hash)) {
             Ok(known) => Ok(known),
@@ -278,8 +266,37 @@ impl Store {
         }
     }
 
+    /// Replicated: counts a writer's pin of `hash` here; the shared pin follows at the seal.
+    pub(super) fn pin_locally(&self, hash: Hash) {
+        self.lock_pins().pin(hash);
+    }
+
+    /// Replicated: pins the builder's chunks in etcd, then drops those the store already holds
+    /// (pinned first, looked up after, in the same transactions: see [`super::gc_shared`]).
+    fn pin_shared_and_drop_known(&self, builder: &mut BlockBuilder) -> Result<()> {
+        let (Some(remote), Meta::Etcd(etcd)) = (self.remote(), self.tree()) else { return Ok(()) };
+        let _pins = self.lock_pins();
+        let keys: Vec<Vec<u8>> = builder.members.iter().map(|m| pin_key(remote.replica_id(), &m.hash)).collect();
+        let probes: Vec<Vec<u8>> = builder.members.iter().map(|m| chunk_key(&m.hash)).collect();
+        let known = etcd.put_leased_and_probe_many(&keys, remote.lease(), &probes)?;
+        if known.iter().any(|k| *k) {
+            let old = std::mem::take(builder);
+            for (member, known) in old.members.iter().zip(known) {
+                let range = member.offset as usize..(member.offset + member.len) as usize;
+                if let (false, Some(data)) = (known, old.raw.get(range)) {
+                    builder.push(member.hash, data);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Compresses and appends the builder's chunks as one block and indexes those not indexed yet.
     pub(super) fn seal_block(&self, builder: &mut BlockBuilder) -> Result<()> {
+        if builder.is_empty() {
+            return Ok(());
+        }
+        self.pin_shared_and_drop_known(builder)?;
         if builder.is_empty() {
             return Ok(());
         }

@@ -119,6 +119,20 @@ pub(super) struct WriterChunks<'a> {
 impl WriterChunks<'_> {
     pub fn put(&mut self, bytes: &[u8]) -> Result<ChunkRef> {
         let hash = *blake3::hash(bytes).as_bytes();
+        if self.store.remote().is_some() {
+            // Replicated: pinned here now, in etcd for a whole block at once when it is sealed
+            // (where chunks the store already holds are dropped from it): one transaction per
+            // block instead of one per chunk.
+            self.store.pin_locally(hash);
+            self.pinned.push(hash);
+            if !self.blocks.contains(&hash) {
+                self.blocks.push(hash, bytes);
+                if self.blocks.is_full() {
+                    self.store.seal_block(self.blocks)?;
+                }
+            }
+            return Ok(ChunkRef { hash, len: bytes.len() as u32 });
+        }
         let known = self.store.pin_and_check(hash)?;
         self.pinned.push(hash);
         if !known && !self.blocks.contains(&hash) {

@@ -134,17 +134,30 @@ impl EtcdMeta {
         Compare::mod_revision(full, CompareOp::Less, revision + 1).with_range(end)
     }
 
-    /// Puts `key` attached to `lease` and tells whether `probe` exists, in one transaction: a pin
-    /// is in place before the chunk it protects is looked up.
-    pub fn put_leased_and_probe(&self, key: &[u8], lease: i64, probe: &[u8]) -> Result<bool> {
-        let put = TxnOp::put(self.full_key(key), Vec::new(), Some(PutOptions::new().with_lease(lease)));
-        let get = TxnOp::get(self.full_key(probe), Some(GetOptions::new().with_count_only()));
-        let mut etcd = self.remote.etcd.clone();
-        let answer = self
-            .remote
-            .block_on(async move { etcd.txn(Txn::new().and_then(vec![put, get])).await })
-            .map_err(etcd_error)?;
-        Ok(answer.op_responses().into_iter().any(|op| matches!(op, TxnOpResponse::Get(get) if get.count() > 0)))
+    /// Puts all `keys` (pins) under `lease` and tells which of `probes` (parallel to `keys`)
+    /// exist, in as few transactions as etcd allows, each pin before its probe.
+    pub fn put_leased_and_probe_many(&self, keys: &[Vec<u8>], lease: i64, probes: &[Vec<u8>]) -> Result<Vec<bool>> {
+        let mut found = Vec::with_capacity(probes.len());
+        let per_txn = (self.max_ops / 2).max(1);
+        for (keys, probes) in keys.chunks(per_txn).zip(probes.chunks(per_txn)) {
+            let mut ops: Vec<TxnOp> = keys
+                .iter()
+                .map(|key| TxnOp::put(self.full_key(key), Vec::new(), Some(PutOptions::new().with_lease(lease))))
+                .collect();
+            ops.extend(probes.iter().map(|p| TxnOp::get(self.full_key(p), Some(GetOptions::new().with_count_only()))));
+            let mut etcd = self.remote.etcd.clone();
+            let answer =
+                self.remote.block_on(async move { etcd.txn(Txn::new().and_then(ops)).await }).map_err(etcd_error)?;
+            let counts = answer.op_responses().into_iter().filter_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(get.count() > 0),
+                _ => None,
+            });
+            found.extend(counts);
+        }
+        if found.len() != probes.len() {
+            return Err(StorageError::Remote("etcd answered a transaction with missing results".into()));
+        }
+        Ok(found)
     }
 
     /// A comparison that this replica's lease is the one it started with (its pins are intact).
