@@ -39,14 +39,6 @@ impl Replica {
         format!("r{}", self.index)
     }
 
-    pub fn is_running(&self) -> bool {
-        self.proc.is_some()
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.proc.as_ref().and_then(Proc::pid)
-    }
-
     /// Spawns the replica and waits for its ready line (not yet for `/readyz`).
     fn spawn(&mut self) {
         assert!(self.proc.is_none(), "replica {} already runs", self.index);
@@ -210,10 +202,6 @@ impl Cluster {
     /// Another admin client on its own connections.
     pub fn new_client(&self) -> Client {
         admin_client(&self.replicas[0].data_dir)
-    }
-
-    pub fn data_dir_of_identity(&self) -> &Path {
-        &self.replicas[0].data_dir
     }
 
     /// `https://127.0.0.1:PORT` of haproxy.

@@ -84,8 +84,4 @@ impl Etcd {
         let options = etcd_client::GetOptions::new().with_prefix().with_count_only();
         client.get(prefix, Some(options)).await.expect("count keys").count()
     }
-
-    pub fn log(&self) -> String {
-        self.proc.log()
-    }
 }

@@ -40,7 +40,7 @@ impl S3 {
 
 pub struct Garage {
     pub s3: S3,
-    proc: Proc,
+    _proc: Proc,
     _dir: tempfile::TempDir,
 }
 
@@ -122,10 +122,6 @@ impl Garage {
             key_id,
             secret,
         };
-        Garage { s3, proc, _dir: dir }
-    }
-
-    pub fn log(&self) -> String {
-        self.proc.log()
+        Garage { s3, _proc: proc, _dir: dir }
     }
 }

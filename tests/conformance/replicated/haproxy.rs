@@ -19,7 +19,7 @@ pub struct Haproxy {
     /// `https://127.0.0.1:PORT` (TLS passes through to the replicas).
     pub url: String,
     socket: PathBuf,
-    proc: Proc,
+    _proc: Proc,
     _dir: tempfile::TempDir,
 }
 
@@ -46,7 +46,7 @@ impl Haproxy {
         cmd.arg("-f").arg(&file).arg("-db");
         let mut proc = Proc::spawn("haproxy", cmd);
         proc.wait_listening(format!("127.0.0.1:{port}").parse().unwrap(), Duration::from_secs(10));
-        Haproxy { url: format!("https://127.0.0.1:{port}"), socket, proc, _dir: dir }
+        Haproxy { url: format!("https://127.0.0.1:{port}"), socket, _proc: proc, _dir: dir }
     }
 
     /// Each server's status as haproxy shows it: `UP`, `DOWN`, `UP 1/2` (going down),
@@ -92,10 +92,6 @@ impl Haproxy {
             }
         });
         Sampler { samples, stop, thread: Some(thread) }
-    }
-
-    pub fn log(&self) -> String {
-        self.proc.log()
     }
 }
 

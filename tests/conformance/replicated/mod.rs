@@ -12,8 +12,16 @@ mod cluster;
 mod etcd;
 mod garage;
 mod haproxy;
+mod load;
+mod load_check;
+mod load_watch;
 mod process;
+mod retry;
+mod scenario;
 
+mod failover;
+mod gc_race;
 mod pieces;
+mod rolling;
 mod smoke;
 mod watch_resume;

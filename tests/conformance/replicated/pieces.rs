@@ -2,6 +2,8 @@
 //! session lives in the shared store) commits on yet another replica and reads back byte-identical
 //! through each of them: the whole tar, the revision by name, and Range requests.
 
+use futures_util::StreamExt;
+use object_store::ObjectStore;
 use reqwest::StatusCode;
 
 use super::api::At;
@@ -79,4 +81,10 @@ async fn pieces_over_all_replicas_commit_and_read_back_through_each() {
         v
     };
     assert_eq!(bundle_seen, vec![digest.clone(); 3], "every replica shows the committed digest");
+
+    // The shared store holds it: objects under the etcd prefix, blocks in the bucket.
+    assert!(cluster.etcd.count_prefix(&cluster.prefix).await > 0, "no keys under {} in etcd", cluster.prefix);
+    let store = cluster.garage.s3.object_store();
+    let objects: Vec<_> = store.list(None).take(1).collect().await;
+    assert!(!objects.is_empty(), "the bucket holds no objects");
 }

@@ -107,10 +107,6 @@ impl Proc {
         &self.name
     }
 
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
     /// The exit status if the process has ended.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
