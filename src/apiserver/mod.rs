@@ -209,7 +209,14 @@ async fn ready(State(app): State<AppState>) -> Response {
     if app.shutdown.is_cancelled() {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response();
     }
-    "ok".into_response()
+    // Replicated: ready only while etcd and object storage answer (a load balancer then sends
+    // requests to replicas that can serve them).
+    let store = app.store.clone();
+    match tokio::task::spawn_blocking(move || store.reachable()).await {
+        Ok(Ok(())) => "ok".into_response(),
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "readiness check failed").into_response(),
+    }
 }
 
 async fn ok() -> &'static str {

@@ -3,10 +3,12 @@
 mod admission;
 mod auth;
 mod lock;
+mod store;
 mod unpack;
 
 pub use admission::AdmissionOptions;
 pub use auth::AuthOptions;
+pub use store::StoreFlags;
 pub use unpack::UnpackOptions;
 
 use std::net::SocketAddr;
@@ -19,7 +21,7 @@ use crate::apiserver::content::upload_spool::{self, Spool};
 use crate::apiserver::listener::ListenerLimits;
 use crate::apiserver::{self, AppState, Limits};
 use crate::auth::pki;
-use crate::storage::{Store, StoreOptions};
+use crate::storage::StoreOptions;
 use crate::unpack::metrics::UnpackMetrics;
 use crate::unpack::reconcile;
 
@@ -79,6 +81,8 @@ pub struct ServeOptions {
     pub auth: AuthOptions,
     #[command(flatten)]
     pub unpack: UnpackOptions,
+    #[command(flatten)]
+    pub store: StoreFlags,
 }
 
 pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
@@ -96,7 +100,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
             min_free_bytes: options.min_free_bytes,
             ..StoreOptions::default()
         };
-        tokio::task::spawn_blocking(move || Store::open(&dir, store_options)).await.context("opening the store")??
+        options.store.open(&dir, store_options).await?
     };
     let uploads = {
         let dir = options.data_dir.join("uploads");
@@ -123,16 +127,24 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         }
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let collector = apiserver::garbage_collector::spawn(store.clone(), shutdown.clone());
+    // Singleton work runs on the leader only (every replica, with the embedded store: it is one).
+    let collector = {
+        let gc_store = store.clone();
+        store::while_leading(store.clone(), shutdown.clone(), move |token| {
+            apiserver::garbage_collector::spawn(gc_store.clone(), token)
+        })
+    };
     let cluster = delegated.as_ref().map(|d| d.client.clone());
     // One registry for everything `/metrics` shows: the unpacker's families, then the API's.
     let mut registry = prometheus_client::registry::Registry::default();
     let unpack_metrics = UnpackMetrics::register(&mut registry);
-    let reconciler = reconcile::spawn(
-        store.clone(),
-        options.unpack.reconciler(cluster, &options.data_dir, unpack_metrics),
-        shutdown.clone(),
-    );
+    let reconciler = {
+        let config = options.unpack.reconciler(cluster, &options.data_dir, unpack_metrics);
+        let reconcile_store = store.clone();
+        store::while_leading(store.clone(), shutdown.clone(), move |token| {
+            reconcile::spawn(reconcile_store.clone(), config.clone(), token)
+        })
+    };
     tls_setup.serving.clone().watch(shutdown.clone());
     let sweeper = upload_spool::spawn_sweeper(uploads.clone(), shutdown.clone());
     let state = AppState {

@@ -15,6 +15,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
+use super::meta::Meta;
 use super::packs::{BlockAt, Member};
 use super::{key, Result, StorageError, Store};
 
@@ -173,17 +174,23 @@ pub struct Pins {
 }
 
 impl Pins {
-    fn pin(&mut self, hash: Hash) {
-        *self.counts.entry(hash).or_insert(0) += 1;
+    /// Whether this is the hash's first pin.
+    fn pin(&mut self, hash: Hash) -> bool {
+        let count = self.counts.entry(hash).or_insert(0);
+        *count += 1;
+        *count == 1
     }
 
-    fn unpin(&mut self, hash: &Hash) {
+    /// Whether that was the hash's last pin.
+    fn unpin(&mut self, hash: &Hash) -> bool {
         if let Some(n) = self.counts.get_mut(hash) {
             *n -= 1;
             if *n == 0 {
                 self.counts.remove(hash);
+                return true;
             }
         }
+        false
     }
 
     pub(super) fn is_pinned(&self, hash: &Hash) -> bool {
@@ -194,6 +201,22 @@ impl Pins {
 pub(super) fn chunk_key(hash: &Hash) -> Vec<u8> {
     key(b'c', &[hash])
 }
+
+/// Replicated mode: `p` hash `/` replica, a pin in the shared map, attached to the replica's
+/// lease. Hash first, so that "no replica pins this chunk" is one prefix comparison in the
+/// collector's delete transaction ([`super::gc`]).
+pub(super) fn pin_key(replica: &str, hash: &Hash) -> Vec<u8> {
+    key(b'p', &[hash, b"/", replica.as_bytes()])
+}
+
+/// Where the pins of `hash` start.
+pub(super) fn pins_of(hash: &Hash) -> Vec<u8> {
+    key(b'p', &[hash, b"/"])
+}
+
+/// Replicated mode: rewritten with every manifest recorded, so that a collection pass can tell
+/// whether one was recorded after it marked (its delete transactions compare this key).
+pub(super) const MANIFESTS_KEY: &[u8] = b"mmanifests";
 
 /// Compresses a block unless that does not pay: (codec, payload).
 fn encode(data: &[u8], level: i32) -> (u8, Vec<u8>) {
@@ -233,12 +256,24 @@ impl Store {
     /// Pins `hash` and tells whether the store already has the chunk. The caller unpins it with
     /// [`Store::unpin_all`] once its manifest is recorded (or it gave up).
     pub(super) fn pin_and_check(&self, hash: Hash) -> Result<bool> {
+        if let (Some(remote), Meta::Etcd(etcd)) = (self.remote(), self.tree()) {
+            // The shared pin goes in before the lookup, in one transaction; held under the local
+            // lock so that an unpin of the same hash by another writer here cannot overtake it.
+            let mut pins = self.lock_pins();
+            pins.pin(hash);
+            let pinned =
+                etcd.put_leased_and_probe(&pin_key(remote.replica_id(), &hash), remote.lease(), &chunk_key(&hash));
+            if pinned.is_err() {
+                pins.unpin(&hash);
+            }
+            return pinned;
+        }
         self.lock_pins().pin(hash);
         match self.tree().contains_key(chunk_key(&hash)) {
             Ok(known) => Ok(known),
             Err(e) => {
                 self.lock_pins().unpin(&hash);
-                Err(e.into())
+                Err(e)
             }
         }
     }
@@ -252,12 +287,26 @@ impl Store {
         self.ensure_space(super::WriteKind::Content)?;
         let (codec, payload) = encode(&builder.raw, self.inner.options.zstd_level);
         let _sealing = self.inner.sealing.read().unwrap_or_else(|e| e.into_inner());
+        let appending = std::time::Instant::now();
         let block = self.inner.packs.append(codec, builder.raw.len() as u32, &builder.members, &payload)?;
         let _pins = self.lock_pins();
-        let mut batch = sled::Batch::default();
-        for m in &builder.members {
-            if !self.tree().contains_key(chunk_key(&m.hash))? {
+        let mut batch = super::meta::Batch::default();
+        if let Some(remote) = self.remote() {
+            // A block is safe from collection for its grace period only (`remote::s3`): index it
+            // well within it, or not at all.
+            if appending.elapsed() > remote.options.block_grace / 2 {
+                return Err(StorageError::Remote("writing a block to object storage took too long".into()));
+            }
+            // Every member was absent when pinned; one written meanwhile by another replica is
+            // simply pointed at this copy (both hold the same verified bytes).
+            for m in &builder.members {
                 batch.insert(chunk_key(&m.hash), Location { block, offset: m.offset, len: m.len }.encode());
+            }
+        } else {
+            for m in &builder.members {
+                if !self.tree().contains_key(chunk_key(&m.hash))? {
+                    batch.insert(chunk_key(&m.hash), Location { block, offset: m.offset, len: m.len }.encode());
+                }
             }
         }
         self.tree().apply_batch(batch)?;
@@ -291,8 +340,8 @@ impl Store {
     /// a chunk swept in between stays swept.
     pub(super) fn relocate_chunk(&self, hash: &Hash, old: &Location, new: &Location) -> Result<()> {
         let _pins = self.lock_pins();
-        // An Err(CompareAndSwapError) only means the entry changed; the copy is then dead bytes.
-        let _ = self.tree().compare_and_swap(chunk_key(hash), Some(old.encode()), Some(new.encode()))?;
+        // `false` only means the entry changed; the copy is then dead bytes.
+        let _ = self.tree().compare_and_swap(&chunk_key(hash), Some(&old.encode()), Some(&new.encode()))?;
         Ok(())
     }
 
@@ -328,8 +377,39 @@ impl Store {
     /// Releases a writer's pins.
     pub(super) fn unpin_all(&self, hashes: &[Hash]) {
         let mut pins = self.lock_pins();
+        let mut shared = super::meta::Batch::default();
+        let replica = self.remote().map(|r| r.replica_id().to_string());
         for hash in hashes {
-            pins.unpin(hash);
+            if pins.unpin(hash) {
+                if let Some(replica) = &replica {
+                    shared.remove(pin_key(replica, hash));
+                }
+            }
+        }
+        if !shared.is_empty() {
+            // Left behind, a pin only keeps a chunk longer: until this replica's lease ends.
+            if let Err(e) = self.tree().apply_batch(shared) {
+                tracing::warn!(error = %e, "could not remove pins from etcd; they go with this replica's lease");
+            }
+        }
+    }
+
+    /// Writes a record that makes pinned chunks reachable (a writer's manifest). Replicated: only
+    /// while this replica's lease is the one its pins were taken under — once it lapsed, the
+    /// collector may have taken them, so the write is refused and the writer fails.
+    pub(super) fn record_while_pinned(&self, key: &[u8], value: &[u8], lease_epoch: u64) -> Result<()> {
+        let mut batch = super::meta::Batch::default();
+        batch.insert(key, value);
+        match (self.remote(), self.tree()) {
+            (Some(remote), Meta::Etcd(etcd)) => {
+                batch.insert(MANIFESTS_KEY, key);
+                let lapsed = remote.lease_epoch() != lease_epoch;
+                if lapsed || !etcd.apply_when(batch, vec![etcd.lease_held(remote.lease())])? || remote.lease_lost() {
+                    return Err(StorageError::Remote("this replica's etcd lease lapsed while it was writing".into()));
+                }
+                Ok(())
+            }
+            _ => self.tree().apply_batch(batch),
         }
     }
 

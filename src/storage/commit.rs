@@ -19,6 +19,8 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use super::{Result, Store};
 
 /// The longest a flusher waits for writers about to apply their batches.
@@ -106,6 +108,31 @@ impl Store {
     }
 
     /// The newest resourceVersion whose write is durable. Change-log readers stop there.
+    /// Replicated mode: other replicas' writes are announced like this one's, as etcd reports
+    /// the resourceVersion counter moving.
+    pub(super) fn follow_remote_writes(&self) {
+        let (Some(remote), super::meta::Meta::Etcd(etcd)) = (&self.inner.remote, &self.inner.meta) else { return };
+        let weak = Arc::downgrade(&self.inner);
+        remote.follow_key(etcd.full_key(super::objects::RV_COUNTER), move |value| {
+            let Some(inner) = weak.upgrade() else { return false };
+            if let Ok(rv) = super::read_be(value) {
+                inner.commits.durable_rv.fetch_max(rv, Ordering::AcqRel);
+                let _ = inner.events.send(rv);
+            }
+            true
+        });
+    }
+
+    /// A resourceVersion every write acknowledged before the call is at or below: the durable one
+    /// (embedded); in replicated mode read from etcd, since other replicas write too.
+    pub fn consistent_resource_version(&self) -> Result<u64> {
+        if self.inner.remote.is_some() {
+            let rv = self.current_resource_version()?;
+            self.inner.commits.durable_rv.fetch_max(rv, Ordering::AcqRel);
+        }
+        Ok(self.durable_resource_version())
+    }
+
     pub fn durable_resource_version(&self) -> u64 {
         self.inner.commits.durable_rv.load(Ordering::Acquire)
     }

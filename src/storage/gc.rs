@@ -39,7 +39,7 @@ const ROLL_ACTIVE_DEAD_BYTES: u64 = 4 << 20;
 /// and writers for long.
 pub const COMPACTION_BYTES_PER_SEC: u64 = 64 << 20;
 /// Bits of the mark filter (8 MiB): memory of a pass is this, whatever the store holds.
-const LIVE_SET_BITS: usize = 1 << 26;
+pub(super) const LIVE_SET_BITS: usize = 1 << 26;
 /// Probes per chunk in the mark filter.
 const LIVE_SET_PROBES: usize = 4;
 
@@ -52,7 +52,7 @@ pub(super) struct LiveSet {
 }
 
 impl LiveSet {
-    fn new(bits: usize) -> LiveSet {
+    pub(super) fn new(bits: usize) -> LiveSet {
         // Any value that differs between passes will do.
         let salt = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
         LiveSet { bits: vec![0; bits.div_ceil(64).max(1)], salt }
@@ -89,7 +89,7 @@ impl Store {
             tracing::warn!(error = %e, "recovery postponed to the next start");
             return Ok(());
         }
-        let mut batch = sled::Batch::default();
+        let mut batch = super::meta::Batch::default();
         for item in self.tree().scan_prefix(b"v") {
             let (k, v) = item?;
             let mut record: RevisionRecord = decode_json(&v)?;
@@ -129,14 +129,21 @@ impl Store {
         self.collect_with(false)
     }
 
-    fn collect_with(&self, full: bool) -> Result<GcReport> {
+    fn collect_with(&self, mut full: bool) -> Result<GcReport> {
         let _guard = self.inner.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.ensure_space(super::WriteKind::Metadata)?;
         let mut report = GcReport::default();
+        if let Some(remote) = self.remote() {
+            // One replica collects: the leader.
+            if !remote.is_leader() {
+                return Ok(report);
+            }
+            full |= self.release_orphaned_staging()? > 0;
+        }
+        self.ensure_space(super::WriteKind::Metadata)?;
         let deleting: Vec<RevisionId> = self
             .tree()
             .scan_prefix(b"v")
-            .values()
+            .map(|item| item.map(|(_, v)| v))
             .filter_map(|v| v.ok())
             .filter_map(|v| decode_json::<RevisionRecord>(&v).ok())
             .filter(|r| r.state == RevisionState::Deleting)
@@ -149,7 +156,10 @@ impl Store {
             report.revisions_released += 1;
         }
         if full || report.revisions_released > 0 {
-            report.chunks_removed = self.mark_and_sweep()?;
+            report.chunks_removed = match self.shared_meta() {
+                Some(etcd) => self.mark_and_sweep_shared(etcd)?,
+                None => self.mark_and_sweep()?,
+            };
             self.inner.counters.swept();
         }
         self.flush()?;
@@ -190,7 +200,7 @@ impl Store {
             let group: Vec<Hash> = self
                 .tree()
                 .range(after.clone()..key(b'c' + 1, &[]))
-                .keys()
+                .map(|item| item.map(|(k, _)| k))
                 .filter_map(|k| k.ok())
                 .filter(|k| k.as_ref() != after.as_slice())
                 .filter_map(|k| k.get(1..33).and_then(|h| h.try_into().ok()))
@@ -205,7 +215,7 @@ impl Store {
                 generation = now;
                 self.mark_new(&mut live, &mut marked)?;
             }
-            let mut batch = sled::Batch::default();
+            let mut batch = super::meta::Batch::default();
             for hash in &group {
                 if !live.contains(hash) && !pins.is_pinned(hash) {
                     batch.remove(chunk_key(hash));
@@ -217,7 +227,7 @@ impl Store {
     }
 
     /// Marks the chunks of finalized revisions not marked yet.
-    fn mark_new(&self, live: &mut LiveSet, marked: &mut HashSet<RevisionId>) -> Result<()> {
+    pub(super) fn mark_new(&self, live: &mut LiveSet, marked: &mut HashSet<RevisionId>) -> Result<()> {
         for item in self.tree().scan_prefix(b"v") {
             let (_, v) = item?;
             let record: RevisionRecord = decode_json(&v)?;
@@ -394,12 +404,26 @@ fn mostly_dead(live_bytes: u64, size: u64) -> bool {
 
 /// Runs collection passes on request until the store is dropped.
 pub(super) fn spawn_collector(store: std::sync::Weak<super::Inner>, requests: std::sync::mpsc::Receiver<()>) {
-    let spawned = std::thread::Builder::new().name("stowage-gc".into()).spawn(move || {
-        while requests.recv().is_ok() {
+    let spawned = std::thread::Builder::new().name("stowage-gc".into()).spawn(move || loop {
+        // Replicated: also a full pass now and then, on whichever replica leads — writers that
+        // died on other replicas leave work no request here announces.
+        let periodic = store.upgrade().and_then(|inner| inner.remote.as_ref().map(|r| r.options.collect_every));
+        let full = match periodic {
+            None => match requests.recv() {
+                Ok(()) => false,
+                Err(_) => return,
+            },
+            Some(every) => match requests.recv_timeout(every) {
+                Ok(()) => false,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => true,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+            },
+        };
+        {
             while requests.try_recv().is_ok() {}
             let Some(inner) = store.upgrade() else { return };
             let store = Store { inner };
-            match store.collect() {
+            match store.collect_with(full) {
                 Ok(report) => tracing::debug!(?report, "garbage collection"),
                 Err(e) => tracing::warn!(error = %e, "garbage collection failed"),
             }

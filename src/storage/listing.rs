@@ -135,7 +135,10 @@ impl Store {
         // log has the writes applied since, so it reads as any other past version); a named one
         // not yet durable waits for the flush that covers it. Durable is read before current:
         // read after, a write flushed in between made a fresh list "too new" for itself.
-        let at = query.at.unwrap_or_else(|| self.durable_resource_version());
+        let at = match query.at {
+            Some(at) => at,
+            None => self.consistent_resource_version()?,
+        };
         let current = self.current_resource_version()?;
         if at > current {
             return Err(StorageError::TooNew { requested: at, current });

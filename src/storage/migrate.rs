@@ -64,8 +64,8 @@ impl Store {
         let records: Vec<RevisionRecord> = self
             .tree()
             .scan_prefix(b"v")
-            .values()
-            .map(|v| v.map_err(StorageError::from).and_then(|v| decode_json(&v)))
+            .map(|item| item.map(|(_, v)| v))
+            .map(|v| v.and_then(|v| decode_json(&v)))
             .collect::<Result<_>>()?;
         let mut pinned: Vec<Hash> = Vec::new();
         for mut record in records {
@@ -96,9 +96,9 @@ impl Store {
         self.flush()?;
         self.unpin_all(&pinned);
         for kind in OLD_KINDS {
-            let mut batch = sled::Batch::default();
+            let mut batch = super::meta::Batch::default();
             let mut batched = 0;
-            for k in self.tree().scan_prefix([kind]).keys() {
+            for k in self.tree().scan_prefix([kind]).map(|item| item.map(|(k, _)| k)) {
                 batch.remove(k?);
                 batched += 1;
                 if batched == DELETE_BATCH {
@@ -164,6 +164,7 @@ mod tests {
             files: 2,
             size: data.len() as u64,
             stored_size: 0,
+            writer: String::new(),
             manifest: String::new(),
             manifest_len: 0,
         };

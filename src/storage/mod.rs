@@ -28,18 +28,22 @@
 //! Stores written before manifests (`f` file, `k` segment, `t` tar-index, `r` reference-count and
 //! `z` candidate keys) are converted at open ([`migrate`]).
 
+mod blocks;
 mod chunks;
 mod commit;
 mod counters;
 mod durability;
 mod entry;
 mod gc;
+mod gc_shared;
 mod listing;
 mod manifest;
+mod meta;
 mod migrate;
 mod objects;
 mod packs;
 mod read;
+pub mod remote;
 mod revision;
 mod space;
 mod staging;
@@ -70,6 +74,9 @@ pub enum StorageError {
     Engine(sled::Error),
     #[error("storage I/O: {0}")]
     Io(std::io::Error),
+    /// etcd or the object storage failed or could not be reached (replicated mode).
+    #[error("the shared store is unavailable: {0}")]
+    Remote(String),
     /// The data directory's filesystem is (nearly) full: see [`space`]. Its message says so.
     #[error("{0}")]
     InsufficientStorage(String),
@@ -149,6 +156,10 @@ pub struct RevisionRecord {
     /// Compressed bytes of the chunks the revision references (before cross-revision dedup).
     #[serde(default)]
     pub stored_size: u64,
+    /// The replica writing a `Staging` revision (replicated mode): its writer is gone, and the
+    /// revision can be released, once that replica's lease is.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub writer: String,
     /// Hex BLAKE3 of the manifest's root chunk; empty until finalized.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub manifest: String,
@@ -231,10 +242,11 @@ pub struct Store {
 }
 
 struct Inner {
-    db: sled::Db,
-    /// sled's log file, opened to fdatasync it after sled's own flush.
-    db_log: std::fs::File,
-    tree: sled::Tree,
+    /// The embedded database (`None` in replicated mode).
+    db: Option<Embedded>,
+    meta: meta::Meta,
+    /// etcd and object storage, in replicated mode ([`remote`]).
+    remote: Option<Arc<remote::Remote>>,
     options: StoreOptions,
     dir: std::path::PathBuf,
     /// Serialises object writes so resourceVersions are allocated in commit order.
@@ -258,13 +270,20 @@ struct Inner {
     sealing: std::sync::RwLock<()>,
     events: tokio::sync::broadcast::Sender<u64>,
     gc_requests: std::sync::mpsc::SyncSender<()>,
-    packs: packs::Packs,
+    packs: blocks::BlockStore,
     blocks: chunks::BlockCache,
     space: space::SpaceGuard,
     /// Set by the first failed sync: writes refused from then on ([`durability`]).
     poison: Arc<durability::Poison>,
+}
+
+/// sled and the files it leaves unsynced.
+struct Embedded {
+    db: sled::Db,
+    /// sled's log file, opened to fdatasync it after sled's own flush.
+    log: std::fs::File,
     /// What sled writes without syncing (its directory, blob files), synced at every flush.
-    sled_files: durability::SledFiles,
+    files: durability::SledFiles,
 }
 
 impl Store {
@@ -293,13 +312,66 @@ impl Store {
                 tracing::warn!(error = %e, dir = %parent.display(), "could not sync the data directory's parent");
             }
         }
+        let embedded = Embedded { db, log: db_log, files: sled_files };
+        let store = Store::assemble(
+            dir,
+            options,
+            space,
+            poison,
+            meta::Meta::Sled(tree),
+            blocks::BlockStore::Files(packs),
+            Some(embedded),
+            None,
+        );
+        store.start_commits()?;
+        store.count_log_bytes()?;
+        store.migrate()?;
+        // A store from before the owner index gets it now (on a disk at the floor, at a later
+        // start: until then dependents are found by a scan).
+        if store.ensure_space(WriteKind::Metadata).is_ok() {
+            store.build_owner_index()?;
+        }
+        store.recover()?;
+        Ok(store)
+    }
+
+    /// Opens the replicated store: API objects, revision records and the chunk index in etcd,
+    /// blocks in object storage, both reached through `remote`; `dir` only holds this replica's
+    /// scratch (uploads being staged). Several replicas open the same store at once.
+    pub fn open_replicated(dir: &Path, options: StoreOptions, remote: Arc<remote::Remote>) -> Result<Store> {
+        std::fs::create_dir_all(dir)?;
+        let space = space::SpaceGuard::new(dir, options.min_free_bytes);
+        let poison = Arc::new(durability::Poison::default());
+        let meta = meta::Meta::Etcd(remote::EtcdMeta::new(remote.clone()));
+        let blocks = blocks::BlockStore::Remote(remote::S3Blocks::new(remote.clone()));
+        let store = Store::assemble(dir, options, space, poison, meta, blocks, None, Some(remote));
+        store.start_commits()?;
+        store.count_log_bytes()?;
+        store.build_owner_index()?;
+        store.follow_remote_writes();
+        // This replica's own scratch only: other replicas' staging revisions are theirs.
+        let _ = std::fs::remove_dir_all(store.staging_root());
+        Ok(store)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        dir: &Path,
+        options: StoreOptions,
+        space: space::SpaceGuard,
+        poison: Arc<durability::Poison>,
+        meta: meta::Meta,
+        packs: blocks::BlockStore,
+        db: Option<Embedded>,
+        remote: Option<Arc<remote::Remote>>,
+    ) -> Store {
         let (events, _) = tokio::sync::broadcast::channel(1024);
         let (gc_requests, gc_receiver) = std::sync::mpsc::sync_channel(1);
         let store = Store {
             inner: Arc::new(Inner {
                 db,
-                db_log,
-                tree,
+                meta,
+                remote,
                 options,
                 dir: dir.to_path_buf(),
                 object_lock: Mutex::new(()),
@@ -318,35 +390,27 @@ impl Store {
                 blocks: chunks::BlockCache::default(),
                 space,
                 poison,
-                sled_files,
             }),
         };
-        store.start_commits()?;
-        store.count_log_bytes()?;
-        store.migrate()?;
-        // A store from before the owner index gets it now (on a disk at the floor, at a later
-        // start: until then dependents are found by a scan).
-        if store.ensure_space(WriteKind::Metadata).is_ok() {
-            store.build_owner_index()?;
-        }
-        store.recover()?;
         gc::spawn_collector(Arc::downgrade(&store.inner), gc_receiver);
-        Ok(store)
+        store
     }
 
     /// Makes everything written so far durable. Any failure poisons the store ([`durability`]).
     pub fn flush(&self) -> Result<()> {
         let poison = &self.inner.poison;
         poison.check()?;
+        // Replicated: etcd and object storage acknowledge only what they made durable.
+        let Some(embedded) = &self.inner.db else { return Ok(()) };
         // Pack data first: an index entry must never be durable before the bytes it points at.
         self.inner.packs.sync()?;
-        self.inner.db.flush().map_err(|e| poison.poison("flushing the database", e))?;
+        embedded.db.flush().map_err(|e| poison.poison("flushing the database", e))?;
         // Blob files and renamed snapshots before the log that names them.
-        self.inner.sled_files.sync().map_err(|e| poison.poison("syncing the database's files", e))?;
+        embedded.files.sync().map_err(|e| poison.poison("syncing the database's files", e))?;
         // sled 0.34 ends its flush with sync_file_range, which writes the log's pages but neither
         // flushes the drive's cache nor records the file's new blocks: enough for a killed
         // process, not for a power cut. fdatasync of the log makes it durable.
-        self.inner.db_log.sync_data().map_err(|e| poison.poison("fdatasync of the database log", e))?;
+        embedded.log.sync_data().map_err(|e| poison.poison("fdatasync of the database log", e))?;
         self.inner.counters.flushed();
         Ok(())
     }
@@ -362,12 +426,18 @@ impl Store {
     /// also refuses every write of a poisoned store (`Err(Poisoned)`, [`durability`]).
     pub fn ensure_space(&self, kind: WriteKind) -> Result<()> {
         self.inner.poison.check()?;
+        if let Some(remote) = &self.inner.remote {
+            return remote.writable();
+        }
         self.inner.space.check(kind)
     }
 
     /// Like [`Store::ensure_space`] for a write of `bytes` that must leave the threshold free.
     pub(crate) fn ensure_room_for(&self, kind: WriteKind, bytes: u64) -> Result<()> {
         self.inner.poison.check()?;
+        if let Some(remote) = &self.inner.remote {
+            return remote.writable();
+        }
         self.inner.space.check_room_for(kind, bytes)
     }
 
@@ -376,8 +446,22 @@ impl Store {
         self.inner.events.subscribe()
     }
 
-    fn tree(&self) -> &sled::Tree {
-        &self.inner.tree
+    fn tree(&self) -> &meta::Meta {
+        &self.inner.meta
+    }
+
+    /// The shared store's connections, in replicated mode.
+    pub fn remote(&self) -> Option<&Arc<remote::Remote>> {
+        self.inner.remote.as_ref()
+    }
+
+    /// Whether the store can serve (readiness): in replicated mode, etcd and object storage
+    /// answer and this replica holds its lease.
+    pub fn reachable(&self) -> Result<()> {
+        match &self.inner.remote {
+            Some(remote) => remote.reachable(),
+            None => Ok(()),
+        }
     }
 
     /// Counts for metrics and benchmarks; scans chunk headers, so not for hot paths.
@@ -399,7 +483,9 @@ impl Store {
                 RevisionState::Deleting => stats.revisions_deleting += 1,
             }
         }
-        stats.disk_bytes = dir_size(&self.inner.dir.join("db"))? + self.inner.packs.disk_bytes()?;
+        if self.inner.db.is_some() {
+            stats.disk_bytes = dir_size(&self.inner.dir.join("db"))? + self.inner.packs.disk_bytes()?;
+        }
         Ok(stats)
     }
 }

@@ -11,11 +11,12 @@ use std::sync::atomic::Ordering;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::meta::Batch;
 use super::{
     be, decode_json, encode_json, key, read_be, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store,
 };
 
-const RV_COUNTER: &[u8] = b"mrv";
+pub(super) const RV_COUNTER: &[u8] = b"mrv";
 /// Present once the owner index (`d` keys) covers every object.
 const OWNER_INDEX_READY: &[u8] = b"mownerindex";
 /// Objects per page of internal passes, and per batch when the owner index is built.
@@ -238,7 +239,7 @@ impl Store {
             return self.dependents_by_scan(namespace, uid);
         }
         let prefix = owner_prefix(namespace, uid);
-        for k in self.tree().scan_prefix(&prefix).keys() {
+        for k in self.tree().scan_prefix(&prefix).map(|item| item.map(|(k, _)| k)) {
             let k = k?;
             let rest = String::from_utf8_lossy(k.get(prefix.len()..).unwrap_or_default()).into_owned();
             let Some((resource, name)) = rest.split_once('/') else { continue };
@@ -272,7 +273,7 @@ impl Store {
         if self.tree().contains_key(OWNER_INDEX_READY)? {
             return Ok(());
         }
-        let mut batch = sled::Batch::default();
+        let mut batch = Batch::default();
         let mut batched = 0;
         for item in self.tree().scan_prefix(b"o") {
             let (k, v) = item?;
@@ -307,12 +308,43 @@ impl Store {
         self.ensure_space(super::WriteKind::Metadata)?;
         let applying = self.applying();
         let guard = self.lock_objects();
-        let rv = self.current_resource_version()? + 1;
-        let mut batch = sled::Batch::default();
+        // Replicated: other replicas write too, so the batch goes in only if the counter is still
+        // what this write read; if not, it is built again on the new state.
+        let (rv, objects, collect, log_bytes) = loop {
+            let read = self.tree().get(RV_COUNTER)?;
+            let current = match &read {
+                Some(v) => read_be(v)?,
+                None => 0,
+            };
+            let (batch, built) = self.object_batch(current + 1, &writes)?;
+            if self.tree().apply_batch_if(batch, RV_COUNTER, read.as_deref())? {
+                break built;
+            }
+        };
+        let logged = self.inner.log_bytes.fetch_add(log_bytes, Ordering::AcqRel) + log_bytes;
+        drop(guard);
+        drop(applying);
+        self.make_durable(rv)?;
+        // Trim in steps (each is a range delete), often enough that the log stays near its bounds.
+        let trim_every = (self.inner.options.change_log_len / 4).clamp(1, 1024);
+        if rv % trim_every == 0 || logged > self.inner.options.change_log_bytes {
+            self.trim_change_log(rv)?;
+        }
+        if collect {
+            self.request_gc();
+        }
+        Ok(WriteOutcome { resource_version: rv, objects })
+    }
+
+    /// The batch of one write at resourceVersion `rv`, its objects as written, whether a revision
+    /// changed state, and the bytes it adds to the change log.
+    #[allow(clippy::type_complexity)]
+    fn object_batch(&self, rv: u64, writes: &[ObjectWrite]) -> Result<(Batch, (u64, Vec<Value>, bool, u64))> {
+        let mut batch = Batch::default();
         let mut objects = Vec::with_capacity(writes.len());
         let mut collect = false; // a revision changed state: let the collector look
         let mut log_bytes = 0u64;
-        for (i, write) in writes.into_iter().enumerate() {
+        for (i, write) in writes.iter().cloned().enumerate() {
             // Each change gets its own change-log slot so watchers see every event in order.
             let log_key = key(b'l', &[&be(rv), &(i as u32).to_be_bytes()]);
             match write {
@@ -363,20 +395,7 @@ impl Store {
             }
         }
         batch.insert(RV_COUNTER, &be(rv)[..]);
-        self.tree().apply_batch(batch)?;
-        let logged = self.inner.log_bytes.fetch_add(log_bytes, Ordering::AcqRel) + log_bytes;
-        drop(guard);
-        drop(applying);
-        self.make_durable(rv)?;
-        // Trim in steps (each is a range delete), often enough that the log stays near its bounds.
-        let trim_every = (self.inner.options.change_log_len / 4).clamp(1, 1024);
-        if rv % trim_every == 0 || logged > self.inner.options.change_log_bytes {
-            self.trim_change_log(rv)?;
-        }
-        if collect {
-            self.request_gc();
-        }
-        Ok(WriteOutcome { resource_version: rv, objects })
+        Ok((batch, (rv, objects, collect, log_bytes)))
     }
 
     /// Durable change-log entries after `after` (exclusive), oldest first.
@@ -422,7 +441,7 @@ impl Store {
         let count_floor = rv.saturating_sub(self.inner.options.change_log_len);
         let target = self.inner.options.change_log_bytes / 4 * 3;
         let total = self.inner.log_bytes.load(Ordering::Acquire);
-        let mut batch = sled::Batch::default();
+        let mut batch = Batch::default();
         let (mut freed, mut keep_from, mut removing) = (0u64, count_floor, None::<u64>);
         for item in self.tree().range(key(b'l', &[])..key(b'm', &[])) {
             let (k, v) = item?;
@@ -439,7 +458,15 @@ impl Store {
             freed += v.len() as u64;
             batch.remove(k);
         }
-        batch.insert(LOG_START, &be(keep_from)[..]);
+        // The log's new start first, then the entries: a reader never takes the log to cover what
+        // is gone. Compare-and-swap, so that of two replicas trimming at once one moves it, forward.
+        let start = self.tree().get(LOG_START)?;
+        let started = start.as_deref().map(read_be).transpose()?.unwrap_or(0);
+        if keep_from > started
+            && !self.tree().compare_and_swap(LOG_START, start.as_deref(), Some(&be(keep_from)[..]))?
+        {
+            return Ok(());
+        }
         self.tree().apply_batch(batch)?;
         self.inner.log_bytes.fetch_sub(freed.min(total), Ordering::AcqRel);
         Ok(())
@@ -513,7 +540,7 @@ fn owner_prefix(namespace: &str, uid: &str) -> Vec<u8> {
 }
 
 /// Moves an object's owner-index entries from its `old` owners to its `new` ones, in its batch.
-fn index_owners(batch: &mut sled::Batch, key: &ObjectKey, old: Option<&Value>, new: Option<&Value>) {
+fn index_owners(batch: &mut Batch, key: &ObjectKey, old: Option<&Value>, new: Option<&Value>) {
     let entry = |uid: &str| {
         let mut k = owner_prefix(&key.namespace, uid);
         k.extend_from_slice(key.resource.as_bytes());

@@ -156,21 +156,7 @@ impl Packs {
 
     /// Appends a block record; returns where its payload went.
     pub fn append(&self, codec: u8, raw_len: u32, members: &[Member], payload: &[u8]) -> Result<BlockAt> {
-        let count =
-            u16::try_from(members.len()).map_err(|_| StorageError::Corrupt("too many chunks in one block".into()))?;
-        let mut record = Vec::with_capacity(HEADER + members.len() * DIRECTORY_ENTRY + payload.len());
-        record.extend_from_slice(MAGIC);
-        record.push(codec);
-        record.extend_from_slice(&raw_len.to_le_bytes());
-        record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        record.extend_from_slice(&count.to_le_bytes());
-        for m in members {
-            record.extend_from_slice(&m.hash);
-            record.extend_from_slice(&m.offset.to_le_bytes());
-            record.extend_from_slice(&m.len.to_le_bytes());
-        }
-        let payload_start = record.len() as u64;
-        record.extend_from_slice(payload);
+        let (record, payload_start) = encode_record(codec, raw_len, members, payload)?;
         let mut guard = lock(&self.active);
         if guard.as_ref().is_none_or(|a| a.len >= PACK_ROLL_BYTES) {
             if let Some(old) = guard.take() {
@@ -251,40 +237,8 @@ impl Packs {
     }
 
     /// Walks a pack's blocks in order. Stops at a torn or damaged tail.
-    pub fn scan(&self, id: u64, mut visit: impl FnMut(ScannedBlock) -> Result<()>) -> Result<()> {
-        let mut reader = std::io::BufReader::new(File::open(self.path(id))?);
-        let mut offset = 0u64;
-        loop {
-            let mut header = [0u8; HEADER];
-            if reader.read_exact(&mut header).is_err() || &header[..4] != MAGIC {
-                return Ok(());
-            }
-            let (codec, raw_len, stored_len) = (header[4], le32(&header[5..9]), le32(&header[9..13]));
-            let count = u16::from_le_bytes([header[13], header[14]]) as usize;
-            if raw_len > MAX_BLOCK_RAW || stored_len > MAX_BLOCK_RAW {
-                return Ok(());
-            }
-            let mut directory = vec![0u8; count * DIRECTORY_ENTRY];
-            let mut payload = vec![0u8; stored_len as usize];
-            if reader.read_exact(&mut directory).is_err() || reader.read_exact(&mut payload).is_err() {
-                return Ok(());
-            }
-            let members = directory
-                .chunks_exact(DIRECTORY_ENTRY)
-                .filter_map(|e| {
-                    let (hash, rest) = e.split_first_chunk::<32>()?;
-                    let (offset, len) = rest.split_at_checked(4)?;
-                    Some(Member { hash: *hash, offset: le32(offset), len: le32(len) })
-                })
-                .collect();
-            let payload_offset = offset + (HEADER + directory.len()) as u64;
-            offset = payload_offset + stored_len as u64;
-            visit(ScannedBlock {
-                at: BlockAt { pack: id, payload_offset, stored_len, codec, raw_len },
-                members,
-                payload,
-            })?;
-        }
+    pub fn scan(&self, id: u64, visit: impl FnMut(ScannedBlock) -> Result<()>) -> Result<()> {
+        scan_records(id, &mut std::io::BufReader::new(File::open(self.path(id))?), visit)
     }
 
     /// Deletes a pack file (open handles keep working until dropped).
@@ -314,4 +268,56 @@ fn read_lock<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 
 fn write_lock<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     m.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A block's record (see the module doc) and where its payload starts in it.
+pub fn encode_record(codec: u8, raw_len: u32, members: &[Member], payload: &[u8]) -> Result<(Vec<u8>, u64)> {
+    let count =
+        u16::try_from(members.len()).map_err(|_| StorageError::Corrupt("too many chunks in one block".into()))?;
+    let mut record = Vec::with_capacity(HEADER + members.len() * DIRECTORY_ENTRY + payload.len());
+    record.extend_from_slice(MAGIC);
+    record.push(codec);
+    record.extend_from_slice(&raw_len.to_le_bytes());
+    record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    record.extend_from_slice(&count.to_le_bytes());
+    for m in members {
+        record.extend_from_slice(&m.hash);
+        record.extend_from_slice(&m.offset.to_le_bytes());
+        record.extend_from_slice(&m.len.to_le_bytes());
+    }
+    let payload_start = record.len() as u64;
+    record.extend_from_slice(payload);
+    Ok((record, payload_start))
+}
+
+/// Walks the block records in `reader` (pack `id`) in order. Stops at a torn or damaged tail.
+pub fn scan_records(id: u64, reader: &mut impl Read, mut visit: impl FnMut(ScannedBlock) -> Result<()>) -> Result<()> {
+    let mut offset = 0u64;
+    loop {
+        let mut header = [0u8; HEADER];
+        if reader.read_exact(&mut header).is_err() || &header[..4] != MAGIC {
+            return Ok(());
+        }
+        let (codec, raw_len, stored_len) = (header[4], le32(&header[5..9]), le32(&header[9..13]));
+        let count = u16::from_le_bytes([header[13], header[14]]) as usize;
+        if raw_len > MAX_BLOCK_RAW || stored_len > MAX_BLOCK_RAW {
+            return Ok(());
+        }
+        let mut directory = vec![0u8; count * DIRECTORY_ENTRY];
+        let mut payload = vec![0u8; stored_len as usize];
+        if reader.read_exact(&mut directory).is_err() || reader.read_exact(&mut payload).is_err() {
+            return Ok(());
+        }
+        let members = directory
+            .chunks_exact(DIRECTORY_ENTRY)
+            .filter_map(|e| {
+                let (hash, rest) = e.split_first_chunk::<32>()?;
+                let (offset, len) = rest.split_at_checked(4)?;
+                Some(Member { hash: *hash, offset: le32(offset), len: le32(len) })
+            })
+            .collect();
+        let payload_offset = offset + (HEADER + directory.len()) as u64;
+        offset = payload_offset + stored_len as u64;
+        visit(ScannedBlock { at: BlockAt { pack: id, payload_offset, stored_len, codec, raw_len }, members, payload })?;
+    }
 }

@@ -40,12 +40,32 @@ pub struct RevisionWriter {
     staging: Staging,
     /// Every chunk this writer pinned, once per pin.
     pinned: Vec<Hash>,
+    /// Replicated: the count of lost leases when the writer began (its pins hold while it stays).
+    lease_epoch: u64,
 }
 
+/// The counter of revision ids in the replicated store's map.
+const REVISION_ID: &[u8] = b"mrevid";
+
 impl Store {
+    /// A revision id never used before: sled's id generator, or a counter in etcd moved by
+    /// compare-and-swap (replicas allocate concurrently).
+    fn next_revision_id(&self) -> Result<RevisionId> {
+        if let Some(embedded) = &self.inner.db {
+            return Ok(embedded.db.generate_id()?);
+        }
+        loop {
+            let read = self.tree().get(REVISION_ID)?;
+            let next = read.as_deref().map(super::read_be).transpose()?.unwrap_or(0) + 1;
+            if self.tree().compare_and_swap(REVISION_ID, read.as_deref(), Some(&super::be(next)[..]))? {
+                return Ok(next);
+            }
+        }
+    }
+
     pub fn begin_revision(&self) -> Result<RevisionWriter> {
         self.ensure_space(super::WriteKind::Content)?;
-        let id = self.inner.db.generate_id()?;
+        let id = self.next_revision_id()?;
         let record = RevisionRecord {
             id,
             state: RevisionState::Staging,
@@ -54,6 +74,7 @@ impl Store {
             files: 0,
             size: 0,
             stored_size: 0,
+            writer: self.remote().map(|r| r.replica_id().to_string()).unwrap_or_default(),
             manifest: String::new(),
             manifest_len: 0,
         };
@@ -72,6 +93,7 @@ impl Store {
             blocks: BlockBuilder::default(),
             staging,
             pinned: Vec::new(),
+            lease_epoch: self.remote().map_or(0, |r| r.lease_epoch()),
         })
     }
 
@@ -244,10 +266,11 @@ impl RevisionWriter {
             files,
             size,
             stored_size: stored,
+            writer: store.remote().map(|r| r.replica_id().to_string()).unwrap_or_default(),
             manifest: hex::encode(root.hash),
             manifest_len: root.len,
         };
-        store.tree().insert(key_revision(id), encode_json(&record))?;
+        store.record_while_pinned(&key_revision(id), &encode_json(&record), self.lease_epoch)?;
         store.flush()?;
         // The collector now finds these chunks through the manifest; see `Store::manifest_recorded`.
         store.manifest_recorded();

@@ -7,7 +7,7 @@ use super::tests::open;
 use super::*;
 
 fn sled_keys(store: &Store) -> usize {
-    store.tree().iter().count()
+    store.tree().range::<std::ops::RangeFull>(..).count()
 }
 
 #[test]
@@ -45,7 +45,7 @@ fn a_revision_costs_sled_a_few_keys_however_many_files_it_has() {
     store.collect().unwrap();
     // What stays is the change log (the attach, the delete) and the resourceVersion counter.
     let kinds: Vec<u8> =
-        store.tree().iter().keys().map(|k| k.unwrap()[0]).filter(|k| *k != b'l' && *k != b'm').collect();
+        store.tree().range::<std::ops::RangeFull>(..).map(|i| i.unwrap().0[0]).filter(|k| *k != b'l' && *k != b'm').collect();
     assert_eq!(kinds, Vec::<u8>::new(), "no chunk, record or object is left");
     assert!(std::fs::read_dir(store.staging_root()).map_or(0, |d| d.count()) == 0, "no staging files left");
 }
@@ -93,11 +93,11 @@ fn the_owner_index_follows_every_write_and_is_built_for_older_stores() {
         assert_eq!(dependent_names(&store, "u2"), ["b"]);
         assert!(store.dependents("other-ns", "u2").unwrap().is_empty());
         // As a store from before the index: no `d` keys, no marker.
-        let mut batch = sled::Batch::default();
-        for k in store.tree().scan_prefix(b"d").keys() {
-            batch.remove(k.unwrap());
+        let mut batch = meta::Batch::default();
+        for item in store.tree().scan_prefix(b"d") {
+            batch.remove(item.unwrap().0);
         }
-        batch.remove(b"mownerindex".to_vec());
+        batch.remove(b"mownerindex");
         store.tree().apply_batch(batch).unwrap();
         assert_eq!(dependent_names(&store, "u2"), ["b"], "found by a scan meanwhile");
         store.flush().unwrap();

@@ -52,6 +52,11 @@ impl From<StorageError> for ApiError {
             // Not retried by waiting: the store refuses writes until a restart (logged once, when
             // it was poisoned); the message says so.
             poisoned @ StorageError::Poisoned(_) => ApiError::unavailable(poisoned.to_string()),
+            // etcd or object storage: a retry may reach them (or a replica that can).
+            remote @ StorageError::Remote(_) => {
+                tracing::warn!(error = %remote, "shared store unavailable");
+                ApiError::unavailable(remote.to_string())
+            }
             other => {
                 tracing::error!(error = %other, "storage failure");
                 ApiError::internal(other.to_string())

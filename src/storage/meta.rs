@@ -1,0 +1,196 @@
+//! The metadata map under the store: sorted byte keys to byte values, in sled (embedded) or in
+//! etcd (replicated, [`super::remote`]). The rest of the store is written once against this
+//! narrow, sled-shaped surface: point reads and writes, ordered scans, atomic batches, and
+//! compare-and-swap.
+//!
+//! What differs, and is stated where it matters: in etcd a [`Batch`] is one transaction, and etcd
+//! caps a transaction's operations (`--max-txn-ops`, 128 by default), so a batch larger than that
+//! is applied in several transactions — callers that need one atomic step use
+//! [`Meta::apply_batch_if`], which refuses instead of splitting. Scans read in pages; like sled's,
+//! they are not a snapshot (each page is current when read).
+
+use std::collections::BTreeMap;
+use std::ops::{Bound, RangeBounds};
+
+use sled::IVec;
+
+use super::remote::EtcdMeta;
+use super::Result;
+
+/// An ordered set of writes; the last one on a key wins (as in sled).
+#[derive(Default)]
+pub struct Batch {
+    ops: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl Batch {
+    pub fn insert(&mut self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
+        self.ops.insert(key.as_ref().to_vec(), Some(value.as_ref().to_vec()));
+    }
+
+    pub fn remove(&mut self, key: impl AsRef<[u8]>) {
+        self.ops.insert(key.as_ref().to_vec(), None);
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    pub(super) fn into_ops(self) -> impl Iterator<Item = (Vec<u8>, Option<Vec<u8>>)> {
+        self.ops.into_iter()
+    }
+}
+
+/// A scan's items, oldest key first.
+pub type MetaIter<'a> = Box<dyn Iterator<Item = Result<(IVec, IVec)>> + Send + 'a>;
+
+/// The map: sled's tree, or a prefix of etcd's keyspace.
+pub enum Meta {
+    Sled(sled::Tree),
+    Etcd(EtcdMeta),
+}
+
+impl Meta {
+    pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<IVec>> {
+        match self {
+            Meta::Sled(tree) => Ok(tree.get(key)?),
+            Meta::Etcd(etcd) => etcd.get(key.as_ref()),
+        }
+    }
+
+    pub fn contains_key(&self, key: impl AsRef<[u8]>) -> Result<bool> {
+        match self {
+            Meta::Sled(tree) => Ok(tree.contains_key(key)?),
+            Meta::Etcd(etcd) => Ok(etcd.get(key.as_ref())?.is_some()),
+        }
+    }
+
+    pub fn insert(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<()> {
+        let mut batch = Batch::default();
+        batch.insert(key, value);
+        self.apply_batch(batch)
+    }
+
+    pub fn remove(&self, key: impl AsRef<[u8]>) -> Result<()> {
+        let mut batch = Batch::default();
+        batch.remove(key);
+        self.apply_batch(batch)
+    }
+
+    /// Keys starting with `prefix`, in order.
+    pub fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> MetaIter<'_> {
+        let prefix = prefix.as_ref().to_vec();
+        match prefix_end(&prefix) {
+            Some(end) => self.range(prefix..end),
+            None => self.range(prefix..),
+        }
+    }
+
+    /// Keys in `range`, in order.
+    pub fn range<R: RangeBounds<Vec<u8>>>(&self, range: R) -> MetaIter<'_> {
+        let start = range.start_bound().cloned();
+        let end = range.end_bound().cloned();
+        match self {
+            Meta::Sled(tree) => {
+                Box::new(tree.range::<Vec<u8>, (Bound<Vec<u8>>, Bound<Vec<u8>>)>((start, end)).map(|item| Ok(item?)))
+            }
+            Meta::Etcd(etcd) => Box::new(etcd.range(start, end)),
+        }
+    }
+
+    /// Applies the batch: atomically in sled; in etcd in transactions of at most the configured
+    /// operation count (see the module doc).
+    pub fn apply_batch(&self, batch: Batch) -> Result<()> {
+        match self {
+            Meta::Sled(tree) => Ok(tree.apply_batch(sled_batch(batch))?),
+            Meta::Etcd(etcd) => etcd.apply(batch),
+        }
+    }
+
+    /// Applies the batch in one atomic step if `guard` still holds `expected` (`None`: absent);
+    /// `Ok(false)` if it did not. In sled the caller's lock is the guard (writers of `guard` hold
+    /// it), so the batch is simply applied; in etcd it is a transaction comparing `guard`'s value.
+    pub fn apply_batch_if(&self, batch: Batch, guard: &[u8], expected: Option<&[u8]>) -> Result<bool> {
+        match self {
+            Meta::Sled(tree) => {
+                tree.apply_batch(sled_batch(batch))?;
+                Ok(true)
+            }
+            Meta::Etcd(etcd) => etcd.apply_if(batch, guard, expected),
+        }
+    }
+
+    /// Replaces `old` with `new` at `key` (`None`: absent); `Ok(false)` if the key held something
+    /// else.
+    pub fn compare_and_swap(&self, key: &[u8], old: Option<&[u8]>, new: Option<&[u8]>) -> Result<bool> {
+        match self {
+            Meta::Sled(tree) => Ok(tree.compare_and_swap(key, old, new)?.is_ok()),
+            Meta::Etcd(etcd) => {
+                let mut batch = Batch::default();
+                match new {
+                    Some(new) => batch.insert(key, new),
+                    None => batch.remove(key),
+                }
+                etcd.apply_if(batch, key, old)
+            }
+        }
+    }
+}
+
+fn sled_batch(batch: Batch) -> sled::Batch {
+    let mut out = sled::Batch::default();
+    for (key, value) in batch.into_ops() {
+        match value {
+            Some(value) => out.insert(key, value),
+            None => out.remove(key),
+        }
+    }
+    out
+}
+
+/// The first key after every key that starts with `prefix` (`None`: no such key).
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_ends_carry_past_0xff() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(&[1, 0xff]), Some(vec![2]));
+        assert_eq!(prefix_end(&[0xff, 0xff]), None);
+    }
+
+    #[test]
+    fn the_last_write_to_a_key_in_a_batch_wins() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let meta = Meta::Sled((*db).clone());
+        meta.insert(b"k1", b"old").unwrap();
+        let mut batch = Batch::default();
+        batch.remove(b"k1");
+        batch.insert(b"k1", b"new");
+        batch.insert(b"k2", b"x");
+        batch.remove(b"k2");
+        meta.apply_batch(batch).unwrap();
+        assert_eq!(meta.get(b"k1").unwrap().unwrap(), b"new");
+        assert!(!meta.contains_key(b"k2").unwrap());
+        let keys: Vec<IVec> = meta.scan_prefix(b"k").map(|item| item.unwrap().0).collect();
+        assert_eq!(keys, vec![IVec::from(b"k1")]);
+        assert!(meta.compare_and_swap(b"k1", Some(b"new"), Some(b"newer")).unwrap());
+        assert!(!meta.compare_and_swap(b"k1", Some(b"new"), None).unwrap());
+    }
+}
