@@ -93,6 +93,16 @@ async fn uploads_reusing_old_content_race_garbage_collection() {
 
     // Let the collector finish what the deletes started, then read everything left.
     tokio::time::sleep(Duration::from_secs(5)).await;
+    // The race was run: some replica (the leader) made collection passes meanwhile.
+    let mut sweeps = 0.0;
+    let mut chunks = Vec::new();
+    for at in [&a, &b] {
+        let metrics = parse_metrics(&String::from_utf8_lossy(&at.download("/metrics").await));
+        sweeps += metrics.iter().filter(|(k, _)| k.starts_with("stowage_store_sweeps")).map(|(_, v)| v).sum::<f64>();
+        chunks.push(metrics.get("stowage_chunks").copied());
+    }
+    report(&format!("gc race: seed {seed}: {sweeps} collection passes, chunks now {chunks:?}"));
+    assert!(sweeps > 0.0, "seed {seed}: no collection pass ran during the race (stowage_store_sweeps)");
     for at in [&a, &b] {
         for k in &kept {
             read_back(at, k, seed).await;
