@@ -532,6 +532,8 @@ fn read_be(bytes: &[u8]) -> Result<u64> {
 #[cfg(test)]
 mod fidelity_tests;
 #[cfg(test)]
+mod remote_tests;
+#[cfg(test)]
 mod scale_tests;
 #[cfg(test)]
 mod tests;

@@ -44,8 +44,12 @@ fn a_revision_costs_sled_a_few_keys_however_many_files_it_has() {
     store.release_revision(id).unwrap();
     store.collect().unwrap();
     // What stays is the change log (the attach, the delete) and the resourceVersion counter.
-    let kinds: Vec<u8> =
-        store.tree().range::<std::ops::RangeFull>(..).map(|i| i.unwrap().0[0]).filter(|k| *k != b'l' && *k != b'm').collect();
+    let kinds: Vec<u8> = store
+        .tree()
+        .range::<std::ops::RangeFull>(..)
+        .map(|i| i.unwrap().0[0])
+        .filter(|k| *k != b'l' && *k != b'm')
+        .collect();
     assert_eq!(kinds, Vec::<u8>::new(), "no chunk, record or object is left");
     assert!(std::fs::read_dir(store.staging_root()).map_or(0, |d| d.count()) == 0, "no staging files left");
 }
