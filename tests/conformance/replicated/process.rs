@@ -12,10 +12,21 @@ const LOG_CAP: usize = 2 << 20;
 /// What a failing test prints of each process's log.
 const LOG_SHOWN: usize = 48 << 10;
 
-/// A free loopback port (bound and released: another process may still take it first, which a
-/// test sees as a start failure naming the port).
+/// A free loopback port below the kernel's ephemeral range, so that no outgoing connection takes it
+/// while a replica that owns it is down and restarting (a port from `:0` could be).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind a free port").port()
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    let span = u64::from(low.saturating_sub(10_000).max(1));
+    for _ in 0..1000 {
+        let port = 10_000 + (uuid::Uuid::new_v4().as_u128() as u64 % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port between 10000 and {low}")
 }
 
 /// Runs a command to completion; its stdout, or a panic with both outputs.
