@@ -22,11 +22,17 @@ declare -A needed=(
     [skopeo]=skopeo
     [curl]=curl         # the README test runs its curl snippets
     [cc]=gcc            # the power-cut suite compiles its LD_PRELOAD shim (it fails, never skips, without)
+    [etcd]=etcd-server  # the replicated store's API objects (tests/conformance/replicated)
+    [haproxy]=haproxy   # the load balancer in front of the replicas, like a Service
+    [protoc]=protobuf-compiler  # etcd-client's build compiles etcd's protos
 )
+# etcd-client's protos import google's well-known types, which protoc alone does not bring.
+wellknown=/usr/include/google/protobuf/descriptor.proto
 missing=()
 for cmd in "${!needed[@]}"; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("${needed[$cmd]}")
 done
+[ -f "$wellknown" ] || missing+=(libprotobuf-dev)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "test.sh: installing ${missing[*]}" >&2
     as_root apt-get update
@@ -46,6 +52,15 @@ if [ ! -d "$corpus/kube-prometheus-stack" ] || [ ! -d "$corpus/operator-registry
     exit 1
 fi
 export STOWAGE_CORPUS="$corpus"
+
+# Garage, the S3-compatible object store of the replicated tests: built from crates.io once (about
+# 10 min on 2 cores) and cached outside the repository, so a reused machine skips the build.
+garage_root="$HOME/.cache/stowage-tools/garage-2.5.0"
+if [ ! -x "$garage_root/bin/garage" ]; then
+    echo "test.sh: building Garage 2.5.0 into $garage_root (once)" >&2
+    cargo install garage --version 2.5.0 --locked --root "$garage_root"
+fi
+export STOWAGE_GARAGE="$garage_root/bin/garage"
 
 cargo fmt --all -- --check
 # No panic reachable from input: unwrap, expect, panic and unchecked indexing are denied outside

@@ -67,3 +67,5 @@ mod unpack_image;
 mod upload_expansion;
 mod upload_spec_change;
 mod watch;
+
+mod replicated;

@@ -1,0 +1,202 @@
+//! Child processes of the replicated tests (etcd, Garage, haproxy, stowage replicas): their output
+//! kept in a bounded log, killed on drop, and the log shown when a test fails.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The log keeps at most this much (the newest part).
+const LOG_CAP: usize = 2 << 20;
+/// What a failing test prints of each process's log.
+const LOG_SHOWN: usize = 48 << 10;
+
+/// A free loopback port below the kernel's ephemeral range, so that no outgoing connection takes it
+/// while a replica that owns it is down and restarting (a port from `:0` could be).
+pub fn free_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    let span = u64::from(low.saturating_sub(10_000).max(1));
+    for _ in 0..1000 {
+        let port = 10_000 + (uuid::Uuid::new_v4().as_u128() as u64 % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port between 10000 and {low}")
+}
+
+/// Runs a command to completion; its stdout, or a panic with both outputs.
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{cmd:?}: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    stdout.into_owned()
+}
+
+/// A running child process and everything it printed.
+pub struct Proc {
+    name: String,
+    child: Option<Child>,
+    log: Arc<Mutex<String>>,
+    lines: Option<Mutex<mpsc::Receiver<String>>>,
+    quiet: bool,
+}
+
+impl Proc {
+    /// Spawns `cmd` with both pipes drained into the log for the life of the process.
+    pub fn spawn(name: &str, mut cmd: Command) -> Proc {
+        let mut child =
+            cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| {
+                panic!("{name}: spawn {cmd:?}: {e} (is it installed? scripts/test.sh installs it)")
+            });
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel::<String>();
+        let pipes: [Box<dyn Read + Send>; 2] =
+            [Box::new(child.stdout.take().unwrap()), Box::new(child.stderr.take().unwrap())];
+        for pipe in pipes {
+            let (tx, log) = (tx.clone(), log.clone());
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(pipe);
+                let mut buf = Vec::new();
+                while let Ok(n) = reader.read_until(b'\n', &mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    let line = String::from_utf8_lossy(&buf).into_owned();
+                    append(&log, &line);
+                    let _ = tx.send(line);
+                    buf.clear();
+                }
+            });
+        }
+        Proc { name: name.to_owned(), child: Some(child), log, lines: Some(Mutex::new(rx)), quiet: false }
+    }
+
+    /// Waits for a line containing `needle`; returns it. Lines are no longer queued afterwards
+    /// (the log keeps them), so a long-running process does not fill memory.
+    pub fn wait_line(&mut self, needle: &str, timeout: Duration) -> String {
+        let rx = self.lines.take().unwrap_or_else(|| panic!("{}: lines already consumed", self.name));
+        let rx = rx.into_inner().unwrap();
+        let deadline = Instant::now() + timeout;
+        loop {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("{}: no line with {needle:?} within {timeout:?}; log:\n{}", self.name, self.tail())
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = self.child.as_mut().map(|c| c.wait());
+                    panic!("{}: exited ({status:?}) before printing {needle:?}; log:\n{}", self.name, self.tail())
+                }
+            }
+        }
+    }
+
+    /// Waits until `addr` accepts TCP connections, failing early if the process exits.
+    pub fn wait_listening(&mut self, addr: SocketAddr, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            if let Some(status) = self.exited() {
+                panic!("{}: exited ({status}) before listening on {addr}; log:\n{}", self.name, self.tail());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: not listening on {addr} within {timeout:?}; log:\n{}",
+                self.name,
+                self.tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The exit status if the process has ended.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// SIGKILL, no chance to clean up.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits (at most `limit`, then SIGKILL) for the exit; how long it took, or
+    /// `None` when it had to be killed.
+    pub fn terminate(&mut self, limit: Duration) -> Option<Duration> {
+        let mut child = self.child.take()?;
+        let started = Instant::now();
+        // SAFETY: sending a signal to our own child process.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        while started.elapsed() < limit {
+            if let Ok(Some(_)) = child.try_wait() {
+                return Some(started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Ends the process and returns its whole log, which its drop then no longer prints.
+    pub fn into_log(mut self) -> String {
+        self.kill9();
+        self.quiet = true;
+        self.log()
+    }
+
+    /// The newest part of the log.
+    pub fn tail(&self) -> String {
+        let log = self.log.lock().unwrap();
+        let mut cut = log.len().saturating_sub(LOG_SHOWN);
+        while !log.is_char_boundary(cut) {
+            cut += 1;
+        }
+        log[cut..].to_owned()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() && !self.quiet {
+            eprintln!(
+                "======== {} log (newest {} KiB) ========\n{}\n======== end of {} log ========",
+                self.name,
+                LOG_SHOWN >> 10,
+                self.tail(),
+                self.name
+            );
+        }
+    }
+}
+
+fn append(log: &Mutex<String>, line: &str) {
+    let mut log = log.lock().unwrap();
+    log.push_str(line);
+    if !line.ends_with('\n') {
+        log.push('\n');
+    }
+    if log.len() > LOG_CAP {
+        let mut cut = log.len() - LOG_CAP / 2;
+        while !log.is_char_boundary(cut) {
+            cut += 1;
+        }
+        log.replace_range(..cut, "[… earlier log dropped …]\n");
+    }
+}
