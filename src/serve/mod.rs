@@ -105,7 +105,12 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     let uploads = {
         let dir = options.data_dir.join("uploads");
         let timeout = options.upload_session_timeout;
-        Arc::new(Spool::open(&dir, timeout).with_context(|| format!("creating the upload spool {}", dir.display()))?)
+        match store.remote() {
+            Some(remote) => Arc::new(Spool::shared(remote.clone(), timeout)),
+            None => Arc::new(
+                Spool::open(&dir, timeout).with_context(|| format!("creating the upload spool {}", dir.display()))?,
+            ),
+        }
     };
     let (tls_setup, access, delegated) = auth::configure(&options.auth, &pki).await?;
     let access = Arc::new(access);

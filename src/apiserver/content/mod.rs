@@ -7,6 +7,7 @@ mod download;
 pub mod stream;
 mod upload;
 mod upload_session;
+mod upload_shared;
 pub mod upload_spool;
 
 pub use download::get_content;

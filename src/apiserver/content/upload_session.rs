@@ -11,8 +11,9 @@
 //!   checks the digest of all bytes and ingests them like a single PUT; returns the Bundle.
 //! - `DELETE …/content?upload=ID` aborts (204).
 //!
-//! The bytes live in the [`Spool`](super::upload_spool::Spool); a session belongs to one Bundle
-//! (namespace, name, uid) and is a 404 anywhere else.
+//! The bytes live in the [`Spool`](super::upload_spool::Spool) (in the replicated store: etcd and
+//! the bucket, so every replica serves every step); a session belongs to one Bundle (namespace,
+//! name, uid) and is a 404 anywhere else.
 
 use std::collections::HashMap;
 use std::io::{self, Read};
@@ -144,6 +145,15 @@ pub async fn commit(
     if let Err(e) = session.append(app, piece, body).await {
         return Ok(e);
     }
+    // Replicated: a commit of this session re-sent to another replica waits for that one.
+    app.uploads
+        .claim_commit(id, &mut session.meta)
+        .await
+        .map_err(|e| ApiError::io(&format!("claiming the commit of upload {id:?}"), e))?;
+    if session.meta.committed {
+        let bundle = get_object(app, &BUNDLE, namespace, name).await?;
+        return Ok(json_response(StatusCode::OK, &bundle, &[]));
+    }
     // The commit runs to its end even if the client goes away (the aggregator cuts requests at
     // 60 s): it holds the session's lock, so a re-sent commit waits for it and then answers from
     // the committed session.
@@ -151,13 +161,13 @@ pub async fn commit(
     let work = tokio::spawn(async move {
         let target = UploadTarget::of(&session.bundle, &session.meta.namespace, &session.meta.name)?;
         let encoding = Encoding::from_content_encoding(Some(&session.meta.encoding)).unwrap_or(Encoding::Identity);
-        let file = app
+        let data = app
             .uploads
-            .open_data(&id)
+            .open_data(&id, &session.meta)
             .map_err(|e| ApiError::internal(format!("opening the spool of upload {id:?}: {e}")))?;
         let length = session.meta.offset;
         let reader =
-            HashingReader { inner: io::BufReader::with_capacity(1 << 20, file).take(length), hasher: Sha256::new() };
+            HashingReader { inner: io::BufReader::with_capacity(1 << 20, data).take(length), hasher: Sha256::new() };
         let verify = move |reader: &mut HashingReader| {
             io::copy(reader, &mut io::sink())
                 .map_err(|e| ApiError::internal(format!("reading the spool of the upload: {e}")))?;
@@ -170,7 +180,13 @@ pub async fn commit(
             }
             Ok(())
         };
-        let written = ingest_and_commit(&app, target, reader, encoding, verify).await?;
+        let written = match ingest_and_commit(&app, target, reader, encoding, verify).await {
+            Ok(written) => written,
+            Err(e) => {
+                session.release_commit(&app).await;
+                return Err(e);
+            }
+        };
         session.mark_committed(&app).await?;
         tracing::info!(upload = %id, bytes = length, "upload session committed");
         Ok::<_, ApiError>(written)
@@ -228,6 +244,7 @@ impl Session {
             }
             Err(e @ AppendError::TooLarge { .. }) => ApiError::too_large(format!("{e} (--max-body-bytes)")),
             Err(e @ (AppendError::Short { .. } | AppendError::Body(_))) => ApiError::bad_request(e.to_string()),
+            Err(e @ AppendError::Raced) => ApiError::conflict_message(e.to_string()),
             Err(AppendError::Io(e)) => ApiError::io("writing the piece to the upload spool", e),
         };
         Err(error.into_response())
@@ -242,6 +259,18 @@ impl Session {
             .map_err(|e| ApiError::io(&format!("recording the commit of upload {:?}", self.id), e))?;
         self.meta.committed = true;
         Ok(())
+    }
+
+    /// After a failed commit: another replica may try it (replicated store); best effort, since
+    /// a claim of a replica that is gone lapses anyway.
+    async fn release_commit(&mut self, app: &AppState) {
+        let (spool, id, mut meta) = (app.uploads.clone(), self.id.clone(), self.meta.clone());
+        let released = tokio::task::spawn_blocking(move || spool.release_commit(&id, &mut meta).map(|()| meta)).await;
+        match released {
+            Ok(Ok(meta)) => self.meta = meta,
+            Ok(Err(e)) => tracing::warn!(upload = %self.id, error = %e, "releasing the commit claim"),
+            Err(e) => tracing::warn!(upload = %self.id, error = %e, "releasing the commit claim"),
+        }
     }
 
     async fn remove(self, app: &AppState) -> ApiResult<()> {
@@ -319,7 +348,7 @@ fn session_response(code: StatusCode, namespace: &str, name: &str, id: &str, off
 
 /// The spool's bytes on their way to the tar validator, hashed as they pass.
 struct HashingReader {
-    inner: io::Take<io::BufReader<std::fs::File>>,
+    inner: io::Take<io::BufReader<Box<dyn Read + Send>>>,
     hasher: Sha256,
 }
 

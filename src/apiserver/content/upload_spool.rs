@@ -1,10 +1,12 @@
-//! The disk side of chunked uploads: one spool file per session under `DATA_DIR/uploads/ID`
-//! beside a small JSON sidecar `ID.json` (the Bundle it belongs to, the encoding, timestamps and
-//! the durable offset). A piece is appended and fsynced, then the sidecar is replaced atomically
-//! (write, fsync, rename, fsync the directory) before the piece is acknowledged, so an
-//! acknowledged offset survives a crash; bytes past the sidecar's offset (a piece cut short) are
-//! cut off before the next append. Memory does not grow with the upload: bytes go straight to
-//! the file. Sessions idle longer than the timeout are removed by [`Spool::sweep`].
+//! Where chunked uploads keep their bytes between requests. Embedded: one spool file per session
+//! under `DATA_DIR/uploads/ID` beside a small JSON sidecar `ID.json` (the Bundle it belongs to, the
+//! encoding, timestamps and the durable offset). A piece is appended and fsynced, then the sidecar
+//! is replaced atomically (write, fsync, rename, fsync the directory) before the piece is
+//! acknowledged, so an acknowledged offset survives a crash; bytes past the sidecar's offset (a
+//! piece cut short) are cut off before the next append. Replicated: the same record in etcd and
+//! each piece an object in the bucket ([`super::upload_shared`]), so any replica takes the next
+//! piece or the commit. Memory does not grow with the upload: bytes go straight to the file or
+//! the bucket. Sessions idle longer than the timeout are removed by [`Spool::sweep`].
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -17,6 +19,9 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
+
+use super::upload_shared::SharedSpool;
+use crate::storage::remote::Remote;
 
 /// What the sidecar of a session records.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -37,6 +42,24 @@ pub struct SessionMeta {
     /// re-sent commit gets the Bundle instead of a 404).
     #[serde(default)]
     pub committed: bool,
+    /// Replicated store: the pieces' objects, in upload order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<Part>,
+    /// Replicated store: the replica running the commit (a re-sent commit on another replica
+    /// waits for it while that replica lives).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committing: Option<String>,
+    /// Replicated store: the etcd revision this record was read at (the guard of its next write).
+    #[serde(skip)]
+    pub revision: i64,
+}
+
+/// One piece's bytes in the bucket (replicated store).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Part {
+    pub start: u64,
+    pub len: u64,
+    pub object: String,
 }
 
 impl SessionMeta {
@@ -51,6 +74,9 @@ impl SessionMeta {
             last_activity_ms: now,
             offset: 0,
             committed: false,
+            parts: Vec::new(),
+            committing: None,
+            revision: 0,
         }
     }
 }
@@ -66,6 +92,8 @@ pub enum AppendError {
     Short { declared: u64, received: u64 },
     #[error("reading the request body: {0}")]
     Body(io::Error),
+    #[error("another piece of this upload was appended at the same time; ask for the offset and send from there")]
+    Raced,
     #[error("writing the upload spool: {0}")]
     Io(#[from] io::Error),
 }
@@ -80,6 +108,8 @@ pub struct Piece {
 /// All upload sessions of one server.
 pub struct Spool {
     dir: PathBuf,
+    /// Set in replicated mode: sessions live in etcd and the bucket, `dir` is unused.
+    shared: Option<SharedSpool>,
     timeout: Duration,
     /// One lock per session in use: requests on one session run one after another.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -93,7 +123,12 @@ impl Spool {
         if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
             File::open(parent)?.sync_all()?;
         }
-        Ok(Spool { dir: dir.to_owned(), timeout, locks: Mutex::default() })
+        Ok(Spool { dir: dir.to_owned(), shared: None, timeout, locks: Mutex::default() })
+    }
+
+    /// Sessions in the replicated store, shared by every replica.
+    pub fn shared(remote: Arc<Remote>, timeout: Duration) -> Spool {
+        Spool { dir: PathBuf::new(), shared: Some(SharedSpool::new(remote)), timeout, locks: Mutex::default() }
     }
 
     pub fn timeout(&self) -> Duration {
@@ -124,8 +159,12 @@ impl Spool {
         let id = uuid::Uuid::new_v4().to_string();
         let lock = self.lock(&id);
         let _guard = lock.try_lock().map_err(io::Error::other)?;
+        if let Some(shared) = &self.shared {
+            shared.create(&id, meta)?;
+            return Ok(id);
+        }
         File::create(self.data_path(&id))?.sync_all()?;
-        self.save(&id, meta)?;
+        write_meta(&self.dir, &id, meta)?;
         Ok(id)
     }
 
@@ -134,6 +173,9 @@ impl Spool {
         if !Spool::valid_id(id) {
             return Ok(None);
         }
+        if let Some(shared) = &self.shared {
+            return shared.load(id);
+        }
         match fs::read(self.meta_path(id)) {
             Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -141,20 +183,40 @@ impl Spool {
         }
     }
 
-    /// Replaces the sidecar atomically and durably. Blocking.
-    pub fn save(&self, id: &str, meta: &SessionMeta) -> io::Result<()> {
-        write_meta(&self.dir, id, meta)
+    /// The session's bytes, for reading at commit (the first `meta.offset` of them count).
+    /// Blocking.
+    pub fn open_data(&self, id: &str, meta: &SessionMeta) -> io::Result<Box<dyn io::Read + Send>> {
+        if let Some(shared) = &self.shared {
+            return Ok(Box::new(shared.reader(meta)));
+        }
+        Ok(Box::new(File::open(self.data_path(id))?))
     }
 
-    /// The spool file, for reading at commit.
-    pub fn open_data(&self, id: &str) -> io::Result<File> {
-        File::open(self.data_path(id))
+    /// Makes this server the one committing session `id`: at once in the embedded store (the
+    /// session's lock is enough); in the replicated one, once no other live replica is committing
+    /// it. `meta` is the record as it stands after (committed, if the other replica finished).
+    pub async fn claim_commit(&self, id: &str, meta: &mut SessionMeta) -> io::Result<()> {
+        match &self.shared {
+            Some(shared) => shared.claim_commit(id, meta).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Gives up a claim after a commit that failed (replicated store). Blocking.
+    pub fn release_commit(&self, id: &str, meta: &mut SessionMeta) -> io::Result<()> {
+        match &self.shared {
+            Some(shared) => shared.release_commit(id, meta),
+            None => Ok(()),
+        }
     }
 
     /// Records that session `id` was committed and drops its bytes. Blocking.
     pub fn mark_committed(&self, id: &str, meta: &mut SessionMeta) -> io::Result<()> {
         meta.committed = true;
         meta.last_activity_ms = now_ms();
+        if let Some(shared) = &self.shared {
+            return shared.mark_committed(id, meta);
+        }
         write_meta(&self.dir, id, meta)?;
         match fs::remove_file(self.data_path(id)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -165,6 +227,11 @@ impl Spool {
     /// Removes a session's files (sidecar first: a spool file without one is no session).
     /// Blocking.
     pub fn remove(&self, id: &str) -> io::Result<()> {
+        if let Some(shared) = &self.shared {
+            shared.remove(id)?;
+            self.locks.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+            return Ok(());
+        }
         for path in [self.meta_path(id), self.data_path(id), self.dir.join(format!("{id}.json.tmp"))] {
             match fs::remove_file(&path) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
@@ -176,7 +243,7 @@ impl Spool {
     }
 
     /// Appends `body` as `piece` to session `id` at `meta.offset`: bytes before the offset (a
-    /// re-sent piece) are skipped, a piece starting past it is refused. The bytes are fsynced and
+    /// re-sent piece) are skipped, a piece starting past it is refused. The bytes are durable and
     /// `meta` saved before this returns. The caller holds the session's lock.
     pub async fn append<S, E>(
         &self,
@@ -190,49 +257,17 @@ impl Spool {
         S: Stream<Item = Result<Bytes, E>> + Unpin,
         E: std::error::Error + Send + Sync + 'static,
     {
+        check_piece(piece, meta.offset, max_total)?;
+        if let Some(shared) = &self.shared {
+            return shared.append(id, meta, piece, body, max_total).await;
+        }
         let offset = meta.offset;
-        if piece.start > offset {
-            return Err(AppendError::Gap { start: piece.start, offset });
-        }
-        if piece.end.is_some_and(|end| end >= max_total) {
-            return Err(AppendError::TooLarge { limit: max_total });
-        }
         let file = OpenOptions::new().write(true).open(self.data_path(id))?;
         // Whatever lies past the durable offset was never acknowledged.
         file.set_len(offset)?;
         let mut file = tokio::fs::File::from_std(file);
         tokio::io::AsyncSeekExt::seek(&mut file, io::SeekFrom::Start(offset)).await?;
-        let mut skip = offset - piece.start;
-        let mut position = offset;
-        let mut received = 0u64;
-        let mut body = body;
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| AppendError::Body(io::Error::other(e)))?;
-            received += chunk.len() as u64;
-            let fresh = match usize::try_from(skip) {
-                Ok(skip_now) if skip_now >= chunk.len() => {
-                    skip -= chunk.len() as u64;
-                    continue;
-                }
-                Ok(skip_now) => chunk.slice(skip_now..),
-                Err(_) => {
-                    skip -= chunk.len() as u64;
-                    continue;
-                }
-            };
-            skip = 0;
-            position += fresh.len() as u64;
-            if position > max_total {
-                return Err(AppendError::TooLarge { limit: max_total });
-            }
-            file.write_all(&fresh).await?;
-        }
-        if let Some(end) = piece.end {
-            let declared = end + 1 - piece.start;
-            if received != declared {
-                return Err(AppendError::Short { declared, received });
-            }
-        }
+        let position = receive(piece, offset, body, max_total, &mut file).await?;
         file.flush().await?;
         file.sync_data().await?;
         meta.offset = position;
@@ -245,6 +280,9 @@ impl Spool {
     /// Removes sessions idle for longer than the timeout, and leftovers of sessions that never
     /// got a sidecar; sessions in use are left alone. Returns how many were removed. Blocking.
     pub fn sweep(&self) -> usize {
+        if let Some(shared) = &self.shared {
+            return shared.sweep(self.timeout);
+        }
         let Ok(entries) = fs::read_dir(&self.dir) else { return 0 };
         let mut ids: Vec<String> = entries
             .filter_map(|e| e.ok())
@@ -283,6 +321,74 @@ impl Spool {
     }
 }
 
+/// Refuses a piece that starts past the bytes received, or ends past the limit.
+fn check_piece(piece: Piece, offset: u64, max_total: u64) -> Result<(), AppendError> {
+    if piece.start > offset {
+        return Err(AppendError::Gap { start: piece.start, offset });
+    }
+    if piece.end.is_some_and(|end| end >= max_total) {
+        return Err(AppendError::TooLarge { limit: max_total });
+    }
+    Ok(())
+}
+
+/// Where a piece's new bytes go.
+pub(super) trait PieceSink {
+    async fn write(&mut self, bytes: Bytes) -> io::Result<()>;
+}
+
+impl PieceSink for tokio::fs::File {
+    async fn write(&mut self, bytes: Bytes) -> io::Result<()> {
+        self.write_all(&bytes).await
+    }
+}
+
+/// Reads `body` as `piece` of an upload holding `offset` bytes: skips what it re-sends, writes
+/// the rest to `sink`, checks the limit and the declared length. Returns the new offset.
+pub(super) async fn receive<S, E>(
+    piece: Piece,
+    offset: u64,
+    mut body: S,
+    max_total: u64,
+    sink: &mut impl PieceSink,
+) -> Result<u64, AppendError>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let mut skip = offset - piece.start;
+    let mut position = offset;
+    let mut received = 0u64;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| AppendError::Body(io::Error::other(e)))?;
+        received += chunk.len() as u64;
+        let fresh = match usize::try_from(skip) {
+            Ok(skip_now) if skip_now >= chunk.len() => {
+                skip -= chunk.len() as u64;
+                continue;
+            }
+            Ok(skip_now) => chunk.slice(skip_now..),
+            Err(_) => {
+                skip -= chunk.len() as u64;
+                continue;
+            }
+        };
+        skip = 0;
+        position += fresh.len() as u64;
+        if position > max_total {
+            return Err(AppendError::TooLarge { limit: max_total });
+        }
+        sink.write(fresh).await?;
+    }
+    if let Some(end) = piece.end {
+        let declared = end + 1 - piece.start;
+        if received != declared {
+            return Err(AppendError::Short { declared, received });
+        }
+    }
+    Ok(position)
+}
+
 /// Replaces a sidecar atomically and durably: write, fsync, rename, fsync the directory.
 fn write_meta(dir: &Path, id: &str, meta: &SessionMeta) -> io::Result<()> {
     let tmp = dir.join(format!("{id}.json.tmp"));
@@ -310,7 +416,7 @@ pub fn spawn_sweeper(spool: Arc<Spool>, shutdown: tokio_util::sync::Cancellation
     })
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
 }
 

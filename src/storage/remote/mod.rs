@@ -146,6 +146,16 @@ impl Remote {
         [self.prefix.as_slice(), name].concat()
     }
 
+    /// A handle on the etcd client, for state that lives beside the store's map (upload sessions).
+    pub fn etcd_client(&self) -> Client {
+        self.etcd.clone()
+    }
+
+    /// The bucket, for objects that live beside the blocks (upload pieces).
+    pub fn object_store(&self) -> Arc<dyn object_store::ObjectStore> {
+        self.s3.clone()
+    }
+
     pub fn replica_id(&self) -> &str {
         &self.options.replica_id
     }

@@ -88,3 +88,65 @@ async fn pieces_over_all_replicas_commit_and_read_back_through_each() {
     let objects: Vec<_> = store.list(None).take(1).collect().await;
     assert!(!objects.is_empty(), "the bucket holds no objects");
 }
+
+/// A session outlives the replica it started on (kill -9): its next pieces, its offset and its
+/// commit go to another replica. An abandoned session expires everywhere: its record leaves etcd
+/// and its pieces leave the bucket.
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_outlive_their_replica_and_expire_from_the_shared_store() {
+    let mut cluster = Cluster::start("sessions", 2, &["--upload-session-timeout", "6s"]).await;
+    let client = cluster.client().clone();
+    let (first, second) = (At::new(&client, cluster.replicas[0].url()), At::new(&client, cluster.replicas[1].url()));
+    let tar = system_tar(&corpus().join("rukpak-testdata"));
+    second.create_bundle(NS, "survivor").await;
+    second.create_bundle(NS, "abandoned").await;
+
+    let half = tar.len() / 2;
+    let survivor = format!("{}?upload={}", bundle_content(NS, "survivor"), start_session(&first, "survivor").await);
+    send_piece(&first, survivor.clone(), 0, tar[..half].to_vec()).await;
+    let abandoned = start_session(&first, "abandoned").await;
+    let abandoned_session = format!("{}?upload={abandoned}", bundle_content(NS, "abandoned"));
+    send_piece(&first, abandoned_session.clone(), 0, tar[..half].to_vec()).await;
+
+    cluster.replicas[0].kill9();
+    assert_eq!(
+        u64_at(&second.get_json(&survivor).await, "/offset"),
+        half as u64,
+        "the offset, asked of the other replica"
+    );
+    send_piece(&second, survivor.clone(), half, tar[half..].to_vec()).await;
+    let commit = second.client.put(second.url(&format!("{survivor}&digest={}", digest_of(&tar))));
+    let b = parse_json(&second.expect(commit, StatusCode::OK, "commit on the other replica").await, "commit");
+    assert_unpacked(&b);
+    assert_eq!(digest_of(&second.download(&bundle_content(NS, "survivor")).await), str_at(&b, "/status/digest"));
+
+    // Expiry: the surviving replica leads once the killed one's lease is gone, and sweeps.
+    let record = format!("{}/uploads/{abandoned}", cluster.prefix);
+    assert_eq!(cluster.etcd.count_prefix(&record).await, 1, "the abandoned session's record is in etcd");
+    let pieces = || async {
+        let store = cluster.garage.s3.object_store();
+        let prefix = object_store::path::Path::from(format!("uploads/{abandoned}"));
+        store.list(Some(&prefix)).collect::<Vec<_>>().await.len()
+    };
+    assert!(pieces().await > 0, "the abandoned session's piece is in the bucket");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    while cluster.etcd.count_prefix(&record).await > 0 || pieces().await > 0 {
+        assert!(std::time::Instant::now() < deadline, "the abandoned session was not removed within 40 s");
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let gone = second.client.get(second.url(&abandoned_session)).send().await.expect("ask for the session");
+    assert_eq!(gone.status(), StatusCode::NOT_FOUND, "an expired session is gone");
+}
+
+async fn start_session(at: &At<'_>, name: &str) -> String {
+    let url = at.url(&format!("{}?uploads", bundle_content(NS, name)));
+    let body = at.expect(at.client.post(url), StatusCode::ACCEPTED, "start").await;
+    str_at(&parse_json(&body, "session"), "/uploadID").to_owned()
+}
+
+async fn send_piece(at: &At<'_>, session: String, start: usize, bytes: Vec<u8>) {
+    let end = start + bytes.len();
+    let piece =
+        at.client.patch(at.url(&session)).header("Content-Range", format!("bytes {start}-{}/*", end - 1)).body(bytes);
+    at.expect(piece, StatusCode::ACCEPTED, &format!("piece {start}-{end}")).await;
+}
