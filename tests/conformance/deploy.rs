@@ -3,7 +3,8 @@
 //! accepts every object (against a stand-in discovery endpoint, since kubectl maps kinds to resources
 //! even for a client-side dry run), and the rendered objects are checked field by field: the
 //! APIService trusts exactly the generated CA, the serving certificate names the Service, RBAC grants
-//! exactly what the README promises, the pod runs locked down.
+//! exactly what the README promises, the pod runs locked down. `deploy/ha` (replicated mode) is the
+//! same base with a three-replica Deployment configured from Secrets in place of the StatefulSet.
 //!
 //! Needs `kubectl` on PATH; a missing kubectl fails these tests, it never skips them.
 
@@ -188,7 +189,8 @@ fn discovery(path: &str) -> Option<Value> {
                 "namespaced": namespaced, "verbs": ["create", "get", "list", "patch", "update", "delete"]}))
                 .collect::<Vec<_>>()})
     };
-    let groups = ["apps/v1", "rbac.authorization.k8s.io/v1", "apiregistration.k8s.io/v1", "cert-manager.io/v1"];
+    let groups =
+        ["apps/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "apiregistration.k8s.io/v1", "cert-manager.io/v1"];
     Some(match path {
         "/api" => json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}),
         "/apis" => json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups.iter().map(|gv| {
@@ -205,7 +207,10 @@ fn discovery(path: &str) -> Option<Value> {
                 ("secrets", "Secret", true),
             ],
         ),
-        "/apis/apps/v1" => resources("apps/v1", &[("statefulsets", "StatefulSet", true)]),
+        "/apis/apps/v1" => {
+            resources("apps/v1", &[("statefulsets", "StatefulSet", true), ("deployments", "Deployment", true)])
+        }
+        "/apis/policy/v1" => resources("policy/v1", &[("poddisruptionbudgets", "PodDisruptionBudget", true)]),
         "/apis/rbac.authorization.k8s.io/v1" => resources(
             "rbac.authorization.k8s.io/v1",
             &[
@@ -516,4 +521,305 @@ fn certs_into_a_closed_pipe_ends_quietly() {
     assert!(!stderr.contains("panicked"), "stowage certs panicked on a closed pipe: {stderr}");
     assert!(result.status.success(), "stowage certs failed on a closed pipe: {:?} {stderr}", result.status);
     assert!(out.path().join("secret.yaml").exists());
+}
+
+/// Whether a `matchLabels` selector (no `matchExpressions`) selects an object with `labels`; an
+/// empty selector selects nothing here (a PodDisruptionBudget's would select every pod).
+fn selects(match_labels: &Value, labels: &Value) -> bool {
+    let wanted = match_labels.as_object().unwrap_or_else(|| panic!("matchLabels {match_labels}"));
+    !wanted.is_empty() && wanted.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// A container's environment variable by name.
+fn env_var<'a>(container: &'a Value, name: &str) -> &'a Value {
+    container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("no env {name} in {}", container["env"]))
+}
+
+/// `flag → value` of `serve`'s arguments (`--flag value`, `--flag=value`; a flag followed by
+/// another flag or nothing has the value "").
+fn flag_values(args: &[&str]) -> BTreeMap<String, String> {
+    let mut flags = BTreeMap::new();
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i];
+        i += 1;
+        let Some(flag) = arg.strip_prefix("--") else { continue };
+        let (name, value) = match flag.split_once('=') {
+            Some((name, value)) => (name.to_owned(), value.to_owned()),
+            None => match args.get(i) {
+                Some(next) if !next.starts_with("--") => {
+                    i += 1;
+                    (flag.to_owned(), next.to_string())
+                }
+                _ => (flag.to_owned(), String::new()),
+            },
+        };
+        assert!(flags.insert(name.clone(), value).is_none(), "--{name} given twice in {args:?}");
+    }
+    flags
+}
+
+/// `deploy/ha`: the base (Namespace, RBAC, Service, APIService, the generated `stowage-tls`) with a
+/// three-replica Deployment on etcd and S3 in place of the StatefulSet and its volume, a
+/// PodDisruptionBudget, and every setting of the replicated store from the `stowage-store` and
+/// `stowage-etcd-tls` Secrets that `store-secrets.example.yaml` shows (which is not rendered).
+#[test]
+fn ha_overlay_runs_three_replicas_configured_from_secrets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let deploy = copy_deploy(tmp.path());
+    let ha_dir = deploy.join("ha");
+
+    // Like deploy/apiservice: nothing renders until `stowage certs` wrote the component.
+    let without = Command::new("kubectl")
+        .args(["kustomize", ha_dir.to_str().unwrap()])
+        .env("KUBECONFIG", "/nonexistent")
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl is needed on PATH for these tests: {e}"));
+    assert!(!without.status.success(), "deploy/ha rendered without deploy/apiservice/generated");
+    assert!(String::from_utf8_lossy(&without.stderr).contains("generated"));
+
+    stowage_certs(&["--out", deploy.join("apiservice/generated").to_str().unwrap()]);
+    let rendered = kubectl(&["kustomize", ha_dir.to_str().unwrap()], None, None);
+    let objects = parse_docs(&rendered);
+    let base = parse_docs(&kubectl(&["kustomize", deploy.join("apiservice").to_str().unwrap()], None, None));
+    let want_kinds = [
+        "APIService",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Namespace",
+        "PodDisruptionBudget",
+        "RoleBinding",
+        "Secret",
+        "Service",
+        "ServiceAccount",
+    ];
+    assert_eq!(kinds(&objects), want_kinds.iter().map(|k| k.to_string()).collect());
+    // Nothing local to keep: no StatefulSet, no claim (not even a template of one).
+    for absent in ["StatefulSet", "PersistentVolumeClaim"] {
+        assert!(!objects.iter().any(|o| o["kind"] == absent), "{absent} rendered");
+    }
+    for absent in ["volumeClaimTemplates", "persistentVolumeClaim", "hostPath"] {
+        assert!(!rendered.contains(absent), "{absent} in the rendered overlay");
+    }
+
+    // Everything else is the base's, unchanged: APIService (and its caBundle), RBAC, Namespace,
+    // ServiceAccount, Service, the serving certificate Secret.
+    let id = |o: &Value| (o["kind"].clone(), o["metadata"]["name"].clone(), o["metadata"]["namespace"].clone());
+    let shared: Vec<&Value> = base.iter().filter(|o| o["kind"] != "StatefulSet").collect();
+    assert_eq!(shared.len(), base.len() - 1, "the base renders one StatefulSet");
+    for object in &shared {
+        let ours = objects.iter().find(|o| id(o) == id(object)).unwrap_or_else(|| panic!("{:?} missing", id(object)));
+        assert_eq!(ours, *object, "{:?} differs from deploy/apiservice's", id(object));
+    }
+    let added: BTreeSet<String> = objects
+        .iter()
+        .filter(|o| !shared.iter().any(|b| id(b) == id(o)))
+        .map(|o| format!("{}/{}", o["kind"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap()))
+        .collect();
+    assert_eq!(added, ["Deployment/stowage", "PodDisruptionBudget/stowage"].map(String::from).into());
+
+    // The example Secrets are documentation, not rendered; with them every object passes a dry run.
+    let example_text = std::fs::read_to_string(ha_dir.join("store-secrets.example.yaml")).unwrap();
+    let example = parse_docs(&example_text);
+    for secret in &example {
+        assert_eq!(secret["kind"], "Secret");
+        assert_eq!(secret["metadata"]["namespace"], "stowage");
+        let name = &secret["metadata"]["name"];
+        assert!(!objects.iter().any(|o| o["kind"] == "Secret" && o["metadata"]["name"] == *name), "{name} rendered");
+    }
+    let example_keys = |name: &str| -> BTreeSet<String> {
+        let secret = example.iter().find(|s| s["metadata"]["name"] == name).unwrap_or_else(|| panic!("no {name}"));
+        secret["stringData"].as_object().unwrap().keys().cloned().collect()
+    };
+    let with_secrets = format!("{rendered}\n---\n{example_text}");
+    let mut all = objects.clone();
+    all.extend(example.iter().cloned());
+    dry_run_apply(tmp.path(), &with_secrets, &all);
+
+    // Three replicas; a rollout adds one before it removes one.
+    let deployment = find(&objects, "Deployment", "stowage");
+    assert_eq!(deployment["metadata"]["namespace"], "stowage");
+    let spec = &deployment["spec"];
+    assert_eq!(spec["replicas"], 3);
+    assert_eq!(spec["strategy"]["type"], "RollingUpdate");
+    assert_eq!(spec["strategy"]["rollingUpdate"]["maxUnavailable"], 0);
+    assert_eq!(spec["strategy"]["rollingUpdate"]["maxSurge"], 1);
+    let pod_labels = &spec["template"]["metadata"]["labels"];
+    assert!(selects(&spec["selector"]["matchLabels"], pod_labels));
+    assert!(spec["selector"].get("matchExpressions").is_none());
+    let service = find(&objects, "Service", "stowage");
+    assert!(selects(&service["spec"]["selector"], pod_labels), "the Service reaches the replicas");
+
+    // The budget selects the replicas and lets exactly one of three go at a time; unready ones
+    // (the backends down) may still be evicted.
+    let pdb = find(&objects, "PodDisruptionBudget", "stowage");
+    assert_eq!(pdb["apiVersion"], "policy/v1");
+    assert_eq!(pdb["metadata"]["namespace"], "stowage");
+    assert!(pdb["spec"]["selector"].get("matchExpressions").is_none());
+    assert!(selects(&pdb["spec"]["selector"]["matchLabels"], pod_labels), "the budget selects the pods");
+    let budget = &pdb["spec"];
+    let disruptable = match (budget.get("maxUnavailable"), budget.get("minAvailable")) {
+        (Some(max), None) => max.as_i64().expect("an integer maxUnavailable"),
+        (None, Some(min)) => 3 - min.as_i64().expect("an integer minAvailable"),
+        other => panic!("a budget sets one of maxUnavailable and minAvailable: {other:?}"),
+    };
+    assert_eq!(disruptable, 1, "{budget}");
+    assert_eq!(budget["unhealthyPodEvictionPolicy"], "AlwaysAllow");
+
+    // Replicas apart: anti-affinity on the node, of pods like these.
+    let pod = &spec["template"]["spec"];
+    let anti = &pod["affinity"]["podAntiAffinity"];
+    let terms: Vec<&Value> = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| &t["podAffinityTerm"])
+        .chain(anti["requiredDuringSchedulingIgnoredDuringExecution"].as_array().into_iter().flatten())
+        .collect();
+    assert!(
+        terms
+            .iter()
+            .any(|t| t["topologyKey"] == "kubernetes.io/hostname"
+                && selects(&t["labelSelector"]["matchLabels"], pod_labels)),
+        "no anti-affinity on kubernetes.io/hostname selecting the replicas: {anti}"
+    );
+    for spread in pod["topologySpreadConstraints"].as_array().unwrap() {
+        assert!(selects(&spread["labelSelector"]["matchLabels"], pod_labels), "{spread}");
+    }
+
+    // Locked down exactly as the base's StatefulSet, same account.
+    let sts = find(&base, "StatefulSet", "stowage");
+    let base_pod = &sts["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"], base_pod["securityContext"]);
+    assert_eq!(pod["serviceAccountName"], base_pod["serviceAccountName"]);
+    assert_eq!(pod["automountServiceAccountToken"], base_pod["automountServiceAccountToken"]);
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1);
+    let container = &containers[0];
+    let base_container = &base_pod["containers"][0];
+    assert_eq!(container["securityContext"], base_container["securityContext"]);
+    assert_eq!(container["image"], base_container["image"]);
+    assert_eq!(container["ports"], base_container["ports"]);
+    assert_eq!(container["resources"], base_container["resources"]);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+
+    // Ready only when etcd and the bucket answer: /readyz, given longer than the server's own
+    // checks of them take (2 s for etcd, 5 s for the bucket). Liveness does not depend on them.
+    for (probe, path) in [("livenessProbe", "/livez"), ("readinessProbe", "/readyz"), ("startupProbe", "/livez")] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!(get["path"], path, "{probe}");
+        assert_eq!(get["scheme"], "HTTPS", "{probe}");
+        assert_eq!(get["port"], "https", "{probe}");
+    }
+    assert!(container["readinessProbe"]["timeoutSeconds"].as_u64().unwrap() > 7);
+
+    // Volumes: the serving certificate as in the base, the etcd client certificate from its
+    // Secret, and only emptyDir scratch besides.
+    let volumes: BTreeMap<&str, &Value> =
+        pod["volumes"].as_array().unwrap().iter().map(|v| (v["name"].as_str().unwrap(), v)).collect();
+    let mounts: BTreeMap<&str, &str> = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["name"].as_str().unwrap(), m["mountPath"].as_str().unwrap()))
+        .collect();
+    assert_eq!(mounts.keys().collect::<BTreeSet<_>>(), volumes.keys().collect::<BTreeSet<_>>());
+    for mount in container["volumeMounts"].as_array().unwrap() {
+        assert!(mount.get("subPath").is_none(), "{mount}: the kubelet does not update subPath mounts");
+    }
+    let secret_volume = |secret: &str| -> &str {
+        let (name, _) = volumes
+            .iter()
+            .find(|(_, v)| v["secret"]["secretName"] == secret)
+            .unwrap_or_else(|| panic!("no volume of Secret {secret}"));
+        mounts[name]
+    };
+    assert_eq!(secret_volume("stowage-tls"), "/etc/stowage/tls");
+    let etcd_tls = secret_volume("stowage-etcd-tls");
+    for (name, volume) in &volumes {
+        let kind: Vec<&String> = volume.as_object().unwrap().keys().filter(|k| *k != "name").collect();
+        assert!(kind == ["emptyDir"] || kind == ["secret"], "volume {name}: {kind:?}");
+    }
+
+    // The arguments: base's serve flags, the data directory on scratch, etcd from the Secret (by
+    // $(VAR) substitution: --etcd-servers has no environment variable), its client certificate
+    // from the mounted Secret.
+    let args: Vec<&str> = container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert_eq!(args[0], "serve");
+    let flags = flag_values(&args[1..]);
+    let base_args: Vec<&str> = base_container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    for (flag, value) in flag_values(&base_args[1..]) {
+        assert_eq!(flags.get(&flag), Some(&value), "--{flag} as in the base");
+    }
+    let data_dir = flags["data-dir"].as_str();
+    let (data_volume, _) = mounts.iter().find(|(_, path)| **path == data_dir).expect("a volume at --data-dir");
+    assert!(volumes[data_volume].get("emptyDir").is_some(), "--data-dir is scratch: {}", volumes[data_volume]);
+    assert_eq!(flags["etcd-servers"], "$(ETCD_SERVERS)");
+    let example_store = example_keys("stowage-store");
+    let from_store = |name: &str| {
+        let var = env_var(container, name);
+        assert!(var.get("value").is_none(), "{name} is a literal: {var}");
+        let reference = &var["valueFrom"]["secretKeyRef"];
+        assert_eq!(reference["name"], "stowage-store", "{name}");
+        let key = reference["key"].as_str().unwrap();
+        assert!(example_store.contains(key), "{name}: key {key} not in the example stowage-store");
+        reference.get("optional").and_then(Value::as_bool).unwrap_or(false)
+    };
+    assert!(!from_store("ETCD_SERVERS"));
+    // The bucket either by flag from the environment or read from it by the server.
+    match flags.get("s3-bucket") {
+        Some(value) => {
+            let var = value.strip_prefix("$(").and_then(|v| v.strip_suffix(')')).expect("--s3-bucket=$(VAR)");
+            assert!(!from_store(var));
+        }
+        None => assert!(!from_store("STOWAGE_S3_BUCKET")),
+    }
+    assert!(!from_store("AWS_ACCESS_KEY_ID"));
+    assert!(!from_store("AWS_SECRET_ACCESS_KEY"));
+    // Optional: AWS S3 needs no endpoint; the region has a default.
+    assert!(from_store("STOWAGE_S3_ENDPOINT"));
+    assert!(from_store("AWS_REGION"));
+    assert_eq!(env_var(container, "POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
+    assert!(!flags.contains_key("replica-id"), "--replica-id comes from POD_NAME");
+    let example_etcd_tls = example_keys("stowage-etcd-tls");
+    for flag in ["etcd-cafile", "etcd-certfile", "etcd-keyfile"] {
+        let path = Path::new(&flags[flag]);
+        assert_eq!(path.parent().unwrap(), Path::new(etcd_tls), "--{flag}");
+        let file = path.file_name().unwrap().to_str().unwrap();
+        assert!(example_etcd_tls.contains(file), "--{flag}: {file} not in the example stowage-etcd-tls");
+    }
+    assert_eq!(flags["etcd-prefix"], "/stowage");
+    assert!(flags.contains_key("s3-path-style"));
+    // README.md's patch for AWS S3 (virtual-hosted requests) removes exactly this argument.
+    let readme = std::fs::read_to_string(ha_dir.join("README.md")).unwrap();
+    assert!(readme.contains("{op: test, path: /spec/template/spec/containers/0/args/19, value: --s3-path-style}"));
+    assert_eq!(args[19], "--s3-path-style", "README.md's patch for AWS S3 removes args/19");
+    // Every $(VAR) is an environment variable of the container (else the kubelet leaves it as is).
+    for arg in &args {
+        if let Some(var) = arg.strip_prefix("$(").and_then(|a| a.strip_suffix(')')) {
+            env_var(container, var);
+        }
+    }
+
+    // And the server knows them: every flag is one of `serve`'s, every variable it reads itself
+    // is one it names.
+    let help = Command::new(env!("CARGO_BIN_EXE_stowage")).args(["serve", "--help"]).output().unwrap();
+    assert!(help.status.success());
+    let help = String::from_utf8(help.stdout).unwrap();
+    for flag in flags.keys() {
+        assert!(help.contains(&format!("--{flag} ")) || help.contains(&format!("--{flag}\n")), "--{flag} unknown");
+    }
+    for var in ["POD_NAME", "STOWAGE_S3_BUCKET", "STOWAGE_S3_ENDPOINT", "AWS_REGION"] {
+        assert!(help.contains(&format!("[env: {var}")), "{var} is not read by stowage serve");
+    }
+    for var in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+        assert!(help.contains(var), "{var} is not named by stowage serve --help");
+    }
 }
