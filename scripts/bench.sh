@@ -11,16 +11,24 @@
 #   throughput  1 GiB upload/download and the server's peak memory
 #   writes      Bundle creates, 1 and 32 writers, on the local disk and with slow flushes
 #   many_files  1,000,000 empty files: a refused upload and a deleted revision, the server's memory
+#   replicas    replicated mode: 1 and 3 replicas on etcd + Garage behind haproxy vs the embedded
+#               store, GET/LIST/download, and failover after kill -9 (not in the default list: it
+#               needs Garage, see bench/replicas.sh)
 #
 # Usage: scripts/bench.sh [SCENARIO...]   (arguments replace BENCH_SCENARIOS)
 #
 # Environment:
 #   BENCH_RUNS      runs of every scenario (default 3); tables show min / median / max
-#   BENCH_SCENARIOS which scenarios to run (default: all, in the order above)
+#   BENCH_SCENARIOS which scenarios to run (default: all but replicas, in the order above)
 #   BENCH_API_OBJECTS   api: Bundles stored (default 10000)
 #   BENCH_API_WATCHERS  api: concurrent watches (default 200)
 #   BENCH_API_EVENTS    api: writes each watcher must see (default 1000)
-#   BENCH_API_SECONDS   api: duration of every GET/LIST measurement (default 10)
+#   BENCH_API_SECONDS   api, replicas: duration of every GET/LIST measurement (default 10)
+#   BENCH_REPL_OBJECTS    replicas: Bundles stored (default 2000)
+#   BENCH_REPL_DOWNLOADS  replicas: content downloads per figure (default 20)
+#   BENCH_LOADGEN   replicas: use this loadgen binary (with BENCH_BIN, e.g. for a smoke test with
+#                   BENCH_BIN=target/debug/stowage BENCH_LOADGEN=target/debug/examples/loadgen)
+#   STOWAGE_GARAGE  replicas: the Garage binary (default ~/.cache/stowage-tools/garage-2.5.0/bin/garage)
 #   BENCH_ROUNDS    churn rounds (default 20)
 #   BENCH_WRITES_ONE / _MANY  writes: creates by 1 writer / by 32 writers (default 1000 / 4000)
 #   BENCH_SLOW_FSYNC_US  writes: delay added to every fsync on the "slow" disk (default 2000)
@@ -50,7 +58,7 @@ KPS_VERSIONS=(88.4.0 88.5.0 88.5.1 88.5.2 88.5.3)
 NS=bench
 API=/apis/content.stowage.dev/v1alpha1
 
-for part in lib store corpus download unpack api writes many_files; do
+for part in lib store corpus download unpack api writes many_files replicas; do
     # shellcheck source=/dev/null
     source "$repo/bench/$part.sh"
 done
@@ -68,7 +76,8 @@ for s in $SCENARIOS; do
         download) scenario_download ;;
         writes) scenario_writes ;;
         many_files) scenario_many_files ;;
-        *) die "unknown scenario $s (corpus download unpack api footprint churn throughput writes many_files)" ;;
+        replicas) scenario_replicas ;;
+        *) die "unknown scenario $s (corpus download unpack api footprint churn throughput writes many_files replicas)" ;;
     esac
 done
 log "done in $((SECONDS - started)) s"
