@@ -152,6 +152,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     };
     tls_setup.serving.clone().watch(shutdown.clone());
     let sweeper = upload_spool::spawn_sweeper(uploads.clone(), shutdown.clone());
+    let remote = store.remote().cloned();
     let state = AppState {
         store,
         access,
@@ -189,6 +190,10 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     // Cancelled jobs release their half-written revisions; Bundles left `Unpacking` resume at the
     // next start.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), reconciler).await;
+    if let Some(remote) = remote {
+        // Leadership passes on now rather than when the lease would expire.
+        let _ = tokio::task::spawn_blocking(move || remote.resign()).await;
+    }
     drop(delegated);
     tracing::info!("stowage stopped");
     Ok(())

@@ -46,7 +46,10 @@ impl Remote {
         let me = self.options.replica_id.clone().into_bytes();
         self.spawn(async move {
             loop {
-                let Some(lease) = remote.upgrade().map(|r| r.lease()) else { return };
+                let Some(lease) = remote.upgrade().filter(|r| !r.resigned.load(Ordering::Acquire)).map(|r| r.lease())
+                else {
+                    return;
+                };
                 let round = Txn::new()
                     .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                     .and_then(vec![TxnOp::put(key.clone(), me.clone(), Some(PutOptions::new().with_lease(lease)))])
