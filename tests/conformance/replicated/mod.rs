@@ -19,6 +19,7 @@ mod process;
 mod retry;
 mod scenario;
 
+mod compacted;
 mod failover;
 mod gc_race;
 mod pieces;
