@@ -31,6 +31,8 @@ pub const BLOCK_TARGET: usize = 1024 * 1024;
 pub(super) const SWEEP_GROUP: usize = 1024;
 /// Decompressed blocks kept for sequential reads.
 const BLOCK_CACHE_ENTRIES: usize = 16;
+/// Chunk locations remembered by a replica (about 100 bytes each).
+const LOCATION_CACHE_ENTRIES: usize = 65_536;
 
 const CODEC_RAW: u8 = 0;
 const CODEC_ZSTD: u8 = 1;
@@ -164,6 +166,33 @@ impl BlockCache {
 
     pub fn forget_pack(&self, pack: u64) {
         self.entries.lock().unwrap_or_else(|e| e.into_inner()).retain(|(at, _)| at.pack != pack);
+    }
+}
+
+/// Chunk locations read lately (replicated store, where each lookup is an etcd round trip).
+/// A location names an immutable block, so a stale one still reads the right bytes — or fails
+/// once compaction deleted its block, and the reader then looks the chunk up afresh. Bounded:
+/// emptied when full.
+#[derive(Default)]
+pub struct LocationCache {
+    entries: std::sync::Mutex<HashMap<Hash, Location>>,
+}
+
+impl LocationCache {
+    fn get(&self, hash: &Hash) -> Option<Location> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).get(hash).copied()
+    }
+
+    fn put(&self, hash: Hash, at: Location) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= LOCATION_CACHE_ENTRIES {
+            entries.clear();
+        }
+        entries.insert(hash, at);
+    }
+
+    fn forget(&self, hash: &Hash) {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).remove(hash);
     }
 }
 
@@ -375,15 +404,28 @@ impl Store {
     /// Reads and verifies one chunk; also returns its share of stored bytes.
     pub(super) fn get_chunk(&self, chunk: &ChunkRef) -> Result<(Vec<u8>, u64)> {
         let missing = || StorageError::Corrupt(format!("chunk {} is missing", hex::encode(chunk.hash)));
-        let at = self.chunk_location(&chunk.hash)?.ok_or_else(missing)?;
+        let cache = self.remote().is_some().then_some(&self.inner.locations);
+        let cached = cache.and_then(|c| c.get(&chunk.hash));
+        let at = match cached {
+            Some(at) => at,
+            None => self.chunk_location(&chunk.hash)?.ok_or_else(missing)?,
+        };
         let block = match self.block(&at.block) {
             Ok(block) => block,
             // Compaction may have moved the chunk between the lookup and the read: look again.
-            Err(first) => match self.chunk_location(&chunk.hash)? {
-                Some(moved) if moved != at => return self.get_chunk(chunk),
-                _ => return Err(first),
-            },
+            Err(first) => {
+                if let Some(cache) = cache {
+                    cache.forget(&chunk.hash);
+                }
+                match self.chunk_location(&chunk.hash)? {
+                    Some(moved) if moved != at || cached.is_some() => return self.get_chunk(chunk),
+                    _ => return Err(first),
+                }
+            }
         };
+        if let Some(cache) = cache.filter(|_| cached.is_none()) {
+            cache.put(chunk.hash, at);
+        }
         let data = slice_verified(&chunk.hash, &at, &block)?;
         if data.len() != chunk.len as usize {
             return Err(StorageError::Corrupt(format!("chunk {} has the wrong length", hex::encode(chunk.hash))));

@@ -272,6 +272,8 @@ struct Inner {
     gc_requests: std::sync::mpsc::SyncSender<()>,
     packs: blocks::BlockStore,
     blocks: chunks::BlockCache,
+    /// Replicated: where recently read chunks are, so a download does not ask etcd per chunk.
+    locations: chunks::LocationCache,
     space: space::SpaceGuard,
     /// Set by the first failed sync: writes refused from then on ([`durability`]).
     poison: Arc<durability::Poison>,
@@ -388,6 +390,7 @@ impl Store {
                 gc_requests,
                 packs,
                 blocks: chunks::BlockCache::default(),
+                locations: chunks::LocationCache::default(),
                 space,
                 poison,
             }),

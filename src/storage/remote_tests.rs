@@ -300,3 +300,31 @@ fn collection_on_the_leader_never_takes_a_chunk_a_writer_elsewhere_reuses() {
         }
     }
 }
+
+/// A replica remembers where the chunks it read are (no etcd round trip per chunk on the next
+/// read); when compaction on the leader moves them and deletes their old block, it reads them
+/// from where they went.
+#[test]
+fn remembered_chunk_locations_follow_compaction() {
+    let backends = start_backends();
+    let scratch = tempfile::tempdir().unwrap();
+    let a = replica(&backends, "a", scratch.path());
+    let b = replica(&backends, "b", scratch.path());
+    let live = ("live.bin".to_string(), noise(7, 40_000));
+    let (_, _) = put(&a, "old", &[live.clone(), ("dead.bin".to_string(), noise(8, 600_000))]);
+    let (kept, digest) = put(&a, "kept", std::slice::from_ref(&live));
+    assert_eq!(tar_digest(&b, kept), digest, "read once through b: b remembers the locations");
+    // Past the grace period, the old block may be compacted once most of it is garbage.
+    std::thread::sleep(Duration::from_secs(6));
+    let key = ObjectKey::new("bundlecontents", "ns", "old");
+    a.write_objects(vec![ObjectWrite::Delete { key, precondition: Precondition::None }]).unwrap();
+    let leader = leader_of(&[&a, &b]).clone();
+    let mut compacted = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while compacted == 0 {
+        assert!(Instant::now() < deadline, "the old block was not compacted");
+        compacted += leader.collect().unwrap().packs_compacted;
+    }
+    assert_eq!(tar_digest(&b, kept), digest, "b reads the moved chunks");
+    assert_eq!(tar_digest(&a, kept), digest);
+}
