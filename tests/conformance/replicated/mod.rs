@@ -22,6 +22,7 @@ mod scenario;
 mod compacted;
 mod failover;
 mod gc_race;
+mod handover;
 mod pieces;
 mod rolling;
 mod smoke;
