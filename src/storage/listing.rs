@@ -146,7 +146,7 @@ impl Store {
         self.flush_covering(at)?;
         Ok(ListCursor {
             at,
-            changed: Changed { at, seen: at, prefix: prefix.clone(), first: BTreeMap::new() },
+            changed: Changed { at, seen: at, prefix: prefix.clone(), first: BTreeMap::new(), pages: None },
             prefix,
             resource_prefix,
             position,
@@ -277,6 +277,10 @@ struct Changed {
     /// Object key → the log key of the object's first change after `at`, which holds its state at
     /// `at`; `None` if that change created it (it did not exist at `at`).
     first: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Replicated: the map's page count when this last caught up. The live objects come from
+    /// etcd a page at a time, so only a new page can hold what a catch-up has not seen; catching
+    /// up after every object would cost three etcd round trips each.
+    pages: Option<u64>,
 }
 
 /// What a list needs of a change-log entry (the objects in it are skipped, not decoded).
@@ -298,8 +302,16 @@ struct Previous {
 impl Changed {
     /// Reads the log entries written since the last call (none if nothing was written).
     fn catch_up(&mut self, store: &Store) -> Result<()> {
+        let pages = store.tree().pages_read();
+        if pages.is_some() && pages == self.pages {
+            return Ok(());
+        }
         let current = store.current_resource_version()?;
+        // Read after this catch-up's own reads: a later page (of this list, or of another one)
+        // moves it on.
+        let caught_up = |changed: &mut Changed| changed.pages = store.tree().pages_read();
         if current <= self.seen {
+            caught_up(self);
             return Ok(());
         }
         let mut seen = current;
@@ -322,6 +334,7 @@ impl Changed {
             return Err(StorageError::Expired(self.at));
         }
         self.seen = seen;
+        caught_up(self);
         Ok(())
     }
 

@@ -62,6 +62,16 @@ impl Meta {
         }
     }
 
+    /// etcd: how many pages scans have read from etcd so far (a scan's items come a page at a
+    /// time, so a reader can tell whether it saw newer state since it last looked). sled: `None`,
+    /// every item of a scan is read anew.
+    pub fn pages_read(&self) -> Option<u64> {
+        match self {
+            Meta::Sled(_) => None,
+            Meta::Etcd(etcd) => Some(etcd.pages_read()),
+        }
+    }
+
     pub fn contains_key(&self, key: impl AsRef<[u8]>) -> Result<bool> {
         match self {
             Meta::Sled(tree) => Ok(tree.contains_key(key)?),

@@ -318,13 +318,26 @@ fn remembered_chunk_locations_follow_compaction() {
     std::thread::sleep(Duration::from_secs(6));
     let key = ObjectKey::new("bundlecontents", "ns", "old");
     a.write_objects(vec![ObjectWrite::Delete { key, precondition: Precondition::None }]).unwrap();
+    // The leader's own collector may get there first: its count says it happened.
     let leader = leader_of(&[&a, &b]).clone();
-    let mut compacted = 0;
     let deadline = Instant::now() + Duration::from_secs(20);
-    while compacted == 0 {
+    while leader.counts().packs_compacted == 0 {
         assert!(Instant::now() < deadline, "the old block was not compacted");
-        compacted += leader.collect().unwrap().packs_compacted;
+        leader.collect().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(tar_digest(&b, kept), digest, "b reads the moved chunks");
     assert_eq!(tar_digest(&a, kept), digest);
+}
+
+/// Lists on one replica while another writes are exact snapshots, also when the objects span
+/// several etcd pages (16 keys a page in these tests) and the list catches up with the change log
+/// once per page instead of once per object.
+#[test]
+fn lists_on_one_replica_while_another_writes_are_exact_snapshots() {
+    let backends = start_backends();
+    let scratch = tempfile::tempdir().unwrap();
+    let a = replica(&backends, "a", scratch.path());
+    let b = replica(&backends, "b", scratch.path());
+    super::tests::check_exact_snapshots(&a, &b);
 }

@@ -628,9 +628,15 @@ fn a_fresh_list_the_log_outran_starts_over_at_a_newer_version() {
 /// the state at their resourceVersion.
 #[test]
 fn lists_during_concurrent_writes_are_exact_snapshots() {
-    use std::collections::BTreeMap;
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
+    check_exact_snapshots(&store, &store);
+}
+
+/// `writer` writes a seeded sequence while `lister` lists whole and in pages of 7 without pause;
+/// every list must be exactly the state at its resourceVersion. (Two replicas in replicated mode.)
+pub(super) fn check_exact_snapshots(store: &Store, lister: &Store) {
+    use std::collections::BTreeMap;
     let mut model: BTreeMap<String, u64> = BTreeMap::new();
     for i in 0..40 {
         let name = format!("o{i:02}");
@@ -640,7 +646,7 @@ fn lists_during_concurrent_writes_are_exact_snapshots() {
     let mut history = vec![(store.current_resource_version().unwrap(), model.clone())];
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let lister = {
-        let (store, stop) = (store.clone(), stop.clone());
+        let (store, stop) = (lister.clone(), stop.clone());
         std::thread::spawn(move || {
             let mut seen: Vec<(u64, Vec<(String, u64)>)> = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {

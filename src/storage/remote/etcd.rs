@@ -11,8 +11,8 @@ use super::{remote_error, Remote, DEFAULT_MAX_TXN_OPS};
 use crate::storage::meta::{prefix_end, Batch};
 use crate::storage::{Result, StorageError};
 
-/// Keys read per range request of a scan.
-const SCAN_PAGE: i64 = 512;
+/// Keys read per range request of a scan (small in unit tests, so that their scans span pages).
+const SCAN_PAGE: i64 = if cfg!(test) { 16 } else { 512 };
 
 /// The store's map in etcd.
 pub struct EtcdMeta {
@@ -20,6 +20,8 @@ pub struct EtcdMeta {
     /// `<prefix>/s/`.
     base: Vec<u8>,
     max_ops: usize,
+    /// Pages read by scans ([`EtcdMeta::pages_read`]).
+    pages: std::sync::atomic::AtomicU64,
 }
 
 impl EtcdMeta {
@@ -29,7 +31,12 @@ impl EtcdMeta {
             0 => DEFAULT_MAX_TXN_OPS,
             n => n,
         };
-        EtcdMeta { remote, base, max_ops }
+        EtcdMeta { remote, base, max_ops, pages: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    /// Pages read by scans so far, counted once each page has arrived.
+    pub fn pages_read(&self) -> u64 {
+        self.pages.load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn remote(&self) -> &Arc<Remote> {
@@ -197,6 +204,7 @@ impl EtcdMeta {
         let options = GetOptions::new().with_range(end).with_limit(SCAN_PAGE);
         let mut answer =
             self.remote.block_on(async move { etcd.get(from, Some(options)).await }).map_err(etcd_error)?;
+        self.pages.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(answer.take_kvs().into_iter().map(|kv| (kv.key().to_vec(), kv.value().to_vec())).collect())
     }
 }
