@@ -150,3 +150,35 @@ async fn send_piece(at: &At<'_>, session: String, start: usize, bytes: Vec<u8>) 
         at.client.patch(at.url(&session)).header("Content-Range", format!("bytes {start}-{}/*", end - 1)).body(bytes);
     at.expect(piece, StatusCode::ACCEPTED, &format!("piece {start}-{end}")).await;
 }
+
+/// Pieces larger than the server buffers go to the bucket as multipart uploads: a 30 MiB archive
+/// sent as a 20 MiB piece to one replica and the rest to another commits and reads back whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn large_pieces_commit_across_replicas() {
+    let cluster = Cluster::start("largepieces", 2, &[]).await;
+    let client = cluster.client().clone();
+    let (first, second) = (At::new(&client, cluster.replicas[0].url()), At::new(&client, cluster.replicas[1].url()));
+    let expected: Tree =
+        [("big.bin".to_owned(), file(random_bytes(17, 30 << 20))), ("small.yaml".to_owned(), file("kind: Small\n"))]
+            .into_iter()
+            .collect();
+    let entries: Entries = expected
+        .iter()
+        .map(|(path, node)| match node {
+            Node::File { data, .. } => (path.clone(), Entry::File { data: data.clone(), mode: 0o644 }),
+            Node::Symlink(target) => (path.clone(), Entry::Symlink(target.clone())),
+        })
+        .collect();
+    let tar = tar_of_entries(&entries);
+    first.create_bundle(NS, "large").await;
+    let session = format!("{}?upload={}", bundle_content(NS, "large"), start_session(&first, "large").await);
+    let cut = 20 << 20;
+    send_piece(&first, session.clone(), 0, tar[..cut].to_vec()).await;
+    send_piece(&second, session.clone(), cut, tar[cut..].to_vec()).await;
+    let commit = first.client.put(first.url(&format!("{session}&digest={}", digest_of(&tar))));
+    let b = parse_json(&first.expect(commit, StatusCode::OK, "commit").await, "commit");
+    assert_unpacked(&b);
+    let served = second.download(&bundle_content(NS, "large")).await;
+    assert_eq!(digest_of(&served), str_at(&b, "/status/digest"));
+    assert_trees_equal(&expected, &parse_served_tar(&served), "the large upload");
+}
