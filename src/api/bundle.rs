@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::meta::{dns1123_subdomain_errors, parse_duration};
-use super::source::Source;
+use super::source::{HttpSource, Source, TAG_PLACEHOLDER, VERSION_PLACEHOLDER};
 use super::status::BundleStatus;
+use super::versions::VersionRange;
 use super::{Cause, API_VERSION};
 
 /// A bundle of content (operator bundle, Helm chart, manifests) and where it comes from.
@@ -209,31 +210,42 @@ fn validate_source(path: &str, source: &Source) -> Vec<Cause> {
             causes.push(Cause::required(format!("{path}.{field}"), "must be set"));
         }
     };
+    let range = |field: &str, value: &str, causes: &mut Vec<Cause>| {
+        if let Err(problem) = VersionRange::parse(value) {
+            causes.push(Cause::invalid(format!("{path}.{field}"), &json!(value), problem));
+        }
+    };
     if let Some(image) = &source.image {
         required("image.ref", &image.reference, &mut causes);
+        if !image.semver.is_empty() {
+            range("image.semver", &image.semver, &mut causes);
+            let last = image.reference.rsplit('/').next().unwrap_or("");
+            if last.contains(':') || image.reference.contains('@') {
+                causes.push(Cause::invalid(
+                    format!("{path}.image.ref"),
+                    &json!(image.reference),
+                    "must name a repository without a tag or digest when image.semver picks the tag",
+                ));
+            }
+        }
     }
     if let Some(git) = &source.git {
         required("git.repository", &git.repository, &mut causes);
         let r = &git.reference;
-        let refs = [&r.commit, &r.tag, &r.branch].iter().filter(|v| !v.is_empty()).count();
+        let refs = [&r.commit, &r.tag, &r.branch, &r.semver].iter().filter(|v| !v.is_empty()).count();
         if refs > 1 {
             causes.push(Cause::invalid(
                 format!("{path}.git.ref"),
                 &serde_json::to_value(r).unwrap_or_default(),
-                "at most one of commit, tag, branch",
+                "at most one of commit, tag, branch, semver",
             ));
+        }
+        if !r.semver.is_empty() {
+            range("git.ref.semver", &r.semver, &mut causes);
         }
     }
     if let Some(http) = &source.http {
-        let url = &http.url;
-        if !(url.starts_with("https://") || url.starts_with("http://")) {
-            causes.push(Cause::invalid(format!("{path}.http.url"), &json!(url), "must be an http or https URL"));
-        }
-        let sha = &http.sha256;
-        let valid_sha = sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit());
-        if !sha.is_empty() && !valid_sha {
-            causes.push(Cause::invalid(format!("{path}.http.sha256"), &json!(sha), "must be 64 hexadecimal digits"));
-        }
+        causes.extend(validate_http(path, http));
     }
     for (field, secret) in source.secret_refs() {
         // Secrets are read from the Bundle's own namespace only: a name, never `ns/name`.
@@ -250,6 +262,56 @@ fn validate_source(path: &str, source: &Source) -> Vec<Cause> {
             &json!(destination),
             "must be a relative path without '.' or '..' components",
         ));
+    }
+    causes
+}
+
+fn validate_http(path: &str, http: &HttpSource) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let is_url = |url: &str| url.starts_with("https://") || url.starts_with("http://");
+    let url = &http.url;
+    if !is_url(url) {
+        causes.push(Cause::invalid(format!("{path}.http.url"), &json!(url), "must be an http or https URL"));
+    }
+    let sha = &http.sha256;
+    let valid_sha = sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit());
+    if !sha.is_empty() && !valid_sha {
+        causes.push(Cause::invalid(format!("{path}.http.sha256"), &json!(sha), "must be 64 hexadecimal digits"));
+    }
+    let placeholders = url.contains(VERSION_PLACEHOLDER) || url.contains(TAG_PLACEHOLDER);
+    match &http.releases {
+        None if placeholders => causes.push(Cause::invalid(
+            format!("{path}.http.url"),
+            &json!(url),
+            "{version} and {tag} are filled only for a release asset: set http.releases",
+        )),
+        None => {}
+        Some(releases) => {
+            if !placeholders {
+                causes.push(Cause::invalid(
+                    format!("{path}.http.url"),
+                    &json!(url),
+                    "a release asset's URL must hold {version} or {tag}",
+                ));
+            }
+            if !sha.is_empty() {
+                causes.push(Cause::invalid(
+                    format!("{path}.http.sha256"),
+                    &json!(sha),
+                    "cannot be set with http.releases: every release is a different file",
+                ));
+            }
+            if !is_url(&releases.repository) {
+                causes.push(Cause::invalid(
+                    format!("{path}.http.releases.repository"),
+                    &json!(releases.repository),
+                    "must be the http or https URL of the git repository whose tags are the releases",
+                ));
+            }
+            if let Err(problem) = VersionRange::parse(&releases.semver) {
+                causes.push(Cause::invalid(format!("{path}.http.releases.semver"), &json!(releases.semver), problem));
+            }
+        }
     }
     causes
 }
@@ -283,6 +345,8 @@ impl Format {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
     use crate::api::source::{HttpSource, UploadSource};
 
@@ -301,6 +365,39 @@ mod tests {
         let escape = Source { destination: "../x".into(), ..upload() };
         let escape = BundleSpec { sources: vec![escape], ..Default::default() };
         assert_eq!(escape.validate()[0].field, "spec.sources[0].destination");
+    }
+
+    #[test]
+    fn version_ranges_are_checked_where_they_are_written() {
+        let fields = |source: Value| -> Vec<String> {
+            let source: Source = serde_json::from_value(source).unwrap();
+            BundleSpec { sources: vec![source], ..Default::default() }.validate().into_iter().map(|c| c.field).collect()
+        };
+        assert!(fields(json!({"image": {"ref": "reg:5000/charts/kps", "semver": ">=88.4.0, <89"}})).is_empty());
+        assert_eq!(fields(json!({"image": {"ref": "reg:5000/kps:1", "semver": "1.x"}})), ["spec.sources[0].image.ref"]);
+        assert_eq!(fields(json!({"image": {"ref": "reg/kps", "semver": "newest"}})), ["spec.sources[0].image.semver"]);
+        let git = |r: Value| fields(json!({"git": {"repository": "https://g/r", "ref": r}}));
+        assert!(git(json!({"semver": "^1"})).is_empty());
+        assert_eq!(git(json!({"semver": "^1", "tag": "v1"})), ["spec.sources[0].git.ref"]);
+        let asset = "https://h/releases/download/{tag}/stack-{version}.tgz";
+        let releases = json!({"repository": "https://h/stack", "semver": ">=1.2 <2"});
+        assert!(fields(json!({"http": {"url": asset, "releases": releases}})).is_empty());
+        assert_eq!(
+            fields(json!({"http": {"url": asset}})),
+            ["spec.sources[0].http.url"],
+            "a placeholder without releases"
+        );
+        let fixed =
+            json!({"http": {"url": "https://h/a.tgz", "sha256": "0".repeat(64), "releases": {"repository": "x"}}});
+        assert_eq!(
+            fields(fixed),
+            [
+                "spec.sources[0].http.url",
+                "spec.sources[0].http.sha256",
+                "spec.sources[0].http.releases.repository",
+                "spec.sources[0].http.releases.semver"
+            ]
+        );
     }
 
     #[test]

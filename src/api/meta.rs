@@ -92,6 +92,19 @@ pub fn now_timestamp() -> String {
     chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
+/// The `metav1.Time` `after` from now.
+pub fn timestamp_after(after: std::time::Duration) -> String {
+    let after = chrono::Duration::from_std(after).unwrap_or(chrono::Duration::MAX);
+    let at = chrono::Utc::now().checked_add_signed(after).unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC);
+    at.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// How long until `timestamp` (zero once it passed); `None` when it is not a timestamp.
+pub fn time_until(timestamp: &str) -> Option<std::time::Duration> {
+    let at = chrono::DateTime::parse_from_rfc3339(timestamp).ok()?;
+    Some((at.with_timezone(&chrono::Utc) - chrono::Utc::now()).to_std().unwrap_or_default())
+}
+
 /// kubectl's AGE column (`duration.HumanDuration`).
 pub fn human_age(timestamp: Option<&str>) -> String {
     let Some(then) = timestamp.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()) else {

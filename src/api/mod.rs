@@ -5,8 +5,8 @@
 //! home per resource for everything the API's generic verbs need to know about it.
 //!
 //! Both kinds implement `kube::Resource`, so a provisioner writes `Api::<Bundle>::namespaced`.
-//! This module depends on serde, k8s-openapi and kube-core only (plus the clock and a uid source
-//! for server-side creates); everything else depends on it.
+//! This module depends on serde, k8s-openapi and kube-core only (plus the clock, a uid source for
+//! server-side creates and node-semver for version ranges); everything else depends on it.
 
 /// `kube::Resource` for a namespaced kind of this group with `KIND` and `PLURAL` consts and a
 /// `metadata` field: what `kube::Api::<T>` needs.
@@ -47,12 +47,17 @@ pub mod schema;
 mod source;
 mod status;
 pub mod strategy;
+pub mod versions;
 
 pub use bundle::{Bundle, BundleSpec, Format, DEFAULT_HISTORY_LIMIT, FORMATS, MIN_POLL_INTERVAL};
 pub use cause::Cause;
 pub use content::{content_name, BundleContent, BundleContentSpec, BUNDLE_LABEL};
-pub use source::{GitRef, GitSource, HttpSource, ImageSource, ResolvedSource, Source, UploadSource, SOURCE_KINDS};
-pub use status::{BundleStatus, Condition, FormatDetails, Served, AVAILABLE, PAUSED, UNFINISHED_REASONS, UNPACKED};
+pub use source::{
+    GitRef, GitSource, HttpSource, ImageSource, Releases, ResolvedSource, Source, UploadSource, SOURCE_KINDS,
+};
+pub use status::{
+    AvailableVersions, BundleStatus, Condition, FormatDetails, Served, AVAILABLE, PAUSED, UNFINISHED_REASONS, UNPACKED,
+};
 
 pub const GROUP: &str = "content.stowage.dev";
 pub const VERSION: &str = "v1alpha1";

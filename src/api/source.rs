@@ -23,9 +23,14 @@ pub struct Source {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageSource {
-    /// `registry/repo:tag`, `registry/repo@sha256:…` (or both).
+    /// `registry/repo:tag`, `registry/repo@sha256:…` (or both); with `semver`, `registry/repo`
+    /// alone.
     #[serde(default, rename = "ref")]
     pub reference: String,
+    /// Follow the newest tag of `ref`'s repository in this version range (`>=88.4.0 <89`,
+    /// `88.x`; see [`super::versions`]), re-resolved every `spec.pollInterval`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub semver: String,
     /// A `kubernetes.io/dockerconfigjson` Secret in the Bundle's namespace.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub pull_secret: String,
@@ -58,6 +63,9 @@ pub struct GitRef {
     pub tag: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub branch: String,
+    /// The newest tag in this version range ([`super::versions`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub semver: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -70,6 +78,35 @@ pub struct HttpSource {
     pub sha256: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub auth_secret: String,
+    /// A release asset: `url` holds `{version}` and/or `{tag}`, filled from the newest release
+    /// tag of a git repository in a version range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub releases: Option<Releases>,
+}
+
+/// Where the releases of an http source's asset are listed: the tags of a git repository (as
+/// GitHub, GitLab and Gitea tag their releases).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Releases {
+    /// The git repository (https) whose tags are the releases.
+    #[serde(default)]
+    pub repository: String,
+    /// The version range the release must be in ([`super::versions`]).
+    #[serde(default)]
+    pub semver: String,
+}
+
+/// The placeholders of a release asset's URL: the release's version (the tag without a leading
+/// `v`) and the tag itself.
+pub const VERSION_PLACEHOLDER: &str = "{version}";
+pub const TAG_PLACEHOLDER: &str = "{tag}";
+
+impl HttpSource {
+    /// The URL of the release `tag` with version `version`.
+    pub fn release_url(&self, tag: &str, version: &str) -> String {
+        self.url.replace(VERSION_PLACEHOLDER, version).replace(TAG_PLACEHOLDER, tag)
+    }
 }
 
 /// What a source was pinned to: recorded in `status.resolvedSources[i]` and compared on re-resolve.
@@ -87,12 +124,25 @@ pub enum ResolvedSource {
         /// The platform manifest picked from an index (empty for a single manifest).
         #[serde(default, skip_serializing_if = "String::is_empty")]
         manifest: String,
+        /// With `semver`: the tag that won.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        tag: String,
     },
     #[serde(rename_all = "camelCase")]
-    Git { repository: String, commit: String },
+    Git {
+        repository: String,
+        commit: String,
+        /// With `ref.semver`: the tag that won.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        tag: String,
+    },
     #[serde(rename_all = "camelCase")]
     Http {
+        /// The URL fetched (a release asset's with its placeholders filled).
         url: String,
+        /// With `releases`: the release tag that won.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        tag: String,
         /// Hex sha256 of the downloaded file; empty until fetched.
         #[serde(default, skip_serializing_if = "String::is_empty")]
         sha256: String,
@@ -103,6 +153,19 @@ pub enum ResolvedSource {
     },
     #[serde(rename_all = "camelCase")]
     Upload { digest: String },
+}
+
+impl ResolvedSource {
+    /// The same pin, recording that a version range chose `tag`.
+    pub fn with_tag(mut self, chosen: &str) -> ResolvedSource {
+        match &mut self {
+            ResolvedSource::Image { tag, .. } | ResolvedSource::Git { tag, .. } | ResolvedSource::Http { tag, .. } => {
+                chosen.clone_into(tag)
+            }
+            ResolvedSource::Upload { .. } => {}
+        }
+        self
+    }
 }
 
 /// `upload: {}`: content arrives by PUT on the content subresource. No fields (yet).

@@ -50,6 +50,24 @@ pub struct BundleStatus {
     pub files: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<u64>,
+    /// For each source with a version range, its newest matching tags as last resolved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub available_versions: Vec<AvailableVersions>,
+    /// When the sources are resolved next: the next poll (`spec.pollInterval`) or the retry of a
+    /// transient failure. Kept so a restart keeps the schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_poll_time: Option<String>,
+}
+
+/// `status.availableVersions[]`: what one source's version range sees.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AvailableVersions {
+    /// Index into `spec.sources`.
+    pub source: usize,
+    /// The newest matching tags, newest first (at most [`super::versions::SHOWN`]).
+    #[serde(default)]
+    pub versions: Vec<String>,
 }
 
 /// `metav1.Condition`.
@@ -193,6 +211,7 @@ impl BundleStatus {
         let note = self.serving_note();
         self.observed(generation);
         self.phase = Some("Unpacking".into());
+        self.next_poll_time = None;
         self.remove_condition(PAUSED);
         self.set_condition(generation, UNPACKED, false, "Unpacking", &format!("fetching the sources{note}"));
     }
@@ -201,6 +220,7 @@ impl BundleStatus {
     pub fn unpacked(&mut self, generation: i64, served: Served) {
         self.observed(generation);
         self.phase = Some("Unpacked".into());
+        self.next_poll_time = None;
         let summary = format!("{} ({} files, {} bytes)", served.digest, served.files, served.size);
         self.set_condition(generation, UNPACKED, true, "Unpacked", &format!("unpacked {summary}"));
         let serving = format!("serving {}: {summary}", served.content);
@@ -252,6 +272,11 @@ impl BundleStatus {
     pub fn recheck_failed(&mut self, generation: i64, reason: &str, message: &str) {
         self.failed(generation, reason, message);
         self.restamp(generation);
+    }
+
+    /// The sources are resolved again after `after` (`None`: not on a schedule).
+    pub fn schedule(&mut self, after: Option<std::time::Duration>) {
+        self.next_poll_time = after.map(super::meta::timestamp_after);
     }
 
     /// `spec.paused`: nothing is fetched; what is served stays served.

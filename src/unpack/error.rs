@@ -2,17 +2,29 @@
 //!
 //! Every source and sink reports an [`UnpackError`]; the reconcile loop turns it into the Bundle's
 //! `Unpacked` condition (its [`UnpackError::reason`]) and decides between retrying with backoff
-//! ([`UnpackError::is_transient`]) and waiting for the spec to change.
+//! ([`UnpackError::is_transient`]) and waiting for the spec to change or the next poll.
 
 use crate::storage::StorageError;
 use crate::unpack::tar_ingest::IngestError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UnpackError {
-    /// The source could not be reached or read: network, TLS, authentication, not found, server
-    /// errors. Retried with backoff (a missing tag or Secret may appear later).
+    /// The source could not be reached or read: network, TLS, server errors, a Secret that is
+    /// missing or unreadable. Retried with backoff and jitter.
     #[error("{0}")]
     Fetch(String),
+    /// The source answered that what was asked for does not exist (404, a tag or ref the remote
+    /// does not have). Not retried before the spec changes or the next poll.
+    #[error("{0}")]
+    NotFound(String),
+    /// The source refused the credentials presented (401, 403). Not retried before the spec
+    /// changes or the next poll: credentials are read afresh for every attempt.
+    #[error("{0}")]
+    Denied(String),
+    /// No tag of the source's repository is in its version range; the message lists the newest
+    /// versions seen. Not retried before the spec changes or the next poll.
+    #[error("{0}")]
+    NoMatchingVersion(String),
     /// The source is specified in a way this server will never fetch (plain http to a host not
     /// listed as insecure, an unsupported media type, no matching platform). Not retried.
     #[error("{0}")]
@@ -51,6 +63,9 @@ impl UnpackError {
     pub fn reason(&self) -> &'static str {
         match self {
             UnpackError::Fetch(_) => "PullFailed",
+            UnpackError::NotFound(_) => "SourceNotFound",
+            UnpackError::Denied(_) => "AccessDenied",
+            UnpackError::NoMatchingVersion(_) => "NoMatchingVersion",
             UnpackError::Unsupported(_) => "InvalidSource",
             UnpackError::DigestMismatch { .. } => "DigestMismatch",
             UnpackError::InvalidEntry { .. } | UnpackError::CorruptArchive(_) => "InvalidContent",
@@ -100,6 +115,16 @@ impl UnpackError {
     /// [`UnpackError::from_io`].
     pub fn into_io(self) -> std::io::Error {
         std::io::Error::other(self)
+    }
+}
+
+/// The error for a source that answered HTTP `status` to what `what` names: 404 and 410 say the
+/// thing does not exist, 401 and 403 that the credentials were refused; anything else may pass.
+pub(crate) fn for_status(status: reqwest::StatusCode, message: String) -> UnpackError {
+    match status.as_u16() {
+        404 | 410 => UnpackError::NotFound(message),
+        401 | 403 => UnpackError::Denied(message),
+        _ => UnpackError::Fetch(message),
     }
 }
 

@@ -43,6 +43,7 @@ pub async fn resolve(
         }
         return Ok(ResolvedSource::Http {
             url: spec.url.clone(),
+            tag: String::new(),
             sha256,
             etag: String::new(),
             last_modified: String::new(),
@@ -73,6 +74,7 @@ pub async fn resolve(
         // No HEAD support: nothing to compare, so report a change and let the content decide.
         return Ok(ResolvedSource::Http {
             url: spec.url.clone(),
+            tag: String::new(),
             sha256: String::new(),
             etag: String::new(),
             last_modified: String::new(),
@@ -91,7 +93,7 @@ pub async fn resolve(
             return Ok(p.clone());
         }
     }
-    Ok(ResolvedSource::Http { url: spec.url.clone(), sha256: String::new(), etag, last_modified })
+    Ok(ResolvedSource::Http { url: spec.url.clone(), tag: String::new(), sha256: String::new(), etag, last_modified })
 }
 
 /// Streams exactly the content `pinned` names into `sink`, verifying every digest; returns the
@@ -144,7 +146,7 @@ pub fn fetch(
     if let Some(want) = expected.into_iter().find(|want| *want != actual) {
         return Err(UnpackError::DigestMismatch { what: shown, expected: want, actual });
     }
-    Ok(ResolvedSource::Http { url: spec.url.clone(), sha256: actual, etag, last_modified })
+    Ok(ResolvedSource::Http { url: spec.url.clone(), tag: String::new(), sha256: actual, etag, last_modified })
 }
 
 fn check_url(raw: &str, network: &NetworkPolicy) -> Result<reqwest::Url, UnpackError> {
@@ -205,13 +207,13 @@ fn request_failed(url: &reqwest::Url, err: reqwest::Error) -> UnpackError {
     UnpackError::Fetch(message)
 }
 
-/// Any non-success status is transient: a missing file or a refused credential may be fixed
-/// without changing the spec.
+/// A 404 or a refused credential waits for a spec change or the next poll; other failures are
+/// retried ([`crate::unpack::error::for_status`]).
 fn check_status(url: &reqwest::Url, status: StatusCode) -> Result<(), UnpackError> {
     if status.is_success() {
         Ok(())
     } else {
-        Err(UnpackError::Fetch(format!("http source {}: server answered {status}", redact(url))))
+        Err(crate::unpack::error::for_status(status, format!("http source {}: server answered {status}", redact(url))))
     }
 }
 

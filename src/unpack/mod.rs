@@ -3,7 +3,7 @@
 //! [`tar_ingest`] reads a tar (optionally gzip or zstd), rejects anything unsafe or malformed, and
 //! hands each accepted entry to an [`EntrySink`] (in practice a storage revision writer). The
 //! sources — OCI images ([`oci`]), git ([`git`]) and http ([`http`]) — resolve a Bundle's floating
-//! references and stream their content into the same kind of sink; [`source`] holds what they
+//! references (a tag range through [`crate::api::versions`]) and stream their content into the same kind of sink; [`source`] holds what they
 //! share and [`error`] how they fail. Every source writes through a [`sink::TreeSink`] (limits,
 //! destinations, the [`format`] inspector) into a storage revision that [`revisions`] attaches to
 //! a BundleContent; [`reconcile`] is the loop that drives Bundles, writing [`status`].
@@ -15,6 +15,7 @@ pub mod http;
 pub mod metrics;
 pub mod oci;
 pub mod reconcile;
+pub mod releases;
 pub mod revisions;
 pub mod secrets;
 pub mod sink;

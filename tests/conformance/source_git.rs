@@ -66,7 +66,7 @@ pub(crate) fn context(insecure: &[String], credentials: Option<Credentials>) -> 
 fn spec(url: &str, commit: &str, tag: &str, branch: &str) -> GitSource {
     GitSource {
         repository: url.to_owned(),
-        reference: GitRef { commit: commit.into(), tag: tag.into(), branch: branch.into() },
+        reference: GitRef { commit: commit.into(), tag: tag.into(), branch: branch.into(), ..Default::default() },
         directory: String::new(),
         auth_secret: String::new(),
     }
@@ -106,7 +106,10 @@ async fn git_branch_and_default_head_fetch_the_corpus_tree() {
     let ctx = context(&[server.host_port()], None);
 
     let by_branch = git::resolve(&spec(&server.url("etcd"), "", "", "main"), &ctx, None).await.unwrap();
-    assert_eq!(by_branch, ResolvedSource::Git { repository: server.url("etcd"), commit: c1.clone() });
+    assert_eq!(
+        by_branch,
+        ResolvedSource::Git { repository: server.url("etcd"), commit: c1.clone(), tag: String::new() }
+    );
     let by_head = git::resolve(&spec(&server.url("etcd"), "", "", ""), &ctx, None).await.unwrap();
     assert_eq!(by_head, by_branch, "no ref = the remote's HEAD");
 
@@ -252,7 +255,7 @@ async fn git_pinned_commit_resolves_without_the_server() {
     let commit = "0123456789abcdef0123456789abcdef01234567";
     let ctx = context(&[host], None);
     let resolved = git::resolve(&spec(&url, commit, "", ""), &ctx, None).await.unwrap();
-    assert_eq!(resolved, ResolvedSource::Git { repository: url, commit: commit.into() });
+    assert_eq!(resolved, ResolvedSource::Git { repository: url, commit: commit.into(), tag: String::new() });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

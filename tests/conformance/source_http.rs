@@ -13,7 +13,7 @@ use crate::source_git::{context, RecordingSink};
 use crate::tarutil::{assert_trees_equal, gzip, raw_entry, raw_tar, system_tar, tree_from_dir, zstd, Tree};
 
 fn spec(url: &str, sha256: &str) -> HttpSource {
-    HttpSource { url: url.to_owned(), sha256: sha256.to_owned(), auth_secret: String::new() }
+    HttpSource { url: url.to_owned(), sha256: sha256.to_owned(), ..Default::default() }
 }
 
 async fn fetch(
@@ -114,6 +114,7 @@ async fn http_basic_auth() {
     let wrong = Credentials::Basic { username: "bob".into(), password: "nope-pw".into() };
     let ctx = context(&[server.host_port()], Some(wrong));
     let pinned = ResolvedSource::Http {
+        tag: String::new(),
         url: s.url.clone(),
         sha256: String::new(),
         etag: String::new(),
@@ -174,6 +175,7 @@ async fn http_plain_http_needs_the_insecure_host_flag() {
     let flag = format!("--insecure-source-host {}", server.host_port());
     assert!(matches!(err, UnpackError::Unsupported(ref m) if m.contains(&flag)), "{err:?}");
     let pinned = ResolvedSource::Http {
+        tag: String::new(),
         url: s.url.clone(),
         sha256: String::new(),
         etag: String::new(),
@@ -189,6 +191,7 @@ async fn http_limits_and_cancellation() {
     server.put("b.tar.zst", &zstd(&system_tar(&corpus().join("operator-registry/prometheus"))));
     let s = spec(&server.url("b.tar.zst"), "");
     let pinned = ResolvedSource::Http {
+        tag: String::new(),
         url: s.url.clone(),
         sha256: String::new(),
         etag: String::new(),
@@ -219,5 +222,5 @@ async fn http_traversal_tarball_is_refused() {
     assert!(matches!(err, UnpackError::InvalidEntry { .. }), "{err:?}");
 
     let err = fetch(&spec(&server.url("not-there.tar"), ""), &ctx, &resolved).await.unwrap_err();
-    assert!(matches!(err, UnpackError::Fetch(ref m) if m.contains("404")), "{err:?}");
+    assert!(matches!(err, UnpackError::NotFound(ref m) if m.contains("404")), "{err:?}");
 }

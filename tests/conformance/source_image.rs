@@ -61,7 +61,7 @@ fn context(reg_host: &str, credentials: Option<Credentials>, limits: UnpackLimit
 }
 
 fn spec(reference: &str, platform: &str) -> ImageSource {
-    ImageSource { reference: reference.to_owned(), pull_secret: String::new(), platform: platform.to_owned() }
+    ImageSource { reference: reference.to_owned(), platform: platform.to_owned(), ..Default::default() }
 }
 
 /// `resolve`, then `fetch` on a blocking thread, as the reconciler does.
@@ -110,7 +110,12 @@ async fn single_platform_image_has_the_corpus_files() {
     assert_trees_equal(&expected, &got, "image");
     assert_eq!(
         resolved,
-        ResolvedSource::Image { reference: s.reference.clone(), digest: img.digest.clone(), manifest: String::new() }
+        ResolvedSource::Image {
+            reference: s.reference.clone(),
+            digest: img.digest.clone(),
+            manifest: String::new(),
+            tag: String::new()
+        }
     );
     // Re-resolving an unchanged tag says "unchanged" by returning an equal value.
     assert_eq!(resolve(&s, &ctx, Some(&resolved)).await.expect("re-resolve"), resolved);
@@ -133,7 +138,12 @@ async fn index_selects_the_platform_and_lists_the_available_ones() {
     assert_eq!(got, tree(&[("arch", "amd64")]));
     assert_eq!(
         resolved,
-        ResolvedSource::Image { reference: reference.clone(), digest: index.digest.clone(), manifest: amd.digest }
+        ResolvedSource::Image {
+            reference: reference.clone(),
+            digest: index.digest.clone(),
+            manifest: amd.digest,
+            tag: String::new()
+        }
     );
 
     let (resolved, got) = pull(&spec(&reference, "linux/arm64"), &ctx).await.expect("arm64");
@@ -380,7 +390,12 @@ async fn moved_tags_resolve_anew_and_digests_need_no_registry() {
     let resolved = resolve(&pinned, &ctx, None).await.expect("digest-pinned resolve without a registry");
     assert_eq!(
         resolved,
-        ResolvedSource::Image { reference: pinned.reference.clone(), digest: v1.digest, manifest: String::new() }
+        ResolvedSource::Image {
+            reference: pinned.reference.clone(),
+            digest: v1.digest,
+            manifest: String::new(),
+            tag: String::new()
+        }
     );
     let err = pull(&s, &ctx).await.expect_err("registry gone");
     assert!(matches!(err, UnpackError::Fetch(_)), "{err:?}");

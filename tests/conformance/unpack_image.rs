@@ -176,10 +176,10 @@ async fn pull_secrets_are_read_from_the_cluster_in_delegated_mode() {
     let data = alice.get(server.url(&bundle_content(NS, "private"))).send().await.unwrap().bytes().await.unwrap();
     assert_trees_equal(&tree, &parse_served_tar(&data), "pulled with the Secret's credentials");
     assert_eq!(digest_of(&data), str_at(&b, "/status/digest"));
-    // Wrong credentials: a pull failure, retried with backoff (the Secret may be fixed).
-    let b = wait_as(&alice, &server, "denied", "PullFailed").await;
+    // Wrong credentials: refused, and not retried until the spec changes or the next poll.
+    let b = wait_as(&alice, &server, "denied", "AccessDenied").await;
     let message = condition(&b, "Unpacked")["message"].as_str().unwrap().to_owned();
-    assert!(message.contains("retrying in"), "{message}");
+    assert!(message.contains("401") && !message.contains("retrying in"), "{message}");
     assert!(!message.contains("nope"), "no secrets in messages: {message}");
 }
 

@@ -61,20 +61,29 @@ fn schema() -> Value {
         "Where content comes from: exactly one of image, git, http, upload.",
         json!({
             "image": object("An OCI image or artifact.", json!({
-                "ref": doc_string("Image reference, by tag or digest."),
+                "ref": doc_string("Image reference, by tag or digest; with semver, the repository alone."),
+                "semver": doc_string("Follow the newest tag in this version range (e.g. \">=1.2 <2\", \"88.x\"); \
+                    pre-releases count only when the range names one (\">=1.0.0-0\")."),
                 "pullSecret": secret_ref,
                 "platform": doc_string("os/arch[/variant] to select from an image index."),
             })),
             "git": object("A git repository.", json!({
                 "repository": doc_string("Repository URL (https)."),
-                "ref": object("Exactly one of commit, tag, branch.", json!({"commit": string(), "tag": string(), "branch": string()})),
+                "ref": object("At most one of commit, tag, branch, semver (none: the default branch).", json!({
+                    "commit": string(), "tag": string(), "branch": string(),
+                    "semver": doc_string("The newest tag in this version range."),
+                })),
                 "directory": doc_string("Subdirectory to take."),
                 "authSecret": secret_ref,
             })),
             "http": object("A tar, tar.gz or tar.zst URL.", json!({
-                "url": string(),
+                "url": doc_string("The file's URL; with releases, holding {version} and/or {tag}."),
                 "sha256": doc_string("Expected sha256 of the downloaded file (hex)."),
                 "authSecret": secret_ref,
+                "releases": object("A release asset: the release is the newest tag of a git repository in a range.", json!({
+                    "repository": doc_string("The git repository (https) whose tags are the releases."),
+                    "semver": doc_string("The version range the release must be in."),
+                })),
             })),
             "upload": object("Content arrives by PUT on the content subresource.", json!({})),
             "destination": doc_string("Path prefix under which this source's files are placed."),
@@ -100,6 +109,11 @@ fn schema() -> Value {
             "phase": string(),
             "conditions": conditions(),
             "resolvedSources": array_of(json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})),
+            "availableVersions": array_of(object("The newest tags a source's version range matches.", json!({
+                "source": integer(),
+                "versions": array_of(string()),
+            }))),
+            "nextPollTime": doc_string("When the sources are resolved next (the next poll, or the retry after a failure)."),
             "contentName": string(),
             "digest": string(),
             "format": string(),

@@ -3,20 +3,31 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::*;
-use crate::api::source::{GitRef, GitSource, HttpSource, ImageSource, ResolvedSource, Source, UploadSource};
-use crate::api::status::{Condition, FormatDetails};
+use crate::api::source::{GitRef, GitSource, HttpSource, ImageSource, Releases, ResolvedSource, Source, UploadSource};
+use crate::api::status::{AvailableVersions, Condition, FormatDetails};
 use crate::api::strategy::schema_check::{declared, written};
 
 /// A Bundle with every field set (sources of every kind, though one Bundle may have only one).
 fn full_bundle() -> Bundle {
-    let image = ImageSource { reference: "r/x:1".into(), pull_secret: "s".into(), platform: "linux/arm64".into() };
+    let image = ImageSource {
+        reference: "r/x:1".into(),
+        semver: "1.x".into(),
+        pull_secret: "s".into(),
+        platform: "linux/arm64".into(),
+    };
     let git = GitSource {
         repository: "https://g".into(),
-        reference: GitRef { commit: "c".into(), tag: "t".into(), branch: "b".into() },
+        reference: GitRef { commit: "c".into(), tag: "t".into(), branch: "b".into(), semver: "1.x".into() },
         directory: "d".into(),
         auth_secret: "s".into(),
     };
-    let http = HttpSource { url: "https://h".into(), sha256: "0".repeat(64), auth_secret: "s".into() };
+    let releases = Releases { repository: "https://g".into(), semver: "1.x".into() };
+    let http = HttpSource {
+        url: "https://h/{version}".into(),
+        sha256: "0".repeat(64),
+        auth_secret: "s".into(),
+        releases: Some(releases),
+    };
     let source = Source {
         image: Some(image),
         git: Some(git),
@@ -51,6 +62,8 @@ fn full_bundle() -> Bundle {
         format_details: Some(FormatDetails { objects: BTreeMap::from([("Pod".into(), 1)]), ..Default::default() }),
         files: Some(1),
         size: Some(1),
+        available_versions: vec![AvailableVersions { source: 0, versions: vec!["1.0.0".into()] }],
+        next_poll_time: Some("2026-01-01T00:00:00Z".into()),
     };
     Bundle { status: Some(status), ..Bundle::new("b", spec) }
 }

@@ -2,7 +2,7 @@
 //!
 //! * [`resolve`] lists the remote's refs (like `git ls-remote`, no objects) to learn which commit a
 //!   branch, tag (annotated tags peeled) or the remote `HEAD` names now; a pinned `ref.commit` is
-//!   returned without any network I/O.
+//!   returned without any network I/O. [`tags`] lists the tags, for a version range.
 //! * [`fetch`] fetches exactly the pinned commit into a temporary bare repository (depth 1 by id
 //!   when the server allows wanting a commit by id, else a full fetch of branches and tags), and
 //!   streams its tree (or `spec.directory` of it) into the sink ([`tree`]).
@@ -37,6 +37,8 @@ use std::sync::Arc;
 
 use gix::remote::Direction;
 
+use crate::api::versions::MAX_TAGS;
+
 use self::meter::Meter;
 pub use self::scratch::clean_scratch;
 use self::scratch::{Interrupt, TempDir};
@@ -67,7 +69,11 @@ pub async fn resolve(
     }
     if !r.commit.is_empty() {
         let commit = parse_commit(&r.commit)?;
-        return Ok(ResolvedSource::Git { repository: spec.repository.clone(), commit: commit.to_string() });
+        return Ok(ResolvedSource::Git {
+            repository: spec.repository.clone(),
+            commit: commit.to_string(),
+            tag: String::new(),
+        });
     }
     let wanted = if !r.tag.is_empty() {
         format!("refs/tags/{}", r.tag)
@@ -76,15 +82,35 @@ pub async fn resolve(
     } else {
         "HEAD".to_owned()
     };
-    ctx.check_cancelled()?;
-    let (credentials, scratch) = (ctx.credentials.clone(), ctx.scratch.clone());
-    let task = tokio::task::spawn_blocking(move || ls_remote(&url, &wanted, credentials, &scratch));
-    // gix's transport is blocking: stop waiting on cancellation and let the thread finish alone.
-    let commit = tokio::select! {
-        joined = task => joined.map_err(|e| UnpackError::Fetch(format!("listing git refs: {e}")))??,
-        _ = ctx.cancel.cancelled() => return Err(UnpackError::Cancelled),
+    let refs = list_refs(&url, &wanted, ctx).await?;
+    let Some((_, commit)) = refs.into_iter().find(|(name, _)| *name == wanted) else {
+        return Err(UnpackError::NotFound(format!("git source {}: {wanted} not found on the remote", redact(&url))));
     };
-    Ok(ResolvedSource::Git { repository: spec.repository.clone(), commit })
+    Ok(ResolvedSource::Git { repository: spec.repository.clone(), commit, tag: String::new() })
+}
+
+/// The tags of `repository` (names without `refs/tags/`), for a version range to choose from.
+pub async fn tags(repository: &str, ctx: &SourceContext) -> Result<Vec<String>, UnpackError> {
+    let url = check_url(repository, &ctx.network)?;
+    let refs = list_refs(&url, "refs/tags/*", ctx).await?;
+    Ok(refs.into_iter().filter_map(|(name, _)| name.strip_prefix("refs/tags/").map(str::to_owned)).collect())
+}
+
+/// `git ls-remote URL PATTERN` on a blocking thread, given up on cancellation.
+async fn list_refs(
+    url: &reqwest::Url,
+    pattern: &str,
+    ctx: &SourceContext,
+) -> Result<Vec<(String, String)>, UnpackError> {
+    ctx.check_cancelled()?;
+    let (url, pattern) = (url.clone(), pattern.to_owned());
+    let (credentials, scratch) = (ctx.credentials.clone(), ctx.scratch.clone());
+    let task = tokio::task::spawn_blocking(move || ls_remote(&url, &pattern, credentials, &scratch));
+    // gix's transport is blocking: stop waiting on cancellation and let the thread finish alone.
+    tokio::select! {
+        joined = task => joined.map_err(|e| UnpackError::Fetch(format!("listing git refs: {e}")))?,
+        _ = ctx.cancel.cancelled() => Err(UnpackError::Cancelled),
+    }
 }
 
 /// Streams exactly the content `pinned` names into `sink`, verifying every digest; returns the
@@ -96,7 +122,7 @@ pub fn fetch(
     pinned: &ResolvedSource,
     sink: &mut Sink<'_>,
 ) -> Result<ResolvedSource, UnpackError> {
-    let ResolvedSource::Git { repository, commit } = pinned else {
+    let ResolvedSource::Git { repository, commit, .. } = pinned else {
         return Err(UnpackError::Unsupported("git source: the pinned identity is not a git commit".into()));
     };
     let url = check_url(repository, &ctx.network)?;
@@ -123,7 +149,7 @@ pub fn fetch(
         })?
         .detach();
     tree::walk(&repo, root, &spec.directory, id, ctx, sink)?;
-    Ok(ResolvedSource::Git { repository: repository.clone(), commit: id.to_string() })
+    Ok(ResolvedSource::Git { repository: repository.clone(), commit: id.to_string(), tag: String::new() })
 }
 
 /// The URL of a git source, if this server may fetch it: https, or plain http to a host listed
@@ -191,19 +217,19 @@ fn parse_commit(commit: &str) -> Result<gix::ObjectId, UnpackError> {
         .map_err(|e| UnpackError::Unsupported(format!("git ref.commit {commit:?}: {e}")))
 }
 
-/// `git ls-remote URL WANTED`: the commit `wanted` (a full ref name or `HEAD`) points at, tags
-/// peeled.
+/// `git ls-remote URL PATTERN`: the refs `pattern` (a full ref name, `HEAD` or `refs/tags/*`)
+/// names, each with the commit it points at (tags peeled), at most [`MAX_TAGS`].
 fn ls_remote(
     url: &reqwest::Url,
-    wanted: &str,
+    pattern: &str,
     credentials: Option<Credentials>,
     scratch: &Scratch,
-) -> Result<String, UnpackError> {
+) -> Result<Vec<(String, String)>, UnpackError> {
     let shown = redact(url);
     let listing = Arc::new(Listing::default());
     let fail = |what: &str, e: &gix::Error| match listing.too_large.load(Ordering::Relaxed) {
         true => listing_too_large(&shown),
-        false => UnpackError::Fetch(format!("git source {shown}: {what}: {}", crate::unpack::error::describe(e))),
+        false => refused(format!("git source {shown}: {what}: {}", crate::unpack::error::describe(e))),
     };
     // gix needs a repository to hang a remote on; an empty, isolated one in a temp dir.
     let tmp = TempDir::new(scratch)?;
@@ -212,13 +238,14 @@ fn ls_remote(
         .remote_at(url.as_str())
         .map_err(|e| fail("invalid remote", &e))?
         .with_fetch_tags(gix::remote::fetch::Tags::None)
-        .with_refspecs([wanted], Direction::Fetch)
-        .map_err(|e| UnpackError::Unsupported(format!("git source {shown}: invalid ref {wanted:?}: {e}")))?;
+        .with_refspecs([pattern], Direction::Fetch)
+        .map_err(|e| UnpackError::Unsupported(format!("git source {shown}: invalid ref {pattern:?}: {e}")))?;
     let connection = transport::connect(&remote, listing.clone())
         .map_err(|e| fail("connecting", &e))?
         .with_credentials(authenticate(credentials));
     let (map, _handshake) =
         connection.ref_map(gix::progress::Discard, Default::default()).map_err(|e| fail("listing refs", &e))?;
+    let mut refs = Vec::new();
     for r in &map.remote_refs {
         use gix::protocol::handshake::Ref;
         let (name, object) = match r {
@@ -227,11 +254,26 @@ fn ls_remote(
             | Ref::Symbolic { full_ref_name, object, .. } => (full_ref_name, object),
             Ref::Unborn { .. } => continue,
         };
-        if name == wanted {
-            return Ok(object.to_string());
+        refs.push((name.to_string(), object.to_string()));
+        if refs.len() > MAX_TAGS {
+            return Err(UnpackError::TooLarge(format!(
+                "git source {shown}: more than {MAX_TAGS} refs match {pattern}"
+            )));
         }
     }
-    Err(UnpackError::Fetch(format!("git source {shown}: {wanted} not found on the remote")))
+    Ok(refs)
+}
+
+/// A failed git request: a 404 means the repository does not exist and a 401/403 that the
+/// credentials were refused, which waits for a spec change or the next poll; the rest is retried.
+fn refused(message: String) -> UnpackError {
+    if message.contains("HTTP status 404") {
+        UnpackError::NotFound(message)
+    } else if message.contains("HTTP status 401") || message.contains("HTTP status 403") {
+        UnpackError::Denied(message)
+    } else {
+        UnpackError::Fetch(message)
+    }
 }
 
 /// An empty bare repository that ignores the process's git configuration (no credential helpers,

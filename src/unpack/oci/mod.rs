@@ -1,7 +1,7 @@
 //! Source: OCI images and artifacts (Helm charts) from a registry.
 //!
 //! [`resolve`] turns a reference into the digest it names now (one HEAD for a tag, nothing at all
-//! for a digest-pinned reference). [`fetch`] pulls exactly that digest: the manifest (verified),
+//! for a digest-pinned reference); [`tags`] lists a repository's tags for a version range. [`fetch`] pulls exactly that digest: the manifest (verified),
 //! the platform's manifest when it is an index, then every layer streamed through the validating
 //! tar reader, topmost first, through [`layers::LayerSink`] which applies OCI whiteouts. Every
 //! byte is checked against its descriptor's sha256 and size as it flows; nothing is buffered
@@ -49,7 +49,18 @@ pub async fn resolve(
             return Ok(previous.clone());
         }
     }
-    Ok(ResolvedSource::Image { reference: spec.reference.clone(), digest, manifest: String::new() })
+    Ok(ResolvedSource::Image { reference: spec.reference.clone(), digest, manifest: String::new(), tag: String::new() })
+}
+
+/// Every tag of `spec.reference`'s repository, for a version range to choose from.
+pub async fn tags(spec: &ImageSource, ctx: &SourceContext) -> Result<Vec<String>, UnpackError> {
+    let reference = parse_reference(&spec.reference)?;
+    let auth = auth_for(&reference, ctx.credentials.as_ref())?;
+    until_cancelled(ctx, async {
+        let registry = Registry::connect(&ctx.network, &reference, &auth, &spec.reference).await?;
+        registry.tags(&format!("image {}", spec.reference)).await
+    })
+    .await
 }
 
 /// Streams exactly the content `pinned` names into `sink`, verifying every digest; returns the
@@ -105,7 +116,12 @@ pub fn fetch(
         puller.layer(layer, encoding, &mut layer_sink)?;
         layer_sink.finish_layer();
     }
-    Ok(ResolvedSource::Image { reference: spec.reference.clone(), digest: digest.clone(), manifest: platform_manifest })
+    Ok(ResolvedSource::Image {
+        reference: spec.reference.clone(),
+        digest: digest.clone(),
+        manifest: platform_manifest,
+        tag: String::new(),
+    })
 }
 
 /// How many more bytes of a layer are read after its archive failed, to tell tampering apart

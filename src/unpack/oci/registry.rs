@@ -32,6 +32,10 @@ use crate::unpack::source::NetworkPolicy;
 pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
 /// Token responses are a JSON object with a JWT or two, a few KiB.
 pub const MAX_TOKEN_BYTES: usize = 1 << 20;
+/// A page of a tag list: a thousand tags of at most 128 bytes each, JSON-quoted.
+const MAX_TAG_PAGE_BYTES: usize = 1 << 20;
+/// Tags listed at most, over all pages.
+const MAX_TAGS: usize = crate::api::versions::MAX_TAGS;
 /// Of an error response, only this much is read (for the registry's error code and message).
 const MAX_ERROR_BYTES: usize = 16 << 10;
 
@@ -97,6 +101,40 @@ impl Registry {
         drop(head);
         let bytes = self.manifest_at(&url, what).await?;
         Ok(format!("sha256:{}", hex::encode(Sha256::digest(&bytes))))
+    }
+
+    /// Every tag of the repository (`GET /v2/NAME/tags/list`), following the registry's `Link`
+    /// pages; at most [`MAX_TAGS`], each page read under [`MAX_TAG_PAGE_BYTES`].
+    pub async fn tags(&self, what: &str) -> Result<Vec<String>, UnpackError> {
+        #[derive(serde::Deserialize)]
+        struct TagList {
+            #[serde(default)]
+            tags: Option<Vec<String>>,
+        }
+        let root = self.base.rsplit_once("/v2/").map_or(self.base.as_str(), |(root, _)| root).to_owned();
+        let separator = if self.query.is_empty() { '?' } else { '&' };
+        let mut url = format!("{}/tags/list{}{separator}n=1000", self.base, self.query);
+        let mut tags = Vec::new();
+        loop {
+            let response = success(self.send(what, |http| http.get(&url)).await?, what).await?;
+            // Only the path and query of the next page are taken: it stays on this registry.
+            let next = header(response.headers(), "link").and_then(|link| next_page(&link));
+            let body = read_bounded(response, MAX_TAG_PAGE_BYTES, what).await?.ok_or_else(|| {
+                UnpackError::TooLarge(format!(
+                    "{what}: a page of the tag list is larger than {MAX_TAG_PAGE_BYTES} bytes"
+                ))
+            })?;
+            let page: TagList = serde_json::from_slice(&body)
+                .map_err(|_| UnpackError::Fetch(format!("{what}: the registry's tag list is not a tag list")))?;
+            tags.extend(page.tags.unwrap_or_default());
+            if tags.len() > MAX_TAGS {
+                return Err(UnpackError::TooLarge(format!("{what}: the repository has more than {MAX_TAGS} tags")));
+            }
+            match next {
+                Some(path) => url = format!("{root}{path}"),
+                None => return Ok(tags),
+            }
+        }
     }
 
     /// The bytes of the manifest `digest` names; not yet verified.
@@ -228,6 +266,17 @@ impl Registry {
     }
 }
 
+/// The path and query of the `rel="next"` target of a `Link` header, when it is a path on the
+/// registry (`</v2/NAME/tags/list?last=x&n=1000>; rel="next"`).
+fn next_page(link: &str) -> Option<String> {
+    link.split(',').find_map(|entry| {
+        let (target, params) = entry.split_once(';')?;
+        let is_next = params.split(';').any(|p| p.trim().trim_start_matches("rel=").trim_matches('"') == "next");
+        let path = target.trim().strip_prefix('<')?.strip_suffix('>')?;
+        (is_next && path.starts_with("/v2/")).then(|| path.to_owned())
+    })
+}
+
 /// The `WWW-Authenticate` value of a response (the first readable one).
 fn challenge(headers: &HeaderMap) -> Option<String> {
     headers.get_all(WWW_AUTHENTICATE).iter().find_map(|v| v.to_str().ok()).map(str::to_owned)
@@ -265,7 +314,7 @@ async fn success(response: Response, what: &str) -> Result<Response, UnpackError
         Ok(Some(body)) => registry_error(&body).map(|e| format!(" ({e})")).unwrap_or_default(),
         _ => String::new(),
     };
-    Err(UnpackError::Fetch(format!("{what}: the registry answered {status}{detail}")))
+    Err(crate::unpack::error::for_status(status, format!("{what}: the registry answered {status}{detail}")))
 }
 
 /// `CODE: message` of the first error of an OCI error body.
@@ -340,6 +389,14 @@ mod tests {
         assert_eq!((realm.as_str(), service.as_deref()), ("https://auth.example/token", Some("registry.example")));
         assert!(bearer_challenge(r#"Basic realm="registry""#).is_none());
         assert!(bearer_challenge("Bearer service=x").is_none());
+    }
+
+    #[test]
+    fn tag_list_pages_stay_on_the_registry() {
+        let link = r#"</v2/charts/kps/tags/list?last=88.5.3&n=1000>; rel="next""#;
+        assert_eq!(next_page(link).as_deref(), Some("/v2/charts/kps/tags/list?last=88.5.3&n=1000"));
+        assert_eq!(next_page(r#"<https://evil.example/v2/x>; rel="next""#), None);
+        assert_eq!(next_page(r#"</v2/x/tags/list?last=a>; rel="prev""#), None);
     }
 
     #[test]

@@ -1,6 +1,9 @@
-//! One Bundle's job: unpack its current generation (retrying transient failures with backoff),
-//! then, with `spec.pollInterval`, keep re-resolving its floating references and unpack again
-//! when one moved.
+//! One Bundle's job: unpack its current generation (retrying transient failures with jittered
+//! backoff), then, with `spec.pollInterval`, keep re-resolving its floating references (version
+//! ranges through [`releases`]) and unpack again when one moved. Failures that the same request
+//! would meet again (not found, refused credentials, no matching version, invalid content) wait
+//! for a spec change or the next poll. The time of the next attempt is kept in
+//! `status.nextPollTime`, so a restart keeps the schedule ([`super::plan`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,16 +12,16 @@ use tokio_util::sync::CancellationToken;
 
 use super::plan::Plan;
 use super::Shared;
-use crate::api::{Bundle, BundleStatus, UNFINISHED_REASONS};
+use crate::api::{AvailableVersions, Bundle, BundleStatus, UNFINISHED_REASONS};
 use crate::unpack::error::UnpackError;
 use crate::unpack::format::FormatReport;
 use crate::unpack::revisions::{self, CommitError, Expect};
 use crate::unpack::sink::TreeSink;
 use crate::unpack::source::{Budget, ResolvedSource, Scratch, Source, SourceContext};
-use crate::unpack::{git, http, oci};
+use crate::unpack::{git, http, oci, releases};
 
 const FIRST_RETRY: Duration = Duration::from_secs(5);
-const MAX_RETRY: Duration = Duration::from_secs(300);
+pub(super) const MAX_RETRY: Duration = Duration::from_secs(300);
 
 /// What the next attempt does.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -43,8 +46,8 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
             let _ = write_status(shared, &expect, |b| with(b, |s, generation| s.paused(generation))).await;
             return;
         }
-        Plan::Unpack => (Mode::Unpack, Duration::ZERO),
-        Plan::Poll(interval) => (Mode::Recheck, interval),
+        Plan::Unpack(delay) => (Mode::Unpack, delay),
+        Plan::Poll(delay) => (Mode::Recheck, delay),
     };
     let mut failures = 0u32;
     loop {
@@ -66,11 +69,16 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
             Ok(current) => current.bundle,
             Err(_) => return, // gone or superseded: the loop starts what the new spec needs
         };
-        let interval = bundle.spec.poll_interval();
+        // Polls are spread a little too, so Bundles created together do not poll together.
+        let next_poll =
+            bundle.spec.poll_interval().map(|interval| interval.mul_f64(fastrand::f64().mul_add(0.1, 0.95)));
         match outcome {
             Outcome::Done => {
                 failures = 0;
                 mode = Mode::Recheck;
+                if let Some(delay) = next_poll {
+                    let _ = write_status(shared, &expect, move |b| with(b, |s, _| s.schedule(Some(delay)))).await;
+                }
             }
             Outcome::Failed(UnpackError::Cancelled) => return,
             Outcome::Failed(error) if error.is_transient() => {
@@ -83,22 +91,31 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
                 continue;
             }
             Outcome::Failed(error) => {
+                // Not found, refused, invalid: the same request would get the same answer. It
+                // waits for a spec change or the next poll, which may see a moved tag.
                 tracing::info!(bundle = %expect.name, namespace = %expect.namespace, error = %error, "unpack failed");
-                let _ = write_status(shared, &expect, move |b| failed(b, &error, None)).await;
+                let _ = write_status(shared, &expect, move |b| {
+                    let mut status = failed(b, &error, None);
+                    status.schedule(next_poll);
+                    status
+                })
+                .await;
                 failures = 0;
-                // A moved tag may fix it: keep re-resolving when asked to.
                 mode = Mode::Recheck;
             }
         }
-        match interval {
-            Some(interval) => wait = interval,
+        match next_poll {
+            Some(delay) => wait = delay,
             None => return,
         }
     }
 }
 
+/// The wait before retry number `failures`: 5 s doubling up to 5 min, each drawn at random from
+/// its upper half so that Bundles failing together (a registry outage) do not retry in lockstep.
 pub(super) fn backoff(failures: u32) -> Duration {
-    FIRST_RETRY.saturating_mul(1 << failures.saturating_sub(1).min(10)).min(MAX_RETRY)
+    let ceiling = FIRST_RETRY.saturating_mul(1 << failures.saturating_sub(1).min(10)).min(MAX_RETRY);
+    ceiling.mul_f64(fastrand::f64().mul_add(0.5, 0.5))
 }
 
 /// The Bundle's status changed by `change` (given the Bundle's generation).
@@ -108,10 +125,16 @@ fn with(bundle: &Bundle, change: impl FnOnce(&mut BundleStatus, i64)) -> BundleS
     status
 }
 
-/// The current generation failed; whatever was served before stays served.
+/// The current generation failed; whatever was served before stays served. With `retry_in`, the
+/// retry is scheduled (`nextPollTime`) and the message says when.
 fn failed(bundle: &Bundle, error: &UnpackError, retry_in: Option<Duration>) -> BundleStatus {
     let retry = retry_in.map(|d| format!("; retrying in {}s", d.as_secs().max(1))).unwrap_or_default();
-    with(bundle, |s, generation| s.failed(generation, error.reason(), &format!("{error}{retry}")))
+    with(bundle, |s, generation| {
+        s.failed(generation, error.reason(), &format!("{error}{retry}"));
+        if retry_in.is_some() {
+            s.schedule(retry_in);
+        }
+    })
 }
 
 fn unpacking(bundle: &Bundle) -> BundleStatus {
@@ -158,6 +181,8 @@ async fn try_attempt(
     }
     let mut contexts = Vec::with_capacity(specs.len());
     let mut resolved = Vec::with_capacity(specs.len());
+    let mut concrete = Vec::with_capacity(specs.len());
+    let mut available = Vec::new();
     let served: &[ResolvedSource] = bundle.status.as_ref().map_or(&[], |s| &s.resolved_sources);
     for (i, spec) in specs.iter().enumerate() {
         let ctx = SourceContext {
@@ -170,8 +195,27 @@ async fn try_attempt(
             scratch: Scratch { dir: shared.config.scratch_dir.clone(), space: Some(shared.store.clone()) },
         };
         let previous = if mode == Mode::Recheck { served.get(i) } else { None };
-        resolved.push(resolve(spec, &ctx, previous).await?);
+        // A version range first picks its tag; the source then resolves as if the tag were written.
+        let (spec, tag) = match releases::pick(spec, &ctx).await? {
+            Some(picked) => {
+                available.push(AvailableVersions { source: i, versions: picked.available });
+                (picked.source, picked.tag)
+            }
+            None => (spec.clone(), String::new()),
+        };
+        let mut pinned = resolve(&spec, &ctx, previous).await?;
+        if !tag.is_empty() {
+            pinned = pinned.with_tag(&tag);
+        }
+        resolved.push(pinned);
+        concrete.push((spec, tag));
         contexts.push(ctx);
+    }
+    if bundle.status.as_ref().map_or(&[][..], |s| &s.available_versions) != available.as_slice() {
+        let seen = available.clone();
+        write_status(shared, expect, move |b| with(b, |s, _| s.available_versions.clone_from(&seen)))
+            .await
+            .map_err(commit_error)?;
     }
     if mode == Mode::Recheck && resolved.len() == served.len() && resolved == served {
         return Ok(false);
@@ -188,7 +232,7 @@ async fn try_attempt(
         let budget = Arc::new(Budget::default());
         let mut sink = TreeSink::new(&mut writer, limits, budget.clone());
         let mut finals = Vec::with_capacity(specs.len());
-        for ((spec, ctx), pinned) in specs.iter().zip(contexts).zip(&resolved) {
+        for (((spec, tag), ctx), pinned) in concrete.iter().zip(contexts).zip(&resolved) {
             ctx.check_cancelled()?;
             sink.set_destination(&spec.destination);
             // One budget across sources, so the expansion ratio covers the whole unpack.
@@ -196,7 +240,7 @@ async fn try_attempt(
             let before = budget.downloaded();
             let fetched = fetch(spec, &ctx, pinned, &mut sink);
             metrics.fetched(spec, budget.downloaded().saturating_sub(before));
-            finals.push(fetched?);
+            finals.push(if tag.is_empty() { fetched? } else { fetched?.with_tag(tag) });
         }
         let report: FormatReport = sink.finish(declared, true, allow_empty)?;
         let pending = writer.finalize()?;

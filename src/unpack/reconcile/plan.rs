@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use super::job::MAX_RETRY;
+use crate::api::meta::time_until;
 use crate::api::{Bundle, UNFINISHED_REASONS};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -13,11 +15,17 @@ pub enum Plan {
     RecheckUpload,
     /// `spec.paused` and not yet said so in the status.
     MarkPaused,
-    /// Unpack the current generation.
-    Unpack,
-    /// Up to date; re-resolve the floating references after this long.
+    /// Unpack the current generation after this long: at once, or when the retry of a transient
+    /// failure was scheduled (`status.nextPollTime`, kept across restarts).
+    Unpack(Duration),
+    /// Up to date (or failed for good); re-resolve the sources after this long: the rest of the
+    /// interval recorded in `status.nextPollTime`, else a whole `spec.pollInterval`.
     Poll(Duration),
 }
+
+/// `Unpacked` reasons retried after a delay (transient failures), as opposed to work that was
+/// interrupted (`Pending`, `Unpacking`) and starts again at once.
+const RETRIED_REASONS: [&str; 2] = ["PullFailed", "StorageFailed"];
 
 pub fn plan(bundle: &Bundle) -> Plan {
     if bundle.is_deleting() {
@@ -36,11 +44,13 @@ pub fn plan(bundle: &Bundle) -> Plan {
         let marked = bundle.status.as_ref().is_some_and(|s| s.is_marked_paused());
         return if marked { Plan::Nothing } else { Plan::MarkPaused };
     }
+    let scheduled = bundle.status.as_ref().and_then(|s| s.next_poll_time.as_deref()).and_then(time_until);
     match bundle.unpacked_reason() {
-        None => Plan::Unpack,
-        Some(reason) if UNFINISHED_REASONS.contains(&reason) => Plan::Unpack,
+        None => Plan::Unpack(Duration::ZERO),
+        Some(reason) if RETRIED_REASONS.contains(&reason) => Plan::Unpack(scheduled.unwrap_or_default().min(MAX_RETRY)),
+        Some(reason) if UNFINISHED_REASONS.contains(&reason) => Plan::Unpack(Duration::ZERO),
         Some(_) => match bundle.spec.poll_interval() {
-            Some(interval) => Plan::Poll(interval),
+            Some(interval) => Plan::Poll(scheduled.unwrap_or(interval).min(interval)),
             None => Plan::Nothing,
         },
     }
@@ -51,6 +61,7 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::*;
+    use crate::api::meta::timestamp_after;
 
     fn bundle(spec: Value, reason: Option<(&str, u64)>) -> Bundle {
         let mut b = json!({"metadata": {"name": "b", "namespace": "n", "generation": 2}, "spec": spec});
@@ -63,11 +74,15 @@ mod tests {
     #[test]
     fn what_each_bundle_needs() {
         let image = json!({"sources": [{"image": {"ref": "r/x:1"}}]});
-        assert_eq!(plan(&bundle(image.clone(), None)), Plan::Unpack);
-        assert_eq!(plan(&bundle(image.clone(), Some(("Unpacked", 1)))), Plan::Unpack, "older generation");
-        assert_eq!(plan(&bundle(image.clone(), Some(("Unpacking", 2)))), Plan::Unpack, "resumed after a crash");
-        assert_eq!(plan(&bundle(image.clone(), Some(("PullFailed", 2)))), Plan::Unpack, "transient: retried");
+        let now = Plan::Unpack(Duration::ZERO);
+        assert_eq!(plan(&bundle(image.clone(), None)), now);
+        assert_eq!(plan(&bundle(image.clone(), Some(("Unpacked", 1)))), now, "older generation");
+        assert_eq!(plan(&bundle(image.clone(), Some(("Unpacking", 2)))), now, "resumed after a crash");
+        assert_eq!(plan(&bundle(image.clone(), Some(("PullFailed", 2)))), now, "transient: retried");
         assert_eq!(plan(&bundle(image.clone(), Some(("InvalidFormat", 2)))), Plan::Nothing, "permanent");
+        for reason in ["SourceNotFound", "AccessDenied", "NoMatchingVersion"] {
+            assert_eq!(plan(&bundle(image.clone(), Some((reason, 2)))), Plan::Nothing, "{reason}: waits for the spec");
+        }
         assert_eq!(plan(&bundle(image, Some(("Unpacked", 2)))), Plan::Nothing);
         let polled = json!({"sources": [{"image": {"ref": "r/x:1"}}], "pollInterval": "1m"});
         assert_eq!(plan(&bundle(polled, Some(("Unpacked", 2)))), Plan::Poll(Duration::from_secs(60)));
@@ -78,6 +93,25 @@ mod tests {
         assert_eq!(plan(&current), Plan::Nothing);
         current.status.as_mut().unwrap().observed_generation = Some(1);
         assert_eq!(plan(&current), Plan::RecheckUpload, "the spec changed since");
+        let missing = json!({"sources": [{"http": {"url": "https://x/a.tgz"}}], "pollInterval": "1h"});
+        assert_eq!(plan(&bundle(missing.clone(), Some(("SourceNotFound", 2)))), Plan::Poll(Duration::from_secs(3600)));
+        let scheduled = |reason: &str, at: &str| {
+            let mut b = bundle(missing.clone(), Some((reason, 2)));
+            b.status.as_mut().unwrap().next_poll_time = Some(at.into());
+            plan(&b)
+        };
+        let Plan::Poll(left) = scheduled("SourceNotFound", &timestamp_after(Duration::from_secs(600))) else {
+            panic!("a poll")
+        };
+        assert!(
+            left > Duration::from_secs(590) && left <= Duration::from_secs(600),
+            "the rest of the interval: {left:?}"
+        );
+        assert_eq!(scheduled("Unpacked", "2020-01-01T00:00:00Z"), Plan::Poll(Duration::ZERO), "overdue: at once");
+        let Plan::Unpack(left) = scheduled("PullFailed", &timestamp_after(Duration::from_secs(40))) else {
+            panic!("an unpack")
+        };
+        assert!(left > Duration::from_secs(30), "a retry keeps its time across a restart: {left:?}");
         let paused = json!({"sources": [{"git": {"repository": "https://x"}}], "paused": true});
         assert_eq!(plan(&bundle(paused, None)), Plan::MarkPaused);
     }
