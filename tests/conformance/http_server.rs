@@ -128,6 +128,13 @@ http {{
         format!("http://127.0.0.1:{}/{name}", self.port)
     }
 
+    /// How many requests for `/name` nginx has logged so far (any method, any status).
+    pub fn requests_for(&self, name: &str) -> usize {
+        let log = std::fs::read_to_string(self.dir.path().join("logs/access.log")).unwrap_or_default();
+        let target = format!(" /{name} HTTP/");
+        log.lines().filter(|line| line.contains(&target)).count()
+    }
+
     /// Writes `name` atomically (rename), so a concurrent GET sees the old or the new file.
     pub fn put(&self, name: &str, data: &[u8]) {
         let path = self.dir.path().join("www").join(name);

@@ -92,7 +92,7 @@ pub async fn resolve(
 /// The tags of `repository` (names without `refs/tags/`), for a version range to choose from.
 pub async fn tags(repository: &str, ctx: &SourceContext) -> Result<Vec<String>, UnpackError> {
     let url = check_url(repository, &ctx.network)?;
-    let refs = list_refs(&url, "refs/tags/*", ctx).await?;
+    let refs = list_refs(&url, "refs/tags/*:refs/tags/*", ctx).await?;
     Ok(refs.into_iter().filter_map(|(name, _)| name.strip_prefix("refs/tags/").map(str::to_owned)).collect())
 }
 
