@@ -15,13 +15,15 @@
 //! allocation limit (`gitoxide.objects.allocLimit`), so a larger file is refused instead of read,
 //! and that is the memory one git unpack needs per object.
 //!
-//! Credentials: `Basic` is sent as HTTP basic auth; a `Bearer` token is sent as basic auth with
+//! Credentials (the `authSecret`, else the `--source-credentials` entry for the host): `Basic`
+//! is sent as HTTP basic auth; a `Bearer` token is sent as basic auth with
 //! the username `x-access-token` and the token as password — the convention GitHub documents for
 //! app and personal access tokens and that GitLab accepts for personal/project access tokens (any
 //! non-blank username). Nothing is read from the process's git configuration or credential
 //! helpers: repositories are opened isolated.
 //!
-//! Transport: gix's blocking reqwest client (rustls, verified certificates; 20 s connect timeout,
+//! Transport: gix's blocking reqwest client (rustls, verified certificates against the system's
+//! roots and `--source-ca-file`; 20 s connect timeout,
 //! reqwest's 30 s per read/write operation; gix refuses https→http redirects), every response
 //! counted ([`transport`]: refs and negotiation at most 32 MiB, the pack metered). Cancellation
 //! stops `resolve` from waiting at once and `fetch` at the next pack chunk or file.
@@ -78,7 +80,8 @@ pub async fn resolve(
     };
     ctx.check_cancelled()?;
     let (credentials, scratch) = (ctx.credentials.clone(), ctx.scratch.clone());
-    let task = tokio::task::spawn_blocking(move || ls_remote(&url, &wanted, credentials, &scratch));
+    let roots = super::trust::extra_roots(&ctx.network)?;
+    let task = tokio::task::spawn_blocking(move || ls_remote(&url, &wanted, credentials, roots, &scratch));
     // gix's transport is blocking: stop waiting on cancellation and let the thread finish alone.
     let commit = tokio::select! {
         joined = task => joined.map_err(|e| UnpackError::Fetch(format!("listing git refs: {e}")))??,
@@ -197,6 +200,7 @@ fn ls_remote(
     url: &reqwest::Url,
     wanted: &str,
     credentials: Option<Credentials>,
+    roots: Vec<reqwest::Certificate>,
     scratch: &Scratch,
 ) -> Result<String, UnpackError> {
     let shown = redact(url);
@@ -214,7 +218,7 @@ fn ls_remote(
         .with_fetch_tags(gix::remote::fetch::Tags::None)
         .with_refspecs([wanted], Direction::Fetch)
         .map_err(|e| UnpackError::Unsupported(format!("git source {shown}: invalid ref {wanted:?}: {e}")))?;
-    let connection = transport::connect(&remote, listing.clone())
+    let connection = transport::connect(&remote, listing.clone(), roots)
         .map_err(|e| fail("connecting", &e))?
         .with_credentials(authenticate(credentials));
     let (map, _handshake) =
@@ -322,6 +326,7 @@ fn fetch_into(
             UnpackError::Fetch(format!("git source {shown}: {what}: {text}"))
         }
     };
+    let roots = super::trust::extra_roots(&ctx.network)?;
     std::fs::create_dir_all(dir).map_err(|e| UnpackError::Fetch(format!("creating a temporary directory: {e}")))?;
     let repo = init_repo(dir, Some(limits))?;
     {
@@ -331,7 +336,7 @@ fn fetch_into(
             .with_fetch_tags(gix::remote::fetch::Tags::None)
             .with_refspecs(refspecs.iter().map(String::as_str), Direction::Fetch)
             .map_err(|e| fail("invalid refspec", &e))?;
-        let connection = transport::connect(&remote, meter.listing())
+        let connection = transport::connect(&remote, meter.listing(), roots)
             .map_err(|e| fail("connecting", &e))?
             .with_credentials(authenticate(ctx.credentials.clone()));
         let mut prepare = connection
