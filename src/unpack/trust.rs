@@ -58,33 +58,51 @@ pub(crate) fn io_problem(e: &std::io::Error) -> String {
 pub(crate) fn certificate_problem(err: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut cause = Some(err);
     while let Some(e) = cause {
-        // `io::Error::source` skips the error it wraps: look inside explicitly.
-        let inner = e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).map(|i| i as &dyn std::error::Error);
-        for candidate in [Some(e), inner].into_iter().flatten() {
-            if let Some(rustls::Error::InvalidCertificate(problem)) = candidate.downcast_ref::<rustls::Error>() {
-                return Some(plain(problem));
-            }
+        if let Some(rustls::Error::InvalidCertificate(problem)) = e.downcast_ref::<rustls::Error>() {
+            return Some(plain(problem));
         }
-        cause = e.source();
+        // The http clients' connectors box the TLS error in layers whose types are private (and
+        // `io::Error::source` skips the error it wraps), so the error is not always reachable as
+        // a type: its rustls wording, which says which check failed, is the fallback.
+        if let Some((_, rest)) = e.to_string().split_once("invalid peer certificate: ") {
+            return Some(plain_text(rest));
+        }
+        let wrapped = e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref());
+        cause = wrapped.map(|inner| inner as &(dyn std::error::Error + 'static)).or_else(|| e.source());
     }
     None
 }
 
 fn plain(problem: &rustls::CertificateError) -> String {
     use rustls::CertificateError as E;
-    let what = match problem {
-        E::UnknownIssuer => {
+    match problem {
+        E::UnknownIssuer => plain_text("UnknownIssuer"),
+        E::NotValidForName | E::NotValidForNameContext { .. } => plain_text("NotValidForName"),
+        E::Expired | E::ExpiredContext { .. } => plain_text("Expired"),
+        E::NotValidYet | E::NotValidYetContext { .. } => plain_text("NotValidYet"),
+        E::Revoked => plain_text("Revoked"),
+        E::BadSignature => plain_text("BadSignature"),
+        _ => plain_text(""),
+    }
+}
+
+/// From rustls's wording of a certificate error: its variant name, or its message for the
+/// variants that carry context (`certificate expired: …`).
+fn plain_text(rustls_text: &str) -> String {
+    let what = match rustls_text {
+        t if t.starts_with("UnknownIssuer") => {
             return format!(
                 "the server's TLS certificate is not trusted: it is not signed by a known certificate authority \
                  (to trust a private CA, pass its certificate with {FLAG})"
             )
         }
-        E::NotValidForName | E::NotValidForNameContext { .. } => "is not valid for this host name",
-        E::Expired | E::ExpiredContext { .. } => "has expired",
-        E::NotValidYet | E::NotValidYetContext { .. } => "is not valid yet",
-        E::Revoked => "has been revoked",
-        E::BadSignature => "has a bad signature",
-        E::BadEncoding => "is malformed",
+        t if t.starts_with("NotValidForName") || t.starts_with("certificate not valid for name") => {
+            "is not valid for this host name"
+        }
+        t if t.starts_with("Expired") || t.starts_with("certificate expired") => "has expired",
+        t if t.starts_with("NotValidYet") || t.starts_with("certificate not valid yet") => "is not valid yet",
+        t if t.starts_with("Revoked") => "has been revoked",
+        t if t.starts_with("BadSignature") => "has a bad signature",
         _ => "was rejected",
     };
     format!("the server's TLS certificate {what}")
@@ -130,5 +148,8 @@ mod tests {
         let text = certificate_problem(&wrapped).unwrap();
         assert!(text.contains("not trusted") && text.contains(FLAG) && !text.contains("UnknownIssuer"), "{text}");
         assert_eq!(certificate_problem(&std::io::Error::other("refused")), None);
+        let boxed =
+            std::io::Error::other(std::io::Error::other("client error (Connect): invalid peer certificate: Expired"));
+        assert_eq!(certificate_problem(&boxed).as_deref(), Some("the server's TLS certificate has expired"));
     }
 }
