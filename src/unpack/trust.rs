@@ -102,7 +102,9 @@ fn plain_text(rustls_text: &str) -> String {
         t if t.starts_with("Expired") || t.starts_with("certificate expired") => "has expired",
         t if t.starts_with("NotValidYet") || t.starts_with("certificate not valid yet") => "is not valid yet",
         t if t.starts_with("Revoked") => "has been revoked",
-        t if t.starts_with("BadSignature") => "has a bad signature",
+        t if t.starts_with("BadSignature") => {
+            "is not trusted: its signature does not match the trusted certificate authority of that name"
+        }
         _ => "was rejected",
     };
     format!("the server's TLS certificate {what}")

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use serde_json::{json, Value};
 
 use crate::git_server::GitServer;
@@ -28,9 +28,11 @@ struct Pki {
     key_pem: String,
 }
 
-fn new_ca() -> (String, Issuer<'static, KeyPair>) {
+fn new_ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
     let key = KeyPair::generate().unwrap();
     let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    // Distinct names: a CA of the same name but another key is a different refusal (signature).
+    params.distinguished_name.push(DnType::CommonName, name);
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let pem = params.self_signed(&key).unwrap().pem();
     (pem, Issuer::new(params, key))
@@ -38,8 +40,8 @@ fn new_ca() -> (String, Issuer<'static, KeyPair>) {
 
 impl Pki {
     fn new() -> Pki {
-        let (ca_pem, issuer) = new_ca();
-        let (other_ca_pem, _) = new_ca();
+        let (ca_pem, issuer) = new_ca("stowage test CA");
+        let (other_ca_pem, _) = new_ca("unrelated CA");
         let key = KeyPair::generate().unwrap();
         let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap().signed_by(&key, &issuer).unwrap();
         Pki { ca_pem, other_ca_pem, cert_pem: cert.pem(), key_pem: key.serialize_pem() }
