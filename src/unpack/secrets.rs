@@ -139,6 +139,29 @@ mod tests {
         assert!(matches!(basic_or_token(&data(&[("x", "y")]), "ns", "s"), Err(UnpackError::Unsupported(_))));
     }
 
+    #[tokio::test]
+    async fn the_credentials_file_serves_sources_without_an_auth_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("credentials.yaml");
+        std::fs::write(&path, "hosts: {git.example: {token: t0k}}").unwrap();
+        let store =
+            CredentialSource { secrets: SecretStore::None, registry_config: None, source_credentials: Some(path) };
+        let git = |repository: &str, auth_secret: &str| Source {
+            git: Some(crate::api::GitSource {
+                repository: repository.into(),
+                auth_secret: auth_secret.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let found = store.for_source("ns", &git("https://git.example/r.git", "")).await.unwrap();
+        assert!(matches!(found, Some(Credentials::Bearer(ref t)) if t == "t0k"), "{found:?}");
+        assert!(store.for_source("ns", &git("https://other.example/r.git", "")).await.unwrap().is_none());
+        // The source's own Secret wins: here, standalone, that is a refusal, not the file.
+        let named = store.for_source("ns", &git("https://git.example/r.git", "creds")).await.unwrap_err();
+        assert!(named.to_string().contains("Secret ns/creds"), "{named}");
+    }
+
     #[test]
     fn legacy_dockercfg_is_wrapped() {
         let creds = docker_config(&data(&[(".dockercfg", r#"{"r.example":{"auth":"dTpw"}}"#)]), "ns", "s");

@@ -109,7 +109,9 @@ async fn a_private_ca_is_trusted_only_through_source_ca_file_and_a_fixed_file_is
         create(&plain, name, json!({"sources": [source]})).await;
     }
     for (name, _) in &sources {
-        assert_untrusted(name, &message(&plain, name, "PullFailed").await);
+        let text = message(&plain, name, "PullFailed").await;
+        report(&format!("{name} without --source-ca-file: {text}"));
+        assert_untrusted(name, &text);
     }
     drop(plain);
 
@@ -158,8 +160,11 @@ async fn git_and_http_credentials_come_from_source_credentials_and_changes_are_p
         create(&plain, name, json!({"sources": [source]})).await;
     }
     let git_refused = message(&plain, "repo", "PullFailed").await;
+    report(&format!("git without credentials: {git_refused}"));
     assert!(git_refused.contains(&git.url("repo")), "{git_refused}");
+    assert!(git_refused.contains("the server asks for credentials, and this source has none"), "{git_refused}");
     let web_refused = message(&plain, "web", "PullFailed").await;
+    report(&format!("http without credentials: {web_refused}"));
     assert!(web_refused.contains("401"), "{web_refused}");
     drop(plain);
 
@@ -191,7 +196,7 @@ async fn git_and_http_credentials_come_from_source_credentials_and_changes_are_p
             let text = condition(&b, "Unpacked")["message"].as_str().unwrap_or_default().to_owned();
             assert!(!text.contains("wrong-"), "{name}: never the credentials: {text}");
             match text.contains("cannot be read") {
-                false => Ok(()),
+                false => Ok(report(&format!("{name} with wrong credentials: {text}"))),
                 true => Err(text),
             }
         })

@@ -220,7 +220,7 @@ fn ls_remote(
         .map_err(|e| UnpackError::Unsupported(format!("git source {shown}: invalid ref {wanted:?}: {e}")))?;
     let connection = transport::connect(&remote, listing.clone(), roots)
         .map_err(|e| fail("connecting", &e))?
-        .with_credentials(authenticate(credentials));
+        .with_credentials(authenticate(credentials, host_port(url)));
     let (map, _handshake) =
         connection.ref_map(gix::progress::Discard, Default::default()).map_err(|e| fail("listing refs", &e))?;
     for r in &map.remote_refs {
@@ -251,9 +251,11 @@ fn init_repo(dir: &Path, limits: Option<&UnpackLimits>) -> Result<gix::Repositor
     .map_err(|e| UnpackError::Fetch(format!("creating a temporary git repository: {e}")))
 }
 
-/// Answers gix's credential requests from the source's Secret only.
+/// Answers gix's credential requests from the source's Secret (or `--source-credentials`) only;
+/// without any, says so in plain words (gix's own message blames a credential helper).
 fn authenticate(
     credentials: Option<Credentials>,
+    host_port: String,
 ) -> impl FnMut(gix::credentials::helper::Action) -> gix::Result<Option<gix::credentials::protocol::Outcome>> {
     move |action| {
         let gix::credentials::helper::Action::Get(context) = action else {
@@ -263,7 +265,12 @@ fn authenticate(
         let (username, password) = match &credentials {
             Some(Credentials::Basic { username, password }) => (username.clone(), password.clone()),
             Some(Credentials::Bearer(token)) => ("x-access-token".to_owned(), token.clone()),
-            Some(Credentials::DockerConfig(_)) | None => return Ok(None),
+            Some(Credentials::DockerConfig(_)) | None => {
+                return Err(gix::Error::from_error(std::io::Error::other(format!(
+                    "the server asks for credentials, and this source has none (an authSecret, or an entry for \
+                     {host_port} in --source-credentials)"
+                ))))
+            }
         };
         Ok(Some(gix::credentials::protocol::Outcome {
             identity: gix::sec::identity::Account { username, password, oauth_refresh_token: None },
@@ -338,7 +345,7 @@ fn fetch_into(
             .map_err(|e| fail("invalid refspec", &e))?;
         let connection = transport::connect(&remote, meter.listing(), roots)
             .map_err(|e| fail("connecting", &e))?
-            .with_credentials(authenticate(ctx.credentials.clone()));
+            .with_credentials(authenticate(ctx.credentials.clone(), host_port(url)));
         let mut prepare = connection
             .prepare_fetch(gix::progress::Discard, Default::default())
             .map_err(|e| fail("listing refs", &e))?;
