@@ -14,6 +14,15 @@ pub struct UnpackOptions {
     /// `pullSecret`; re-read at every pull.
     #[arg(long, value_name = "FILE")]
     pub registry_config: Option<PathBuf>,
+    /// Per-host credentials for git and http sources without an `authSecret`: YAML or JSON,
+    /// `{"hosts": {"HOST[:PORT]": {"username": …, "password": …} | {"token": …}}}`; re-read at
+    /// every attempt.
+    #[arg(long, value_name = "FILE")]
+    pub source_credentials: Option<PathBuf>,
+    /// A PEM bundle of certificate authorities trusted, besides the system's, by every source
+    /// (registries, git, http); re-read at every attempt.
+    #[arg(long, value_name = "FILE")]
+    pub source_ca_file: Option<PathBuf>,
     /// A registry reached over plain http instead of https (repeatable).
     #[arg(long, value_name = "HOST:PORT")]
     pub insecure_registry: Vec<String>,
@@ -74,10 +83,12 @@ impl UnpackOptions {
             network: Arc::new(NetworkPolicy {
                 insecure_registries: self.insecure_registry.clone(),
                 insecure_hosts: self.insecure_source_host.clone(),
+                source_ca_file: self.source_ca_file.clone(),
             }),
             credentials: CredentialSource {
                 secrets: cluster.map_or(SecretStore::None, SecretStore::Cluster),
                 registry_config: self.registry_config.clone(),
+                source_credentials: self.source_credentials.clone(),
             },
             scratch_dir,
             metrics,

@@ -141,7 +141,11 @@ pub(crate) fn json_problem(e: &serde_json::Error) -> String {
 
 /// An error and its causes on one line, each cause once: the top-level messages of gix and
 /// reqwest alone ("Transport handshake failed", "error sending request") do not say what went wrong.
+/// A rejected server certificate is told in plain words alone ([`super::trust`]).
 pub(crate) fn describe(err: &(dyn std::error::Error + 'static)) -> String {
+    if let Some(plain) = super::trust::certificate_problem(err) {
+        return plain;
+    }
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {

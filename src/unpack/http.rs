@@ -7,7 +7,8 @@
 //! * [`fetch`] streams one `GET` through the download counter and a sha256 hasher into
 //!   [`tar_ingest::ingest`] (compression sniffed from magic bytes), then checks the digest.
 //!
-//! Credentials: `Basic` → HTTP basic auth, `Bearer` → `Authorization: Bearer`. Redirects are
+//! Credentials (the `authSecret`, else the `--source-credentials` entry for the host): `Basic` →
+//! HTTP basic auth, `Bearer` → `Authorization: Bearer`. Redirects are
 //! followed (at most 10) only to URLs the network policy allows; reqwest drops the
 //! `Authorization` header when a redirect leaves the host.
 
@@ -165,9 +166,11 @@ fn parse_sha256(value: &str) -> Result<String, UnpackError> {
     Ok(hex.to_ascii_lowercase())
 }
 
-/// A client that verifies TLS (rustls, the process's crypto provider), never downgrades to
-/// plain http on redirect unless the policy allows that host, and gives up on stalled servers.
+/// A client that verifies TLS (rustls, the process's crypto provider; the system's roots and
+/// `--source-ca-file`), never downgrades to plain http on redirect unless the policy allows that
+/// host, and gives up on stalled servers.
 fn client(network: &NetworkPolicy) -> Result<reqwest::Client, UnpackError> {
+    let roots = super::trust::extra_roots(network)?;
     let policy = network.clone();
     let redirects = reqwest::redirect::Policy::custom(move |attempt| {
         if attempt.previous().len() >= 10 {
@@ -183,6 +186,7 @@ fn client(network: &NetworkPolicy) -> Result<reqwest::Client, UnpackError> {
         .connect_timeout(Duration::from_secs(30))
         .read_timeout(Duration::from_secs(120))
         .user_agent(concat!("stowage/", env!("CARGO_PKG_VERSION")))
+        .tls_certs_merge(roots)
         .build()
         .map_err(|e| UnpackError::Fetch(format!("building the http client: {e}")))
 }
@@ -198,13 +202,7 @@ fn authorize(request: reqwest::RequestBuilder, credentials: Option<&Credentials>
 /// Network failures name the URL (without user information) but never the credentials.
 fn request_failed(url: &reqwest::Url, err: reqwest::Error) -> UnpackError {
     let err = err.without_url();
-    let mut message = format!("http source {}: {err}", redact(url));
-    let mut source = std::error::Error::source(&err);
-    while let Some(cause) = source {
-        message.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    UnpackError::Fetch(message)
+    UnpackError::Fetch(format!("http source {}: {}", redact(url), super::error::describe(&err)))
 }
 
 /// A 404 or a refused credential waits for a spec change or the next poll; other failures are

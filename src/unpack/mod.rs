@@ -4,7 +4,8 @@
 //! hands each accepted entry to an [`EntrySink`] (in practice a storage revision writer). The
 //! sources — OCI images ([`oci`]), git ([`git`]) and http ([`http`]) — resolve a Bundle's floating
 //! references (a tag range through [`crate::api::versions`]) and stream their content into the same kind of sink; [`source`] holds what they
-//! share and [`error`] how they fail. Every source writes through a [`sink::TreeSink`] (limits,
+//! share, [`error`] how they fail, and [`trust`] and [`source_credentials`] the extra CAs and
+//! per-host credentials an operator gives every source. Every source writes through a [`sink::TreeSink`] (limits,
 //! destinations, the [`format`] inspector) into a storage revision that [`revisions`] attaches to
 //! a BundleContent; [`reconcile`] is the loop that drives Bundles, writing [`status`].
 
@@ -20,7 +21,9 @@ pub mod revisions;
 pub mod secrets;
 pub mod sink;
 pub mod source;
+pub mod source_credentials;
 pub mod tar_ingest;
+pub mod trust;
 
 use std::io::Read;
 

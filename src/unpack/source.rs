@@ -24,7 +24,8 @@ use crate::storage::{Store, WriteKind};
 /// The sink every source writes into: errors are [`UnpackError`]s.
 pub type Sink<'a> = dyn EntrySink<Error = UnpackError> + 'a;
 
-/// Credentials for one source, taken from its Secret (or `--registry-config`).
+/// Credentials for one source, taken from its Secret (or `--registry-config`, or
+/// `--source-credentials`).
 #[derive(Clone)]
 pub enum Credentials {
     /// `username`/`password` keys of a basic-auth (or Opaque) Secret.
@@ -47,13 +48,17 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
-/// Which hosts may be reached without TLS; everything else is https with verified certificates.
+/// Which hosts may be reached without TLS, and which certificate authorities are trusted besides
+/// the system's; everything else is https with verified certificates.
 #[derive(Clone, Debug, Default)]
 pub struct NetworkPolicy {
     /// `HOST:PORT` of registries reached over plain http (`--insecure-registry`).
     pub insecure_registries: Vec<String>,
     /// `HOST:PORT` of git and http sources reached over plain http (`--insecure-source-host`).
     pub insecure_hosts: Vec<String>,
+    /// A PEM bundle of extra CAs for every source (`--source-ca-file`), read at each client
+    /// build ([`super::trust::extra_roots`]).
+    pub source_ca_file: Option<PathBuf>,
 }
 
 impl NetworkPolicy {
@@ -133,7 +138,8 @@ pub struct SourceContext {
     /// and return [`UnpackError::Cancelled`].
     pub cancel: CancellationToken,
     pub network: Arc<NetworkPolicy>,
-    /// From the source's Secret; for images without a pullSecret, the `--registry-config` file.
+    /// From the source's Secret; without one, the `--registry-config` file (images) or the
+    /// `--source-credentials` entry for the host (git and http).
     pub credentials: Option<Credentials>,
     pub limits: UnpackLimits,
     pub budget: Arc<Budget>,

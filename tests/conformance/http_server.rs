@@ -2,6 +2,8 @@
 //! as the current user with its own config, pid, logs and temp paths in a temp dir, serving a
 //! directory on 127.0.0.1 with its own `ETag`/`Last-Modified` (and 304s on conditional requests),
 //! optionally behind basic auth (an htpasswd made with `openssl passwd -apr1`) or a bearer token.
+//! [`HttpServer::start_tls`] serves https with a given certificate instead, optionally as a
+//! reverse proxy in front of another local server (the git server, which speaks plain http).
 //!
 //! ```ignore
 //! let server = HttpServer::start(HttpAuth::None);      // or Basic{..} / Bearer(..)
@@ -24,6 +26,7 @@ pub(crate) enum HttpAuth {
 pub(crate) struct HttpServer {
     dir: tempfile::TempDir,
     port: u16,
+    tls: bool,
     child: Child,
 }
 
@@ -38,6 +41,16 @@ fn nginx_binary() -> PathBuf {
 
 impl HttpServer {
     pub fn start(auth: HttpAuth) -> HttpServer {
+        HttpServer::launch(auth, None, None)
+    }
+
+    /// Serves https with this PEM certificate (chain) and key; with `proxy_to` (`HOST:PORT`),
+    /// forwards every request there over plain http instead of serving files.
+    pub fn start_tls(cert_pem: &str, key_pem: &str, proxy_to: Option<&str>) -> HttpServer {
+        HttpServer::launch(HttpAuth::None, Some((cert_pem, key_pem)), proxy_to)
+    }
+
+    fn launch(auth: HttpAuth, tls: Option<(&str, &str)>, proxy_to: Option<&str>) -> HttpServer {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("www");
         for sub in ["www", "tmp", "logs"] {
@@ -62,6 +75,18 @@ impl HttpServer {
                 format!("if ($http_authorization != \"Bearer {token}\") {{ return 401; }}")
             }
         };
+        let ssl = match tls {
+            None => String::new(),
+            Some((cert, key)) => {
+                std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
+                std::fs::write(dir.path().join("tls.key"), key).unwrap();
+                format!("ssl; ssl_certificate {d}/tls.crt; ssl_certificate_key {d}/tls.key")
+            }
+        };
+        let proxy = match proxy_to {
+            None => String::new(),
+            Some(to) => format!("proxy_pass http://{to}; proxy_http_version 1.1; proxy_buffering off;"),
+        };
         // nginx started by root would drop its workers to `nobody`, who cannot read a 0700 temp
         // dir: keep them as root then.
         let user = if unsafe { libc::geteuid() } == 0 { "user root;" } else { "" };
@@ -81,9 +106,9 @@ http {{
     scgi_temp_path {d}/tmp/scgi;
     default_type application/octet-stream;
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port} {ssl};
         root {root};
-        location / {{ {access} }}
+        location / {{ {access} {proxy} }}
     }}
 }}
 ",
@@ -100,7 +125,7 @@ http {{
             .stderr(Stdio::piped())
             .spawn()
             .expect("starting nginx (Debian package nginx); a missing nginx fails the test");
-        let mut server = HttpServer { dir, port, child };
+        let mut server = HttpServer { dir, port, tls: tls.is_some(), child };
         server.wait_ready();
         server
     }
@@ -125,7 +150,7 @@ http {{
     }
 
     pub fn url(&self, name: &str) -> String {
-        format!("http://127.0.0.1:{}/{name}", self.port)
+        format!("{}://127.0.0.1:{}/{name}", if self.tls { "https" } else { "http" }, self.port)
     }
 
     /// How many requests for `/name` nginx has logged so far (any method, any status).

@@ -62,6 +62,7 @@ mod slow_clients;
 mod source_git;
 mod source_http;
 mod source_image;
+mod source_trust;
 mod source_versions;
 mod unpack;
 mod unpack_image;

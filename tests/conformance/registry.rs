@@ -1,5 +1,5 @@
 //! A real OCI registry for tests: Debian's `docker-registry` (CNCF distribution) on 127.0.0.1,
-//! optionally behind htpasswd basic auth, with helpers that push images, indexes and Helm charts
+//! optionally behind htpasswd basic auth or serving https with a given certificate, with helpers that push images, indexes and Helm charts
 //! through the distribution API (plain reqwest: the fixtures never go through the code under
 //! test). The registry is killed when the [`Registry`] is dropped.
 //!
@@ -64,6 +64,8 @@ pub(crate) struct Registry {
     dir: tempfile::TempDir,
     port: u16,
     auth: Option<(String, String)>,
+    /// Serving https (`http.tls` in its config) rather than plain http.
+    tls: bool,
     http: reqwest::Client,
 }
 
@@ -79,15 +81,21 @@ const REGISTRY_BIN: &str = "/usr/bin/docker-registry";
 impl Registry {
     /// An anonymous registry.
     pub async fn start() -> Registry {
-        Registry::launch(None).await
+        Registry::launch(None, None).await
+    }
+
+    /// An anonymous registry serving https with this PEM certificate (chain) and key. The
+    /// fixture's own client does not check the certificate: trust is what the tests exercise.
+    pub async fn start_tls(cert_pem: &str, key_pem: &str) -> Registry {
+        Registry::launch(None, Some((cert_pem.to_owned(), key_pem.to_owned()))).await
     }
 
     /// A registry that answers only to `user`/`pass` (HTTP basic auth, htpasswd).
     pub async fn start_with_auth(user: &str, pass: &str) -> Registry {
-        Registry::launch(Some((user.to_owned(), pass.to_owned()))).await
+        Registry::launch(Some((user.to_owned(), pass.to_owned())), None).await
     }
 
-    async fn launch(auth: Option<(String, String)>) -> Registry {
+    async fn launch(auth: Option<(String, String)>, tls: Option<(String, String)>) -> Registry {
         assert!(
             Path::new(REGISTRY_BIN).exists(),
             "{REGISTRY_BIN} missing: install the Debian package docker-registry (scripts/test.sh does)"
@@ -98,7 +106,7 @@ impl Registry {
         for _ in 0..5 {
             let port =
                 std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-            let config = write_config(dir.path(), port, auth.as_ref());
+            let config = write_config(dir.path(), port, auth.as_ref(), tls.as_ref());
             let log = dir.path().join(format!("registry-{port}.log"));
             let log_file = std::fs::File::create(&log).expect("log file");
             let mut child = Command::new(REGISTRY_BIN)
@@ -109,9 +117,14 @@ impl Registry {
                 .stderr(log_file)
                 .spawn()
                 .unwrap_or_else(|e| panic!("start {REGISTRY_BIN}: {e}"));
-            let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("http client");
-            if wait_ready(&mut child, &http, port).await {
-                return Registry { child, dir, port, auth, http };
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .tls_danger_accept_invalid_certs(tls.is_some())
+                .build()
+                .expect("http client");
+            let base = format!("{}://127.0.0.1:{port}", if tls.is_some() { "https" } else { "http" });
+            if wait_ready(&mut child, &http, &base).await {
+                return Registry { child, dir, port, auth, tls: tls.is_some(), http };
             }
             last_log = std::fs::read_to_string(&log).unwrap_or_default();
             let _ = child.kill();
@@ -142,7 +155,7 @@ impl Registry {
     }
 
     fn base(&self) -> String {
-        format!("http://{}", self.host())
+        format!("{}://{}", if self.tls { "https" } else { "http" }, self.host())
     }
 
     fn req(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
@@ -321,13 +334,13 @@ impl Registry {
     }
 }
 
-async fn wait_ready(child: &mut Child, http: &reqwest::Client, port: u16) -> bool {
+async fn wait_ready(child: &mut Child, http: &reqwest::Client, base: &str) -> bool {
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
         if let Ok(Some(_)) = child.try_wait() {
             return false;
         }
-        if let Ok(resp) = http.get(format!("http://127.0.0.1:{port}/v2/")).send().await {
+        if let Ok(resp) = http.get(format!("{base}/v2/")).send().await {
             let s = resp.status().as_u16();
             if s == 200 || s == 401 {
                 return true;
@@ -338,7 +351,7 @@ async fn wait_ready(child: &mut Child, http: &reqwest::Client, port: u16) -> boo
     false
 }
 
-fn write_config(dir: &Path, port: u16, auth: Option<&(String, String)>) -> PathBuf {
+fn write_config(dir: &Path, port: u16, auth: Option<&(String, String)>, tls: Option<&(String, String)>) -> PathBuf {
     let storage = dir.join("storage");
     std::fs::create_dir_all(&storage).expect("storage dir");
     let mut yaml = format!(
@@ -346,6 +359,12 @@ fn write_config(dir: &Path, port: u16, auth: Option<&(String, String)>) -> PathB
          http:\n  addr: 127.0.0.1:{port}\n  secret: stowage-test-secret\n",
         storage.display()
     );
+    if let Some((cert, key)) = tls {
+        let (cert_path, key_path) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&cert_path, cert).expect("registry certificate");
+        std::fs::write(&key_path, key).expect("registry key");
+        yaml.push_str(&format!("  tls:\n    certificate: {}\n    key: {}\n", cert_path.display(), key_path.display()));
+    }
     if let Some((user, pass)) = auth {
         let hash = bcrypt::hash(pass, 4).expect("bcrypt");
         let htpasswd = dir.join("htpasswd");

@@ -55,7 +55,11 @@ pub(crate) fn context(insecure: &[String], credentials: Option<Credentials>) -> 
     SourceContext {
         runtime: tokio::runtime::Handle::current(),
         cancel: CancellationToken::new(),
-        network: Arc::new(NetworkPolicy { insecure_registries: vec![], insecure_hosts: insecure.to_vec() }),
+        network: Arc::new(NetworkPolicy {
+            insecure_registries: vec![],
+            insecure_hosts: insecure.to_vec(),
+            ..Default::default()
+        }),
         credentials,
         limits: UnpackLimits::default(),
         budget: Arc::new(Budget::default()),

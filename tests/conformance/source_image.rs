@@ -52,7 +52,11 @@ fn context(reg_host: &str, credentials: Option<Credentials>, limits: UnpackLimit
     SourceContext {
         runtime: tokio::runtime::Handle::current(),
         cancel: CancellationToken::new(),
-        network: Arc::new(NetworkPolicy { insecure_registries: vec![reg_host.to_owned()], insecure_hosts: vec![] }),
+        network: Arc::new(NetworkPolicy {
+            insecure_registries: vec![reg_host.to_owned()],
+            insecure_hosts: vec![],
+            ..Default::default()
+        }),
         credentials,
         limits,
         budget: Arc::new(Budget::default()),

@@ -15,13 +15,15 @@
 //! allocation limit (`gitoxide.objects.allocLimit`), so a larger file is refused instead of read,
 //! and that is the memory one git unpack needs per object.
 //!
-//! Credentials: `Basic` is sent as HTTP basic auth; a `Bearer` token is sent as basic auth with
+//! Credentials (the `authSecret`, else the `--source-credentials` entry for the host): `Basic`
+//! is sent as HTTP basic auth; a `Bearer` token is sent as basic auth with
 //! the username `x-access-token` and the token as password — the convention GitHub documents for
 //! app and personal access tokens and that GitLab accepts for personal/project access tokens (any
 //! non-blank username). Nothing is read from the process's git configuration or credential
 //! helpers: repositories are opened isolated.
 //!
-//! Transport: gix's blocking reqwest client (rustls, verified certificates; 20 s connect timeout,
+//! Transport: gix's blocking reqwest client (rustls, verified certificates against the system's
+//! roots and `--source-ca-file`; 20 s connect timeout,
 //! reqwest's 30 s per read/write operation; gix refuses https→http redirects), every response
 //! counted ([`transport`]: refs and negotiation at most 32 MiB, the pack metered). Cancellation
 //! stops `resolve` from waiting at once and `fetch` at the next pack chunk or file.
@@ -105,7 +107,8 @@ async fn list_refs(
     ctx.check_cancelled()?;
     let (url, pattern) = (url.clone(), pattern.to_owned());
     let (credentials, scratch) = (ctx.credentials.clone(), ctx.scratch.clone());
-    let task = tokio::task::spawn_blocking(move || ls_remote(&url, &pattern, credentials, &scratch));
+    let roots = super::trust::extra_roots(&ctx.network)?;
+    let task = tokio::task::spawn_blocking(move || ls_remote(&url, &pattern, credentials, roots, &scratch));
     // gix's transport is blocking: stop waiting on cancellation and let the thread finish alone.
     tokio::select! {
         joined = task => joined.map_err(|e| UnpackError::Fetch(format!("listing git refs: {e}")))?,
@@ -223,6 +226,7 @@ fn ls_remote(
     url: &reqwest::Url,
     pattern: &str,
     credentials: Option<Credentials>,
+    roots: Vec<reqwest::Certificate>,
     scratch: &Scratch,
 ) -> Result<Vec<(String, String)>, UnpackError> {
     let shown = redact(url);
@@ -240,9 +244,9 @@ fn ls_remote(
         .with_fetch_tags(gix::remote::fetch::Tags::None)
         .with_refspecs([pattern], Direction::Fetch)
         .map_err(|e| UnpackError::Unsupported(format!("git source {shown}: invalid ref {pattern:?}: {e}")))?;
-    let connection = transport::connect(&remote, listing.clone())
+    let connection = transport::connect(&remote, listing.clone(), roots)
         .map_err(|e| fail("connecting", &e))?
-        .with_credentials(authenticate(credentials));
+        .with_credentials(authenticate(credentials, host_port(url)));
     let (map, _handshake) =
         connection.ref_map(gix::progress::Discard, Default::default()).map_err(|e| fail("listing refs", &e))?;
     let mut refs = Vec::new();
@@ -289,9 +293,11 @@ fn init_repo(dir: &Path, limits: Option<&UnpackLimits>) -> Result<gix::Repositor
     .map_err(|e| UnpackError::Fetch(format!("creating a temporary git repository: {e}")))
 }
 
-/// Answers gix's credential requests from the source's Secret only.
+/// Answers gix's credential requests from the source's Secret (or `--source-credentials`) only;
+/// without any, says so in plain words (gix's own message blames a credential helper).
 fn authenticate(
     credentials: Option<Credentials>,
+    host_port: String,
 ) -> impl FnMut(gix::credentials::helper::Action) -> gix::Result<Option<gix::credentials::protocol::Outcome>> {
     move |action| {
         let gix::credentials::helper::Action::Get(context) = action else {
@@ -301,7 +307,12 @@ fn authenticate(
         let (username, password) = match &credentials {
             Some(Credentials::Basic { username, password }) => (username.clone(), password.clone()),
             Some(Credentials::Bearer(token)) => ("x-access-token".to_owned(), token.clone()),
-            Some(Credentials::DockerConfig(_)) | None => return Ok(None),
+            Some(Credentials::DockerConfig(_)) | None => {
+                return Err(gix::Error::from_error(std::io::Error::other(format!(
+                    "the server asks for credentials, and this source has none (an authSecret, or an entry for \
+                     {host_port} in --source-credentials)"
+                ))))
+            }
         };
         Ok(Some(gix::credentials::protocol::Outcome {
             identity: gix::sec::identity::Account { username, password, oauth_refresh_token: None },
@@ -364,6 +375,7 @@ fn fetch_into(
             UnpackError::Fetch(format!("git source {shown}: {what}: {text}"))
         }
     };
+    let roots = super::trust::extra_roots(&ctx.network)?;
     std::fs::create_dir_all(dir).map_err(|e| UnpackError::Fetch(format!("creating a temporary directory: {e}")))?;
     let repo = init_repo(dir, Some(limits))?;
     {
@@ -373,9 +385,9 @@ fn fetch_into(
             .with_fetch_tags(gix::remote::fetch::Tags::None)
             .with_refspecs(refspecs.iter().map(String::as_str), Direction::Fetch)
             .map_err(|e| fail("invalid refspec", &e))?;
-        let connection = transport::connect(&remote, meter.listing())
+        let connection = transport::connect(&remote, meter.listing(), roots)
             .map_err(|e| fail("connecting", &e))?
-            .with_credentials(authenticate(ctx.credentials.clone()));
+            .with_credentials(authenticate(ctx.credentials.clone(), host_port(url)));
         let mut prepare = connection
             .prepare_fetch(gix::progress::Discard, Default::default())
             .map_err(|e| fail("listing refs", &e))?;

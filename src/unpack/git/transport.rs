@@ -4,15 +4,18 @@
 //! answers, which gix keeps in memory as they arrive: a server streaming an endless list of refs
 //! would grow it without end. So a response may carry at most [`MAX_LISTING_BYTES`] until pack
 //! bytes flow; the pack itself is metered by [`super::meter::Meter`] (`--max-git-fetch-bytes`).
+//!
+//! The extra CAs of `--source-ca-file` reach gix's reqwest client through its backend options
+//! (`configure_client`), set on the options gix hands the transport before connecting.
 
 use std::any::Any;
 use std::io::{self, BufRead, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use gix::remote::Direction;
-use gix_transport::client::blocking_io::http::reqwest::Remote;
-use gix_transport::client::blocking_io::http::{GetResponse, Http, PostBodyDataKind, PostResponse, Transport};
+use gix_transport::client::blocking_io::http::reqwest::{Options as ReqwestOptions, Remote};
+use gix_transport::client::blocking_io::http::{GetResponse, Http, Options, PostBodyDataKind, PostResponse, Transport};
 
 /// Bytes one response may carry before the pack: refs and negotiation. Protocol v2 lists only
 /// the refs asked for; a v0 server advertising a hundred thousand refs sends some 7 MiB.
@@ -27,19 +30,22 @@ pub(super) struct Listing {
     pub too_large: AtomicBool,
 }
 
-/// The http transport for `remote`, its responses counted against `listing`.
+/// The http transport for `remote`, its responses counted against `listing`, trusting `roots`
+/// besides the system's certificate authorities.
 pub(super) fn connect<'a, 'repo>(
     remote: &'a gix::Remote<'repo>,
     listing: Arc<Listing>,
+    roots: Vec<reqwest::Certificate>,
 ) -> gix::Result<gix::remote::Connection<'a, 'static, 'repo, Transport<Counting>>> {
     let (url, version) = remote.sanitized_url_and_version(Direction::Fetch)?;
-    let http = Counting { inner: Remote::default(), listing };
+    let http = Counting { inner: Remote::default(), listing, roots };
     Ok(remote.to_connection_with_transport(Transport::new_http(http, url, version, false)))
 }
 
 pub(super) struct Counting {
     inner: Remote,
     listing: Arc<Listing>,
+    roots: Vec<reqwest::Certificate>,
 }
 
 impl Counting {
@@ -75,7 +81,20 @@ impl Http for Counting {
     }
 
     fn configure(&mut self, config: &dyn Any) -> gix::Result {
-        self.inner.configure(config)
+        let Some(options) = config.downcast_ref::<Options>() else {
+            return self.inner.configure(config);
+        };
+        if self.roots.is_empty() {
+            return self.inner.configure(options);
+        }
+        let roots = self.roots.clone();
+        let backend = ReqwestOptions {
+            configure_client: Some(Box::new(move |builder| Ok(builder.tls_certs_merge(roots.clone())))),
+            configure_request: None,
+        };
+        let mut options = options.clone();
+        options.backend = Some(Arc::new(Mutex::new(backend)));
+        self.inner.configure(&options)
     }
 
     fn redirected_base_url(&self) -> Option<String> {

@@ -354,9 +354,11 @@ fn failed(what: &str, err: &reqwest::Error) -> UnpackError {
     UnpackError::Fetch(format!("{what}: {}", crate::unpack::error::describe(err)))
 }
 
-/// Verified TLS; a redirect only to https or to a registry allowed plain http. reqwest drops the
-/// `Authorization` header when a redirect leaves the host (blobs are often served by a CDN).
+/// Verified TLS (the system's roots and `--source-ca-file`); a redirect only to https or to a
+/// registry allowed plain http. reqwest drops the `Authorization` header when a redirect leaves
+/// the host (blobs are often served by a CDN).
 fn http_client(network: &NetworkPolicy) -> Result<reqwest::Client, UnpackError> {
+    let roots = crate::unpack::trust::extra_roots(network)?;
     let insecure = network.insecure_registries.clone();
     let redirects = reqwest::redirect::Policy::custom(move |attempt| {
         let url = attempt.url();
@@ -373,6 +375,7 @@ fn http_client(network: &NetworkPolicy) -> Result<reqwest::Client, UnpackError> 
         .connect_timeout(Duration::from_secs(15))
         .read_timeout(Duration::from_secs(60))
         .user_agent(concat!("stowage/", env!("CARGO_PKG_VERSION")))
+        .tls_certs_merge(roots)
         .build()
         .map_err(|e| UnpackError::Fetch(format!("building the registry client: {e}")))
 }
