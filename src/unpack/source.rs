@@ -25,8 +25,8 @@ use crate::storage::{Store, WriteKind};
 pub type Sink<'a> = dyn EntrySink<Error = UnpackError> + 'a;
 
 /// Credentials for one source, taken from its Secret (or `--registry-config`, or
-/// `--source-credentials`).
-#[derive(Clone)]
+/// `--source-credentials`). Compared to tell whether refused credentials were replaced.
+#[derive(Clone, PartialEq, Eq)]
 pub enum Credentials {
     /// `username`/`password` keys of a basic-auth (or Opaque) Secret.
     Basic { username: String, password: String },

@@ -142,7 +142,7 @@ async fn git_annotated_tag_is_peeled_and_an_older_commit_fetched() {
     assert_trees_equal(&old, &tree, "tag v1");
 
     let missing = git::resolve(&spec(&server.url("r"), "", "v9", ""), &ctx, None).await.unwrap_err();
-    assert!(matches!(missing, UnpackError::Fetch(ref m) if m.contains("v9")), "{missing:?}");
+    assert!(matches!(missing, UnpackError::NotFound(ref m) if m.contains("v9")), "{missing:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,7 +208,7 @@ async fn git_auth_is_required_and_used() {
 
     let wrong = Credentials::Basic { username: "alice".into(), password: "wrong-pw".into() };
     let err = git::resolve(&s, &context(&[server.host_port()], Some(wrong)), None).await.unwrap_err();
-    assert!(matches!(err, UnpackError::Fetch(_)), "{err:?}");
+    assert!(matches!(err, UnpackError::Denied(_)) && !err.is_transient(), "{err:?}");
     assert!(!err.to_string().contains("wrong-pw"), "never the credentials: {err}");
 
     let right = Credentials::Basic { username: "alice".into(), password: "s3cret-pw".into() };

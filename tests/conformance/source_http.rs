@@ -108,7 +108,7 @@ async fn http_basic_auth() {
 
     let err = http::resolve(&s, &context(&[server.host_port()], None), None).await.unwrap_err();
     assert!(
-        matches!(err, UnpackError::Fetch(ref m) if m.contains("401") && m.contains(&server.url("a.tar"))),
+        matches!(err, UnpackError::Denied(ref m) if m.contains("401") && m.contains(&server.url("a.tar"))),
         "{err:?}"
     );
     let wrong = Credentials::Basic { username: "bob".into(), password: "nope-pw".into() };
@@ -137,7 +137,7 @@ async fn http_bearer_auth() {
     server.put("a.tar", &body);
     let s = spec(&server.url("a.tar"), "");
     let err = http::resolve(&s, &context(&[server.host_port()], None), None).await.unwrap_err();
-    assert!(matches!(err, UnpackError::Fetch(_)), "{err:?}");
+    assert!(matches!(err, UnpackError::Denied(_)), "{err:?}");
     let ctx = context(&[server.host_port()], Some(Credentials::Bearer("tok-123".into())));
     let resolved = http::resolve(&s, &ctx, None).await.unwrap();
     let (pinned, _) = fetch(&s, &ctx, &resolved).await.unwrap();

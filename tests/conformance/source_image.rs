@@ -245,7 +245,7 @@ async fn pull_secrets_authenticate() {
 
     for creds in [None, Some(Credentials::DockerConfig(reg.docker_config("robot", "wrong")))] {
         let err = pull(&s, &context(&reg.host(), creds, UnpackLimits::default())).await.expect_err("unauthorized");
-        assert!(matches!(err, UnpackError::Fetch(_)) && err.is_transient(), "{err:?}");
+        assert!(matches!(err, UnpackError::Denied(_)) && !err.is_transient(), "{err:?}");
         assert!(err.to_string().contains("private/app"), "names the image: {err}");
     }
     // A digest-pinned fetch needs the credentials too.
@@ -380,7 +380,7 @@ async fn moved_tags_resolve_anew_and_digests_need_no_registry() {
 
     let err = resolve(&spec(&reg.reference("app", "missing"), ""), &ctx, None).await.expect_err("missing tag");
     assert!(
-        matches!(err, UnpackError::Fetch(ref m) if m.contains("app:missing")),
+        matches!(err, UnpackError::NotFound(ref m) if m.contains("app:missing")),
         "a missing tag may appear later: {err:?}"
     );
 

@@ -163,7 +163,7 @@ async fn git_and_http_credentials_come_from_source_credentials_and_changes_are_p
     report(&format!("git without credentials: {git_refused}"));
     assert!(git_refused.contains(&git.url("repo")), "{git_refused}");
     assert!(git_refused.contains("the server asks for credentials, and this source has none"), "{git_refused}");
-    let web_refused = message(&plain, "web", "PullFailed").await;
+    let web_refused = message(&plain, "web", "AccessDenied").await;
     report(&format!("http without credentials: {web_refused}"));
     assert!(web_refused.contains("401"), "{web_refused}");
     drop(plain);

@@ -12,12 +12,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::plan::Plan;
 use super::Shared;
-use crate::api::{AvailableVersions, Bundle, BundleStatus, UNFINISHED_REASONS};
+use crate::api::{AvailableVersions, Bundle, BundleStatus};
 use crate::unpack::error::UnpackError;
 use crate::unpack::format::FormatReport;
 use crate::unpack::revisions::{self, CommitError, Expect};
 use crate::unpack::sink::TreeSink;
-use crate::unpack::source::{Budget, ResolvedSource, Scratch, Source, SourceContext};
+use crate::unpack::source::{Budget, Credentials, ResolvedSource, Scratch, Source, SourceContext};
 use crate::unpack::{git, http, oci, releases};
 
 const FIRST_RETRY: Duration = Duration::from_secs(5);
@@ -92,8 +92,10 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
             }
             Outcome::Failed(error) => {
                 // Not found, refused, invalid: the same request would get the same answer. It
-                // waits for a spec change or the next poll, which may see a moved tag.
+                // waits for a spec change or the next poll, which may see a moved tag; refused
+                // credentials also for new ones.
                 tracing::info!(bundle = %expect.name, namespace = %expect.namespace, error = %error, "unpack failed");
+                let denied = matches!(error, UnpackError::Denied(_));
                 let _ = write_status(shared, &expect, move |b| {
                     let mut status = failed(b, &error, None);
                     status.schedule(next_poll);
@@ -102,6 +104,16 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
                 .await;
                 failures = 0;
                 mode = Mode::Recheck;
+                if denied {
+                    let Some(changed) = await_new_credentials(shared, &bundle, next_poll, &cancel).await else {
+                        return;
+                    };
+                    if changed {
+                        mode = Mode::Unpack;
+                    }
+                    wait = Duration::ZERO;
+                    continue;
+                }
             }
         }
         match next_poll {
@@ -109,6 +121,45 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
             None => return,
         }
     }
+}
+
+/// How often the credentials of a Bundle whose credentials were refused are read again.
+const CREDENTIAL_CHECK: Duration = Duration::from_secs(5);
+
+/// After refused credentials: waits, asking nothing of the source, until the credentials it
+/// would present change (`Some(true)`: a Secret or `--source-credentials` was fixed) or `until`
+/// passes (`Some(false)`: the poll is due). `None` once cancelled.
+async fn await_new_credentials(
+    shared: &Arc<Shared>,
+    bundle: &Bundle,
+    until: Option<Duration>,
+    cancel: &CancellationToken,
+) -> Option<bool> {
+    let refused = credentials_of(shared, bundle).await;
+    let started = std::time::Instant::now();
+    loop {
+        let left = until.map(|u| u.saturating_sub(started.elapsed()));
+        if left.is_some_and(|l| l.is_zero()) {
+            return Some(false);
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return None,
+            _ = tokio::time::sleep(left.map_or(CREDENTIAL_CHECK, |l| l.min(CREDENTIAL_CHECK))) => {}
+        }
+        if credentials_of(shared, bundle).await != refused {
+            return Some(true);
+        }
+    }
+}
+
+/// The credentials each source would present now (`None` where there are none or they cannot
+/// be read).
+async fn credentials_of(shared: &Arc<Shared>, bundle: &Bundle) -> Vec<Option<Credentials>> {
+    let mut all = Vec::with_capacity(bundle.spec.sources.len());
+    for source in &bundle.spec.sources {
+        all.push(shared.config.credentials.for_source(bundle.namespace(), source).await.ok().flatten());
+    }
+    all
 }
 
 /// The wait before retry number `failures`: 5 s doubling up to 5 min, each drawn at random from
@@ -169,11 +220,9 @@ async fn try_attempt(
     cancel: &CancellationToken,
 ) -> Result<bool, UnpackError> {
     let bundle = current(shared, expect)?;
-    if mode == Mode::Unpack {
-        // Another job may have finished this generation since the plan was made.
-        if bundle.unpacked_reason().is_some_and(|r| !UNFINISHED_REASONS.contains(&r)) {
-            return Ok(false);
-        }
+    // Another job may have finished this generation since the plan was made.
+    if mode == Mode::Unpack && bundle.is_unpacked() {
+        return Ok(false);
     }
     let specs = bundle.spec.sources.clone();
     if mode == Mode::Unpack {

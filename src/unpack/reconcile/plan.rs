@@ -26,6 +26,9 @@ pub enum Plan {
 /// `Unpacked` reasons retried after a delay (transient failures), as opposed to work that was
 /// interrupted (`Pending`, `Unpacking`) and starts again at once.
 const RETRIED_REASONS: [&str; 2] = ["PullFailed", "StorageFailed"];
+/// Refused credentials are tried once more after a restart: they may have been replaced while
+/// the server was down (a running job watches them instead).
+const DENIED: &str = "AccessDenied";
 
 pub fn plan(bundle: &Bundle) -> Plan {
     if bundle.is_deleting() {
@@ -48,7 +51,7 @@ pub fn plan(bundle: &Bundle) -> Plan {
     match bundle.unpacked_reason() {
         None => Plan::Unpack(Duration::ZERO),
         Some(reason) if RETRIED_REASONS.contains(&reason) => Plan::Unpack(scheduled.unwrap_or_default().min(MAX_RETRY)),
-        Some(reason) if UNFINISHED_REASONS.contains(&reason) => Plan::Unpack(Duration::ZERO),
+        Some(reason) if UNFINISHED_REASONS.contains(&reason) || reason == DENIED => Plan::Unpack(Duration::ZERO),
         Some(_) => match bundle.spec.poll_interval() {
             Some(interval) => Plan::Poll(scheduled.unwrap_or(interval).min(interval)),
             None => Plan::Nothing,
@@ -80,7 +83,8 @@ mod tests {
         assert_eq!(plan(&bundle(image.clone(), Some(("Unpacking", 2)))), now, "resumed after a crash");
         assert_eq!(plan(&bundle(image.clone(), Some(("PullFailed", 2)))), now, "transient: retried");
         assert_eq!(plan(&bundle(image.clone(), Some(("InvalidFormat", 2)))), Plan::Nothing, "permanent");
-        for reason in ["SourceNotFound", "AccessDenied", "NoMatchingVersion"] {
+        assert_eq!(plan(&bundle(image.clone(), Some(("AccessDenied", 2)))), now, "credentials may be new since");
+        for reason in ["SourceNotFound", "NoMatchingVersion"] {
             assert_eq!(plan(&bundle(image.clone(), Some((reason, 2)))), Plan::Nothing, "{reason}: waits for the spec");
         }
         assert_eq!(plan(&bundle(image, Some(("Unpacked", 2)))), Plan::Nothing);
