@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::unpack::download_spool::Downloads;
 use crate::unpack::metrics::UnpackMetrics;
 use crate::unpack::reconcile::ReconcilerConfig;
 use crate::unpack::secrets::{CredentialSource, SecretStore};
@@ -80,6 +81,7 @@ impl UnpackOptions {
                 registry_config: self.registry_config.clone(),
             },
             scratch_dir,
+            downloads: Downloads::new(data_dir.join("tmp").join("downloads")),
             metrics,
         }
     }

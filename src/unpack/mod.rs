@@ -4,10 +4,12 @@
 //! hands each accepted entry to an [`EntrySink`] (in practice a storage revision writer). The
 //! sources — OCI images ([`oci`]), git ([`git`]) and http ([`http`]) — resolve a Bundle's floating
 //! references and stream their content into the same kind of sink; [`source`] holds what they
-//! share and [`error`] how they fail. Every source writes through a [`sink::TreeSink`] (limits,
+//! share and [`error`] how they fail; [`download_spool`] keeps what they downloaded so an
+//! interrupted unpack resumes where it stopped. Every source writes through a [`sink::TreeSink`] (limits,
 //! destinations, the [`format`] inspector) into a storage revision that [`revisions`] attaches to
 //! a BundleContent; [`reconcile`] is the loop that drives Bundles, writing [`status`].
 
+pub mod download_spool;
 pub mod error;
 pub mod format;
 pub mod git;

@@ -85,6 +85,7 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
             Outcome::Failed(error) => {
                 tracing::info!(bundle = %expect.name, namespace = %expect.namespace, error = %error, "unpack failed");
                 let _ = write_status(shared, &expect, move |b| failed(b, &error, None)).await;
+                shared.config.downloads.for_bundle(&expect.uid).remove();
                 failures = 0;
                 // A moved tag may fix it: keep re-resolving when asked to.
                 mode = Mode::Recheck;
@@ -168,6 +169,7 @@ async fn try_attempt(
             limits: shared.config.limits,
             budget: Arc::new(Budget::default()),
             scratch: Scratch { dir: shared.config.scratch_dir.clone(), space: Some(shared.store.clone()) },
+            downloads: Some(shared.config.downloads.for_bundle(&expect.uid)),
         };
         let previous = if mode == Mode::Recheck { served.get(i) } else { None };
         resolved.push(resolve(spec, &ctx, previous).await?);
@@ -183,6 +185,7 @@ async fn try_attempt(
     let allow_empty = bundle.spec.allows_empty();
     let (store, limits, expect_owned) = (shared.store.clone(), shared.config.limits, expect.clone());
     let metrics = shared.config.metrics.clone();
+    let spool = shared.config.downloads.for_bundle(&expect.uid);
     tokio::task::spawn_blocking(move || -> Result<bool, UnpackError> {
         let mut writer = store.begin_revision()?;
         let budget = Arc::new(Budget::default());
@@ -201,6 +204,7 @@ async fn try_attempt(
         let report: FormatReport = sink.finish(declared, true, allow_empty)?;
         let pending = writer.finalize()?;
         revisions::commit(&store, &expect_owned, pending, &report, &finals).map_err(commit_error)?;
+        spool.remove();
         Ok(true)
     })
     .await
