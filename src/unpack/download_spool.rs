@@ -299,3 +299,7 @@ fn remove(path: &Path) {
 fn spool_error(path: &Path, e: &io::Error) -> UnpackError {
     UnpackError::Fetch(format!("the download spool {}: {e}", path.display()))
 }
+
+#[cfg(test)]
+#[path = "download_spool_tests.rs"]
+mod tests;
