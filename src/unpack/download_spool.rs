@@ -140,8 +140,6 @@ impl Download {
             .append(true)
             .open(&self.partial)
             .map_err(|e| spool_error(&self.partial, &e))?;
-        // Whatever follows the bytes counted (a crash mid-write) is cut, so the file stays a prefix.
-        out.set_len(self.on_disk).map_err(|e| spool_error(&self.partial, &e))?;
         Ok(SpoolReader::new(
             disk,
             Some(BufWriter::with_capacity(WRITE_BUFFER, out)),
