@@ -345,3 +345,40 @@ impl<R: Read> Read for HashingReader<R> {
         Ok(n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pinned(etag: &str, last_modified: &str) -> ResolvedSource {
+        let (etag, last_modified) = (etag.to_owned(), last_modified.to_owned());
+        ResolvedSource::Http { url: "https://x/f.tar".into(), sha256: String::new(), etag, last_modified }
+    }
+
+    #[test]
+    fn only_a_known_version_is_resumed_and_a_whole_answer_must_be_that_version() {
+        let date = "Wed, 21 Oct 2026 07:28:00 GMT";
+        let strong = Version::of(&pinned("\"abc\"", date), None);
+        assert_eq!(strong.if_range(), Some("\"abc\""));
+        assert!(strong.same(&("\"abc\"".into(), String::new())));
+        assert!(!strong.same(&("\"def\"".into(), date.into())), "another ETag is another file");
+
+        let weak = Version::of(&pinned("W/\"abc\"", date), None);
+        assert_eq!(weak.if_range(), Some(date), "a weak ETag may not be used with If-Range");
+        assert!(weak.same(&(String::new(), date.into())) && !weak.same(&(String::new(), "later".into())));
+
+        let unknown = Version::of(&pinned("W/\"abc\"", ""), None);
+        assert_eq!((unknown.if_range(), unknown.key("https://x/f.tar")), (None, None), "nothing to resume against");
+        let sha = "ab".repeat(32);
+        let pinned_sha = Version::of(&pinned("", ""), Some(&sha));
+        assert!(pinned_sha.key("https://x/f.tar").is_some() && pinned_sha.same(&Default::default()));
+
+        let key = |v: &Version, url: &str| v.key(url).unwrap();
+        assert_ne!(key(&strong, "https://x/f.tar"), key(&strong, "https://x/g.tar"));
+        assert_ne!(
+            key(&strong, "https://x/f.tar"),
+            key(&Version::of(&pinned("\"new\"", date), None), "https://x/f.tar")
+        );
+        assert!(key(&strong, "https://x/f.tar").starts_with("http-"));
+    }
+}

@@ -116,6 +116,61 @@ async fn a_restart_mid_image_downloads_again_only_the_rest_of_the_unfinished_lay
     .await;
 }
 
+/// A spooled layer damaged on disk while the server was down is caught by its digest, dropped,
+/// and downloaded whole by the next attempt: the content served is still exactly the image's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_damaged_spool_is_dropped_and_downloaded_again() {
+    let registry = Registry::start().await;
+    let (mut layers, mut expected) = (Vec::new(), BTreeMap::new());
+    for i in 0..2u64 {
+        let (tar, files) = plain_bundle_tar(&format!("small-{i}"), &random_bytes(8000 + i, 64 << 20));
+        expected.extend(files);
+        layers.push(Layer::tar(tar));
+    }
+    registry.push_image("resume/small", "v1", &layers, "linux/amd64").await;
+    let front = Nginx::start(&format!(
+        "location / {{ proxy_pass http://{}; proxy_max_temp_file_size 0; proxy_http_version 1.1; limit_rate 16m; }}",
+        registry.host()
+    ));
+    let mut server = Server::start_temp(&["--insecure-registry", &front.host()]);
+    let reference = format!("{}/resume/small:v1", front.host());
+    create(&server, "small", json!({"sources": [{"image": {"ref": reference}}]})).await;
+    let spool = spool_dir(&server, "small").await;
+    let (complete, partial) = eventually(WAIT, "one layer spooled and the next begun", || async {
+        match spooled(&spool) {
+            (complete, Some((partial, len))) if complete.len() == 1 && len >= 8 << 20 => Ok((complete, partial)),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    server.kill9();
+    let damaged = spool.join(complete[0].replace(':', "-"));
+    let mut bytes = std::fs::read(&damaged).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x20;
+    std::fs::write(&damaged, bytes).unwrap();
+    let before = eventually(Duration::from_secs(20), "the interrupted GET logged", || async {
+        let log = front.requests();
+        if log.iter().any(|r| r.is_get_of(&partial)) {
+            Ok(log.len())
+        } else {
+            Err(format!("{log:?}"))
+        }
+    })
+    .await;
+
+    server.restart();
+    wait_unpacked(&server, "small").await;
+    assert_served(&server, "small", &expected).await;
+    let after: Vec<Request> = front.requests().into_iter().skip(before).collect();
+    let again: Vec<&Request> = after.iter().filter(|r| r.is_get_of(&complete[0])).collect();
+    assert!(again.len() == 1 && again[0].range.is_empty(), "the damaged layer, downloaded whole: {again:?}");
+    assert!(
+        server.log().contains("which is dropped: the next attempt downloads it again"),
+        "the failed attempt says why"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_mid_http_download_continues_with_range() {
     http_resume(false).await;
