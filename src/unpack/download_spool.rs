@@ -4,11 +4,12 @@
 //! `DATA_DIR/tmp/downloads/<bundle uid>/<key>` holds one download each: an image layer (the key
 //! is its digest) or an http file (a hash of its URL and validator). While the bytes stream from
 //! the network into an unpack they are also appended to `<key>.partial`; the source renames it
-//! `<key>` once the whole download matched its digest. The next attempt reads a complete one from
+//! `<key>` once the whole download passed its checks. The next attempt reads a complete one from
 //! disk, and a partial one from disk first, then asks the server only for the rest (`Range`).
-//! Nothing read from the spool is trusted: it flows through the same digest check as network
-//! bytes, and a download that fails it is dropped ([`Download::discard`]) and fetched whole next
-//! time. A partial file is only ever a prefix of what the server sent, so a crash at any point
+//! Bytes read from the spool go through the same checks as network bytes (a layer's digest; an
+//! http file's sha256 when one is pinned, else `If-Range` has the server vouch that the rest is of
+//! the same file), and a resumed download that fails any check is dropped
+//! ([`Download::settle`]) and fetched whole next time. A partial file is only ever a prefix of what the server sent, so a crash at any point
 //! leaves something that resumes (at worst a few buffered bytes short).
 //!
 //! A Bundle's spool is removed once its content is committed, when its unpack fails for good,
