@@ -211,9 +211,14 @@ async fn http_resume(ignore_range: bool) {
         }
     })
     .await;
+    // What no unfinished unpack will resume is swept at start.
+    let stale = spool.with_file_name("0a1b2c3d-stale");
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(stale.join("http-0123.partial"), b"left behind").unwrap();
 
     server.restart();
     wait_unpacked(&server, "file").await;
+    assert!(!stale.exists(), "a stale spool survived the restart");
     let after: Vec<Request> = web.requests().into_iter().skip(before).filter(|r| r.method == "GET").collect();
     assert_eq!(after.len(), 1, "{after:?}");
     let offset = after[0].range_start().unwrap_or_else(|| panic!("not a Range request: {:?}", after[0]));
@@ -232,6 +237,31 @@ async fn http_resume(ignore_range: bool) {
         sent >> 20
     ));
     assert_served(&server, "file", &expected).await;
+    assert!(!spool.exists(), "the spool outlived the commit");
+    if ignore_range {
+        return;
+    }
+
+    // A Bundle deleted mid-download takes its spool with it.
+    create(&server, "gone", json!({"sources": [{"http": {"url": url}}]})).await;
+    let spool = spool_dir(&server, "gone").await;
+    eventually(WAIT, "the download begun", || async {
+        match spooled(&spool).1 {
+            Some((_, len)) if len > 0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let resp = server.delete(&bundle(NS, "gone")).await;
+    assert!(resp.status().is_success(), "{}", resp.status());
+    eventually(Duration::from_secs(30), "the deleted Bundle's spool removed", || async {
+        if spool.exists() {
+            Err(format!("{:?}", spooled(&spool)))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
 }
 
 fn front_gets(web: &Nginx) -> Vec<Request> {
