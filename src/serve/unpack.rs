@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::unpack::download_spool::Downloads;
 use crate::unpack::metrics::UnpackMetrics;
 use crate::unpack::reconcile::ReconcilerConfig;
 use crate::unpack::secrets::{CredentialSource, SecretStore};
@@ -91,6 +92,7 @@ impl UnpackOptions {
                 source_credentials: self.source_credentials.clone(),
             },
             scratch_dir,
+            downloads: Downloads::new(data_dir.join("tmp").join("downloads")),
             metrics,
         }
     }

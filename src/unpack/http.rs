@@ -6,21 +6,29 @@
 //!   caller fetches and compares content digests.
 //! * [`fetch`] streams one `GET` through the download counter and a sha256 hasher into
 //!   [`tar_ingest::ingest`] (compression sniffed from magic bytes), then checks the digest.
+//!   With a download spool ([`SourceContext::downloads`]) and a known version of the file (its
+//!   sha256, a strong `ETag` or a `Last-Modified` date), the bytes are also kept on disk as they
+//!   stream; a later attempt reads them from disk and asks only for the rest (`Range` with
+//!   `If-Range`). A server that answers with the whole file instead has the bytes on disk skipped
+//!   when it is the same version, and the download starts over when the file changed; the sha256
+//!   is always of the whole file.
 //!
 //! Credentials (the `authSecret`, else the `--source-credentials` entry for the host): `Basic` →
 //! HTTP basic auth, `Bearer` → `Authorization: Bearer`. Redirects are
 //! followed (at most 10) only to URLs the network policy allows; reqwest drops the
 //! `Authorization` header when a redirect leaves the host.
 
+use std::cell::RefCell;
 use std::io::Read;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use reqwest::header::{HeaderMap, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED};
+use reqwest::header::{HeaderMap, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, LAST_MODIFIED, RANGE};
 use reqwest::StatusCode;
 use sha2::{Digest, Sha256};
 use tokio_util::io::{StreamReader, SyncIoBridge};
 
+use super::download_spool::{content_range_start, Rest};
 use super::error::UnpackError;
 use super::git::{check_scheme, redact};
 use super::source::{Credentials, HttpSource, NetworkPolicy, ResolvedSource, Sink, SourceContext};
@@ -120,34 +128,137 @@ pub fn fetch(
     }
     ctx.check_cancelled()?;
     let client = client(&ctx.network)?;
-    let request = authorize(client.get(url.clone()), ctx.credentials.as_ref());
-    let response = ctx.runtime.block_on(async {
-        tokio::select! {
-            r = request.send() => r.map_err(|e| request_failed(&url, e)),
-            _ = ctx.cancel.cancelled() => Err(UnpackError::Cancelled),
+    let version = Version::of(pinned, expected.first());
+    let download = match (&ctx.downloads, version.key(&spec.url)) {
+        (Some(spool), Some(key)) => Some(spool.open(&key, None, &ctx.scratch)?),
+        _ => None,
+    };
+    // The validators of the response the bytes came from; the pinned ones when all were on disk.
+    let seen = RefCell::new(None);
+    let open = |offset: u64| -> Result<Rest<'_>, UnpackError> {
+        let mut request = authorize(client.get(url.clone()), ctx.credentials.as_ref());
+        if offset > 0 {
+            request = request.header(RANGE, format!("bytes={offset}-"));
+            if let Some(if_range) = version.if_range() {
+                request = request.header(IF_RANGE, if_range);
+            }
         }
-    })?;
-    check_status(&url, response.status())?;
-    let (etag, last_modified) = validators(response.headers());
+        let response = ctx.runtime.block_on(async {
+            tokio::select! {
+                r = request.send() => r.map_err(|e| request_failed(&url, e)),
+                _ = ctx.cancel.cancelled() => Err(UnpackError::Cancelled),
+            }
+        })?;
+        let status = response.status();
+        if offset > 0 && status == StatusCode::RANGE_NOT_SATISFIABLE {
+            // Everything was on disk already (cut off before it was marked complete).
+            return Ok(Rest::From(Box::new(std::io::empty())));
+        }
+        check_status(&url, status)?;
+        let got = validators(response.headers());
+        let partial = status == StatusCode::PARTIAL_CONTENT;
+        if partial && content_range_start(response.headers()) != Some(offset) {
+            return Err(UnpackError::Fetch(format!(
+                "{shown}: the server sent another part of the file than asked for"
+            )));
+        }
+        if offset > 0 && !partial && !version.same(&got) {
+            if let Some(download) = &download {
+                download.discard();
+            }
+            return Err(UnpackError::Fetch(format!(
+                "{shown}: the file changed on the server since an earlier attempt began downloading it; \
+                 the next attempt downloads it again"
+            )));
+        }
+        seen.replace(Some(got));
+        let stream = response.bytes_stream().map_err(|e| std::io::Error::other(e.without_url()));
+        let body = Box::new(SyncIoBridge::new_with_handle(StreamReader::new(stream), ctx.runtime.clone()));
+        Ok(if partial { Rest::From(body) } else { Rest::Whole(body) })
+    };
+    let result = match &download {
+        Some(download) => download.reader(Box::new(open)).and_then(|raw| ingest(raw, ctx, &shown, &expected, sink)),
+        None => open(0).and_then(|rest| match rest {
+            Rest::From(raw) | Rest::Whole(raw) => ingest(raw, ctx, &shown, &expected, sink),
+        }),
+    };
+    let sha256 = match &download {
+        Some(download) => download.settle(result)?,
+        None => result?,
+    };
+    let (etag, last_modified) = seen.take().unwrap_or((version.etag, version.last_modified));
+    Ok(ResolvedSource::Http { url: spec.url.clone(), tag: String::new(), sha256, etag, last_modified })
+}
 
-    let stream = response.bytes_stream().map_err(|e| std::io::Error::other(e.without_url()));
-    let body = SyncIoBridge::new_with_handle(StreamReader::new(stream), ctx.runtime.clone());
-    let mut hashing = HashingReader { inner: ctx.download_reader(body), hasher: Sha256::new() };
+/// Streams the file's bytes into `sink` and returns their sha256, checked against `expected`.
+fn ingest(
+    raw: impl Read,
+    ctx: &SourceContext,
+    shown: &str,
+    expected: &[String],
+    sink: &mut Sink<'_>,
+) -> Result<String, UnpackError> {
+    let mut hashing = HashingReader { inner: ctx.download_reader(raw), hasher: Sha256::new() };
     tar_ingest::ingest(&mut hashing, Encoding::Identity, &ctx.limits.ingest(), sink)
-        .map_err(|e| UnpackError::from_ingest(&shown, e))?;
+        .map_err(|e| UnpackError::from_ingest(shown, e))?;
     // The digest covers the whole file: read whatever follows the archive (bounded, as a body
     // that never ends must not keep us here).
     let allowance = ctx.limits.max_total_bytes.max(1 << 20);
     let rest = std::io::copy(&mut (&mut hashing).take(allowance), &mut std::io::sink())
-        .map_err(|e| UnpackError::from_io(&shown, e))?;
+        .map_err(|e| UnpackError::from_io(shown, e))?;
     if rest == allowance {
         return Err(UnpackError::TooLarge(format!("{shown}: too much data after the end of the archive")));
     }
     let actual = hex::encode(hashing.hasher.finalize());
-    if let Some(want) = expected.into_iter().find(|want| *want != actual) {
-        return Err(UnpackError::DigestMismatch { what: shown, expected: want, actual });
+    if let Some(want) = expected.iter().find(|want| **want != actual) {
+        return Err(UnpackError::DigestMismatch { what: shown.to_owned(), expected: want.clone(), actual });
     }
-    Ok(ResolvedSource::Http { url: spec.url.clone(), tag: String::new(), sha256: actual, etag, last_modified })
+    Ok(actual)
+}
+
+/// Which version of the file a download is of, as far as it can be told before fetching it: its
+/// sha256 when known, else a strong `ETag` or a `Last-Modified` date (from the pinned identity).
+/// A download is spooled (and resumed) only when one of them is known.
+struct Version {
+    sha256: Option<String>,
+    etag: String,
+    last_modified: String,
+}
+
+impl Version {
+    fn of(pinned: &ResolvedSource, sha256: Option<&String>) -> Version {
+        let (etag, last_modified) = match pinned {
+            ResolvedSource::Http { etag, last_modified, .. } => (etag.clone(), last_modified.clone()),
+            _ => Default::default(),
+        };
+        Version { sha256: sha256.cloned(), etag, last_modified }
+    }
+
+    /// A strong `ETag`, else the date: what `If-Range` may carry (a weak `ETag` may not).
+    fn if_range(&self) -> Option<&str> {
+        if !self.etag.is_empty() && !self.etag.starts_with("W/") {
+            Some(&self.etag)
+        } else {
+            Some(self.last_modified.as_str()).filter(|d| !d.is_empty())
+        }
+    }
+
+    /// The spool key of the download of `url` at this version, if it can be resumed.
+    fn key(&self, url: &str) -> Option<String> {
+        let version = self.sha256.as_deref().or(self.if_range())?;
+        Some(format!("http-{}", hex::encode(Sha256::digest(format!("{url}\n{version}")))))
+    }
+
+    /// Whether a whole answer (`200`) to a resumed request is of the same version, so that the
+    /// bytes on disk are its beginning: its validator is the one `If-Range` carried, or (no
+    /// validator) the sha256 checked at the end covers the whole.
+    fn same(&self, (etag, last_modified): &(String, String)) -> bool {
+        match self.if_range() {
+            Some(v) if v == self.etag => *etag == self.etag,
+            Some(v) => *last_modified == v,
+            None => true,
+        }
+    }
 }
 
 fn check_url(raw: &str, network: &NetworkPolicy) -> Result<reqwest::Url, UnpackError> {
@@ -232,5 +343,48 @@ impl<R: Read> Read for HashingReader<R> {
         let n = self.inner.read(buf)?;
         self.hasher.update(buf.get(..n).unwrap_or_default());
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pinned(etag: &str, last_modified: &str) -> ResolvedSource {
+        let (etag, last_modified) = (etag.to_owned(), last_modified.to_owned());
+        ResolvedSource::Http {
+            url: "https://x/f.tar".into(),
+            tag: String::new(),
+            sha256: String::new(),
+            etag,
+            last_modified,
+        }
+    }
+
+    #[test]
+    fn only_a_known_version_is_resumed_and_a_whole_answer_must_be_that_version() {
+        let date = "Wed, 21 Oct 2026 07:28:00 GMT";
+        let strong = Version::of(&pinned("\"abc\"", date), None);
+        assert_eq!(strong.if_range(), Some("\"abc\""));
+        assert!(strong.same(&("\"abc\"".into(), String::new())));
+        assert!(!strong.same(&("\"def\"".into(), date.into())), "another ETag is another file");
+
+        let weak = Version::of(&pinned("W/\"abc\"", date), None);
+        assert_eq!(weak.if_range(), Some(date), "a weak ETag may not be used with If-Range");
+        assert!(weak.same(&(String::new(), date.into())) && !weak.same(&(String::new(), "later".into())));
+
+        let unknown = Version::of(&pinned("W/\"abc\"", ""), None);
+        assert_eq!((unknown.if_range(), unknown.key("https://x/f.tar")), (None, None), "nothing to resume against");
+        let sha = "ab".repeat(32);
+        let pinned_sha = Version::of(&pinned("", ""), Some(&sha));
+        assert!(pinned_sha.key("https://x/f.tar").is_some() && pinned_sha.same(&Default::default()));
+
+        let key = |v: &Version, url: &str| v.key(url).unwrap();
+        assert_ne!(key(&strong, "https://x/f.tar"), key(&strong, "https://x/g.tar"));
+        assert_ne!(
+            key(&strong, "https://x/f.tar"),
+            key(&Version::of(&pinned("\"new\"", date), None), "https://x/f.tar")
+        );
+        assert!(key(&strong, "https://x/f.tar").starts_with("http-"));
     }
 }

@@ -3,12 +3,15 @@
 //! [`tar_ingest`] reads a tar (optionally gzip or zstd), rejects anything unsafe or malformed, and
 //! hands each accepted entry to an [`EntrySink`] (in practice a storage revision writer). The
 //! sources — OCI images ([`oci`]), git ([`git`]) and http ([`http`]) — resolve a Bundle's floating
-//! references (a tag range through [`crate::api::versions`]) and stream their content into the same kind of sink; [`source`] holds what they
-//! share, [`error`] how they fail, and [`trust`] and [`source_credentials`] the extra CAs and
-//! per-host credentials an operator gives every source. Every source writes through a [`sink::TreeSink`] (limits,
+//! references (a tag range through [`crate::api::versions`]) and stream their content into the
+//! same kind of sink; [`source`] holds what they share, [`error`] how they fail, [`trust`] and
+//! [`source_credentials`] the extra CAs and per-host credentials an operator gives every source,
+//! and [`download_spool`] what they downloaded, so an interrupted unpack resumes where it stopped.
+//! Every source writes through a [`sink::TreeSink`] (limits,
 //! destinations, the [`format`] inspector) into a storage revision that [`revisions`] attaches to
 //! a BundleContent; [`reconcile`] is the loop that drives Bundles, writing [`status`].
 
+pub mod download_spool;
 pub mod error;
 pub mod format;
 pub mod git;

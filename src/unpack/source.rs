@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::api::{GitRef, GitSource, HttpSource, ImageSource, ResolvedSource, Source};
 
+use super::download_spool::Spool;
 use super::error::UnpackError;
 use super::tar_ingest::IngestLimits;
 use super::EntrySink;
@@ -145,6 +146,9 @@ pub struct SourceContext {
     pub budget: Arc<Budget>,
     /// Where temporary files go (git packs).
     pub scratch: Scratch,
+    /// Where image layers and http files are spooled as they download, so that a later attempt
+    /// resumes them ([`super::download_spool`]); `None`: not spooled.
+    pub downloads: Option<Spool>,
 }
 
 /// Where a source keeps temporary files (the packs of a git fetch): normally `DATA_DIR/tmp/git`,

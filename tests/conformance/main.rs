@@ -58,6 +58,7 @@ mod plugin;
 mod provisioner;
 mod range;
 mod readme;
+mod resume;
 mod slow_clients;
 mod source_git;
 mod source_http;

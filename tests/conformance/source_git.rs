@@ -64,6 +64,7 @@ pub(crate) fn context(insecure: &[String], credentials: Option<Credentials>) -> 
         limits: UnpackLimits::default(),
         budget: Arc::new(Budget::default()),
         scratch: Default::default(),
+        downloads: None,
     }
 }
 

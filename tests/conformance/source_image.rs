@@ -61,6 +61,7 @@ fn context(reg_host: &str, credentials: Option<Credentials>, limits: UnpackLimit
         limits,
         budget: Arc::new(Budget::default()),
         scratch: Default::default(),
+        downloads: None,
     }
 }
 

@@ -6,6 +6,12 @@
 //! tar reader, topmost first, through [`layers::LayerSink`] which applies OCI whiteouts. Every
 //! byte is checked against its descriptor's sha256 and size as it flows; nothing is buffered
 //! whole except manifests and tokens, which are read with a bound ([`registry`]).
+//!
+//! With a download spool ([`SourceContext::downloads`]) every layer's compressed bytes are also
+//! kept on disk as they stream: a later attempt reads the layers already downloaded from disk
+//! (the same digest check) and asks the registry only for the rest of the one that was cut off
+//! (`Range: bytes=N-`; a registry that answers with the whole blob has its first N bytes skipped).
+//! Bytes from disk that fail the checks are dropped and the next attempt downloads the layer whole.
 
 mod blob;
 mod client;
@@ -14,11 +20,14 @@ pub mod layers;
 mod manifest;
 mod registry;
 
+use std::io::Read;
+
 use oci_client::Reference;
 
 use self::client::{auth_for, block_on, parse_reference, until_cancelled};
 use self::manifest::{check_digest, layer_encoding, select_platform, Descriptor, Manifest};
 use self::registry::Registry;
+use super::download_spool;
 use super::error::UnpackError;
 use super::source::{ImageSource, ResolvedSource, Sink, SourceContext};
 use super::tar_ingest;
@@ -150,7 +159,8 @@ impl Puller<'_> {
         Manifest::parse(&bytes, &what)
     }
 
-    /// Streams one layer into `sink`, then checks its size and digest.
+    /// Streams one layer into `sink`, then checks its size and digest. With a download spool the
+    /// layer is read from it as far as an earlier attempt got, and kept there once verified.
     fn layer(
         &self,
         layer: &Descriptor,
@@ -160,13 +170,40 @@ impl Puller<'_> {
         let what = format!("{} layer {}", self.name, layer.digest);
         // Only the digest: a descriptor's `urls` must never send us to other hosts.
         let digest: &str = &layer.digest;
-        let stream = block_on(self.ctx, self.registry.blob(digest, &what))?;
-        let raw = self.ctx.download_reader(blob::StreamReader::new(self.ctx, stream));
-        let mut verified = blob::VerifyingReader::new(raw, what.clone(), layer.digest.clone(), layer.size);
+        let Some(spool) = &self.ctx.downloads else {
+            let (_, stream) = block_on(self.ctx, self.registry.blob(digest, 0, &what))?;
+            return self.ingest(blob::StreamReader::new(self.ctx, stream), layer, encoding, sink, &what);
+        };
+        let download = spool.open(&digest.replace(':', "-"), Some(layer.size), &self.ctx.scratch)?;
+        let result =
+            download.reader(self.rest(digest, &what)).and_then(|raw| self.ingest(raw, layer, encoding, sink, &what));
+        download.settle(result)
+    }
+
+    /// The network rest of a layer's blob from an offset (`0`: the whole blob).
+    fn rest<'s>(&'s self, digest: &'s str, what: &'s str) -> download_spool::OpenRest<'s> {
+        Box::new(move |offset| {
+            let (start, stream) = block_on(self.ctx, self.registry.blob(digest, offset, what))?;
+            let body = Box::new(blob::StreamReader::new(self.ctx, stream));
+            Ok(if start == offset { download_spool::Rest::From(body) } else { download_spool::Rest::Whole(body) })
+        })
+    }
+
+    /// Ingests the raw bytes of one layer, checking its size and digest as they flow.
+    fn ingest(
+        &self,
+        raw: impl Read,
+        layer: &Descriptor,
+        encoding: tar_ingest::Encoding,
+        sink: &mut layers::LayerSink<'_, '_>,
+        what: &str,
+    ) -> Result<(), UnpackError> {
+        let raw = self.ctx.download_reader(raw);
+        let mut verified = blob::VerifyingReader::new(raw, what.to_owned(), layer.digest.clone(), layer.size);
         let limits = self.ctx.limits.ingest();
         let err = match tar_ingest::ingest(&mut verified, encoding, &limits, sink) {
             Ok(_) => return verified.finish(),
-            Err(e) => UnpackError::from_ingest(&what, e),
+            Err(e) => UnpackError::from_ingest(what, e),
         };
         if matches!(err, UnpackError::DigestMismatch { .. } | UnpackError::Cancelled) {
             return Err(err);

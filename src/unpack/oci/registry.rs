@@ -1,6 +1,7 @@
 //! The registry's HTTP API (OCI distribution spec) as unpacking needs it, with every response
 //! read under a bound: the token (the realm is chosen by the registry), manifests (resolving a
-//! tag and fetching by digest), error bodies, and blobs, which are streamed.
+//! tag and fetching by digest), error bodies, and blobs, which are streamed (from an offset,
+//! with `Range`, to resume one).
 //!
 //! `oci-client` reads token responses, manifests and error bodies whole whatever their size
 //! (oras-project/rust-oci-client#206), so a hostile or broken registry streaming an endless one
@@ -19,11 +20,12 @@ use futures_util::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt};
 use oci_client::secrets::RegistryAuth;
 use oci_client::Reference;
-use reqwest::header::{HeaderMap, ACCEPT, CONTENT_LENGTH, WWW_AUTHENTICATE};
+use reqwest::header::{HeaderMap, ACCEPT, CONTENT_LENGTH, RANGE, WWW_AUTHENTICATE};
 use reqwest::{RequestBuilder, Response, StatusCode};
 use sha2::{Digest, Sha256};
 
 use super::manifest::ACCEPTED_MANIFESTS;
+use crate::unpack::download_spool::content_range_start;
 use crate::unpack::error::UnpackError;
 use crate::unpack::source::NetworkPolicy;
 
@@ -151,15 +153,35 @@ impl Registry {
         })
     }
 
-    /// The blob `digest` as a stream of its bytes (checked by the caller as they flow).
+    /// The blob `digest` from byte `offset` on, as a stream of its bytes (checked by the caller
+    /// as they flow), and the offset the stream really starts at: `offset` when the registry
+    /// answered the `Range` request, `0` when it sent the whole blob instead.
     pub async fn blob(
         &self,
         digest: &str,
+        offset: u64,
         what: &str,
-    ) -> Result<BoxStream<'static, Result<Bytes, std::io::Error>>, UnpackError> {
+    ) -> Result<(u64, BoxStream<'static, Result<Bytes, std::io::Error>>), UnpackError> {
         let url = format!("{}/blobs/{digest}{}", self.base, self.query);
-        let response = success(self.send(what, |http| http.get(&url)).await?, what).await?;
-        Ok(response.bytes_stream().map_err(std::io::Error::other).boxed())
+        let range = format!("bytes={offset}-");
+        let response = self
+            .send(what, |http| match offset {
+                0 => http.get(&url),
+                _ => http.get(&url).header(RANGE, &range),
+            })
+            .await?;
+        let response = success(response, what).await?;
+        let start = match response.status() {
+            StatusCode::PARTIAL_CONTENT => {
+                content_range_start(response.headers()).filter(|s| *s == offset).ok_or_else(|| {
+                    UnpackError::Fetch(format!(
+                        "{what}: the registry sent another part of the blob than the one asked for"
+                    ))
+                })?
+            }
+            _ => 0,
+        };
+        Ok((start, response.bytes_stream().map_err(std::io::Error::other).boxed()))
     }
 
     /// Sends a request with the current credentials; on a 401 (a token expired, or a repository

@@ -102,6 +102,7 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
                     status
                 })
                 .await;
+                shared.config.downloads.for_bundle(&expect.uid).remove();
                 failures = 0;
                 mode = Mode::Recheck;
                 if denied {
@@ -242,6 +243,7 @@ async fn try_attempt(
             limits: shared.config.limits,
             budget: Arc::new(Budget::default()),
             scratch: Scratch { dir: shared.config.scratch_dir.clone(), space: Some(shared.store.clone()) },
+            downloads: Some(shared.config.downloads.for_bundle(&expect.uid)),
         };
         let previous = if mode == Mode::Recheck { served.get(i) } else { None };
         // A version range first picks its tag; the source then resolves as if the tag were written.
@@ -276,6 +278,7 @@ async fn try_attempt(
     let allow_empty = bundle.spec.allows_empty();
     let (store, limits, expect_owned) = (shared.store.clone(), shared.config.limits, expect.clone());
     let metrics = shared.config.metrics.clone();
+    let spool = shared.config.downloads.for_bundle(&expect.uid);
     tokio::task::spawn_blocking(move || -> Result<bool, UnpackError> {
         let mut writer = store.begin_revision()?;
         let budget = Arc::new(Budget::default());
@@ -294,6 +297,7 @@ async fn try_attempt(
         let report: FormatReport = sink.finish(declared, true, allow_empty)?;
         let pending = writer.finalize()?;
         revisions::commit(&store, &expect_owned, pending, &report, &finals).map_err(commit_error)?;
+        spool.remove();
         Ok(true)
     })
     .await

@@ -12,8 +12,12 @@
 //!
 //! All state lives in the store: a Bundle whose `Unpacked` condition was not finally answered for
 //! its generation (`Pending`, `Unpacking`, a transient failure) is picked up again at start, so a
-//! crash or restart mid-unpack resumes (from the beginning of that unpack; the half-written
-//! revision was released by the store's recovery).
+//! crash or restart mid-unpack resumes: the half-written revision was released by the store's
+//! recovery and the revision is written again from the start, but what the sources had downloaded
+//! is in the Bundle's download spool ([`crate::unpack::download_spool`]): image layers and http
+//! files already downloaded are read from disk, and the one cut off continues where it stopped.
+//! The spool is removed once the content is committed, when the unpack fails for good, and when
+//! the Bundle is gone; at start, spools of Bundles with no unfinished unpack are swept.
 
 mod job;
 mod plan;
@@ -29,6 +33,7 @@ use crate::api::Bundle;
 use tokio::sync::{broadcast, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use super::download_spool::Downloads;
 use super::secrets::CredentialSource;
 use super::source::{NetworkPolicy, UnpackLimits};
 use crate::storage::{ObjectKey, StorageError, Store};
@@ -45,6 +50,8 @@ pub struct ReconcilerConfig {
     pub credentials: CredentialSource,
     /// Where git fetches put their packs (`DATA_DIR/tmp/git`).
     pub scratch_dir: std::path::PathBuf,
+    /// Where downloads are spooled so an interrupted unpack resumes (`DATA_DIR/tmp/downloads`).
+    pub downloads: Downloads,
     /// Jobs, durations, queue depth and fetched bytes, registered for `/metrics`.
     pub metrics: super::metrics::UnpackMetrics,
 }
@@ -81,7 +88,7 @@ pub fn spawn(store: Store, config: ReconcilerConfig, shutdown: CancellationToken
     });
     tokio::spawn(async move {
         let mut notifications = shared.store.subscribe();
-        let mut from = relist(&shared).await;
+        let mut from = relist(&shared, true).await;
         loop {
             tokio::select! {
                 _ = shared.shutdown.cancelled() => break,
@@ -92,7 +99,7 @@ pub fn spawn(store: Store, config: ReconcilerConfig, shutdown: CancellationToken
                     from = match follow(&shared, from).await {
                         Ok(rv) => rv,
                         // The log moved past us (or the store hiccuped): look at everything again.
-                        Err(_) => relist(&shared).await,
+                        Err(_) => relist(&shared, false).await,
                     };
                 }
             }
@@ -104,10 +111,20 @@ pub fn spawn(store: Store, config: ReconcilerConfig, shutdown: CancellationToken
     })
 }
 
-/// Considers every Bundle; returns the resourceVersion the list was taken at.
-async fn relist(shared: &Arc<Shared>) -> u64 {
-    let store = shared.store.clone();
-    match tokio::task::spawn_blocking(move || store.list_objects("bundles", None)).await {
+/// Considers every Bundle; returns the resourceVersion the list was taken at. At start
+/// (`first`), before any job runs, sweeps the download spools no unfinished unpack will resume.
+async fn relist(shared: &Arc<Shared>, first: bool) -> u64 {
+    let (store, downloads) = (shared.store.clone(), shared.config.downloads.clone());
+    let listed = tokio::task::spawn_blocking(move || {
+        let listed = store.list_objects("bundles", None)?;
+        if first {
+            let resumed = listed.0.iter().filter_map(|b| crate::api::strategy::decode::<Bundle>(&b.value).ok());
+            downloads
+                .sweep(&resumed.filter(|b| matches!(plan(b), Plan::Unpack(_))).map(|b| b.uid().to_string()).collect());
+        }
+        Ok::<_, StorageError>(listed)
+    });
+    match listed.await {
         Ok(Ok((bundles, rv))) => {
             for bundle in bundles {
                 consider(shared, &bundle.value);
@@ -210,10 +227,24 @@ fn consider(shared: &Arc<Shared>, object: &Value) {
     };
     let shared = shared.clone();
     tokio::spawn(async move {
-        job::run(&shared, expect, plan, cancel).await;
+        job::run(&shared, expect.clone(), plan, cancel).await;
+        forget_downloads_if_gone(&shared, expect).await;
         let mut jobs = shared.jobs.lock().unwrap_or_else(|p| p.into_inner());
         if jobs.get(&key).is_some_and(|j| j.id == id) {
             jobs.remove(&key);
         }
     });
+}
+
+/// Removes a Bundle's download spool once the Bundle (that uid) is gone; the job has ended, so
+/// nothing writes to it any more.
+async fn forget_downloads_if_gone(shared: &Arc<Shared>, expect: super::revisions::Expect) {
+    let (store, downloads) = (shared.store.clone(), shared.config.downloads.clone());
+    let _ = tokio::task::spawn_blocking(move || {
+        let any_generation = super::revisions::Expect { generation: None, ..expect };
+        if matches!(super::revisions::current(&store, &any_generation), Err(super::revisions::CommitError::Gone)) {
+            downloads.for_bundle(&any_generation.uid).remove();
+        }
+    })
+    .await;
 }
