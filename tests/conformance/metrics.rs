@@ -85,9 +85,9 @@ async fn unpack_jobs_queue_and_fetched_bytes() {
     create(&server, "bad", json!({"sources": [{"http": {"url": web.url("bad.tar")}}]})).await;
     wait_reason(&server, "bad", "InvalidFormat").await;
     create(&server, "missing", json!({"sources": [{"http": {"url": web.url("missing.tar")}}]})).await;
-    wait_reason(&server, "missing", "PullFailed").await;
+    wait_reason(&server, "missing", "SourceNotFound").await;
     let m = scrape_until(&server, "the failures counted", |m| {
-        m.get(&jobs("failed", "InvalidFormat")) == Some(&1.0) && m.get(&jobs("failed", "PullFailed")) >= Some(&1.0)
+        m.get(&jobs("failed", "InvalidFormat")) == Some(&1.0) && m.get(&jobs("failed", "SourceNotFound")) == Some(&1.0)
     })
     .await;
     let after_bad = value(&m, fetched);

@@ -121,7 +121,7 @@ async fn http_basic_auth() {
         last_modified: String::new(),
     };
     let err = fetch(&s, &ctx, &pinned).await.unwrap_err();
-    assert!(matches!(err, UnpackError::Fetch(_)) && !err.to_string().contains("nope-pw"), "{err:?}");
+    assert!(matches!(err, UnpackError::Denied(_)) && !err.to_string().contains("nope-pw"), "{err:?}");
 
     let right = Credentials::Basic { username: "bob".into(), password: "hunter2-pw".into() };
     let ctx = context(&[server.host_port()], Some(right));

@@ -252,7 +252,7 @@ async fn pull_secrets_authenticate() {
     // A digest-pinned fetch needs the credentials too.
     let pinned = resolve(&s, &ctx, None).await.expect("resolve");
     let err = fetch_pinned(&s, &context(&reg.host(), None, UnpackLimits::default()), pinned).await.expect_err("anon");
-    assert!(matches!(err, UnpackError::Fetch(_)), "{err:?}");
+    assert!(matches!(err, UnpackError::Denied(_)), "{err:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
