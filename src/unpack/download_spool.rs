@@ -25,8 +25,9 @@ use super::source::Scratch;
 
 /// Network bytes buffered before they are appended to a partial download.
 const WRITE_BUFFER: usize = 256 << 10;
-/// The free-space reserve is checked once per this many spooled bytes.
-const ROOM_CHECK_EVERY: u64 = 8 << 20;
+/// The free-space reserve is checked once per this many spooled bytes, for that many: a spool
+/// never writes into the reserve, and stops within this much of it.
+const ROOM_CHECK_EVERY: u64 = 1 << 20;
 
 /// `DATA_DIR/tmp/downloads`: every Bundle's spool.
 #[derive(Clone, Debug)]

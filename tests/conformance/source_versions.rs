@@ -122,6 +122,28 @@ async fn an_image_range_follows_the_newest_matching_chart_and_ignores_prerelease
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_image_range_sees_every_tag_of_a_repository_with_a_thousand() {
+    let registry = Registry::start().await;
+    let tgz = gzip(&build_tar(&chart("1.0.0")));
+    let first = registry.push_helm_chart("charts/many", "1.0.0", &tgz, "kps", "1.0.0").await;
+    // 1,001 tags, 9.0.0 last by name. Stowage asks for pages of 1,000 and follows `Link`; Debian's
+    // docker-registry (distribution 2.8) answers the whole list at once, so the paging itself is
+    // checked by a unit test of the `Link` header (registry.rs).
+    let tags: Vec<String> = (1..=999).map(|patch| format!("1.0.{patch}")).chain(["9.0.0".to_string()]).collect();
+    let url = format!("http://{}/v2/charts/many/manifests/{}", registry.host(), first.digest);
+    let manifest = reqwest::Client::new().get(url).header("accept", &first.media_type).send().await.unwrap();
+    let manifest = manifest.error_for_status().unwrap().bytes().await.unwrap();
+    for tag in &tags {
+        registry.push_manifest("charts/many", tag, &first.media_type, &manifest).await;
+    }
+    let server = Server::start_temp(&["--insecure-registry", &registry.host()]);
+    let repository = format!("{}/charts/many", registry.host());
+    create(&server, "many", json!({"sources": [{"image": {"ref": repository, "semver": ">=1"}}]})).await;
+    let b = wait_serving(&server, "many", "image", "9.0.0").await;
+    assert_eq!(available(&b)[0]["versions"], json!(["9.0.0", "1.0.999", "1.0.998", "1.0.997", "1.0.996"]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_git_range_picks_the_newest_tag_and_records_it() {
     let git = GitServer::start().await;
     git.create("stack");

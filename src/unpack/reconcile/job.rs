@@ -85,6 +85,10 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
                 failures += 1;
                 let delay = backoff(failures);
                 tracing::info!(bundle = %expect.name, namespace = %expect.namespace, error = %error, "unpack failed; retrying in {delay:?}");
+                if matches!(error, UnpackError::Storage(_)) {
+                    // Out of space (or the store failing): give back what was downloaded too.
+                    shared.config.downloads.for_bundle(&expect.uid).remove();
+                }
                 let _ = write_status(shared, &expect, move |b| failed(b, &error, Some(delay))).await;
                 // A retry of a recheck only needs the recheck.
                 wait = delay;
