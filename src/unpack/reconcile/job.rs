@@ -184,7 +184,11 @@ fn with(bundle: &Bundle, change: impl FnOnce(&mut BundleStatus, i64)) -> BundleS
 /// The current generation failed; whatever was served before stays served. With `retry_in`, the
 /// retry is scheduled (`nextPollTime`) and the message says when.
 fn failed(bundle: &Bundle, error: &UnpackError, retry_in: Option<Duration>) -> BundleStatus {
-    let retry = retry_in.map(|d| format!("; retrying in {}s", d.as_secs().max(1))).unwrap_or_default();
+    let retry = match (retry_in, error) {
+        (Some(d), _) => format!("; retrying in {}s", d.as_secs().max(1)),
+        (None, UnpackError::Denied(_)) => "; tried again when its credentials change".to_owned(),
+        (None, _) => String::new(),
+    };
     with(bundle, |s, generation| {
         s.failed(generation, error.reason(), &format!("{error}{retry}"));
         if retry_in.is_some() {
