@@ -377,6 +377,20 @@ impl Server {
             .unwrap_or_else(|e| panic!("PUT {path}: {e}"))
     }
 
+    /// A JSON merge patch of the object at `path`, which must succeed.
+    pub async fn merge_patch_ok(&self, path: &str, patch: &Value) {
+        let resp = self
+            .client
+            .patch(self.url(path))
+            .timeout(REQUEST_TIMEOUT)
+            .header("Content-Type", "application/merge-patch+json")
+            .body(patch.to_string())
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("PATCH {path}: {e}"));
+        assert_eq!(resp.status().as_u16(), 200, "patch {path}");
+    }
+
     pub async fn delete(&self, path: &str) -> Response {
         self.client
             .delete(self.url(path))

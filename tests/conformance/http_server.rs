@@ -87,62 +87,14 @@ impl HttpServer {
             None => String::new(),
             Some(to) => format!("proxy_pass http://{to}; proxy_http_version 1.1; proxy_buffering off;"),
         };
-        // nginx started by root would drop its workers to `nobody`, who cannot read a 0700 temp
-        // dir: keep them as root then.
-        let user = if unsafe { libc::geteuid() } == 0 { "user root;" } else { "" };
-        let config = format!(
-            "{user}
-worker_processes 1;
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/logs/error.log;
-events {{ worker_connections 64; }}
-http {{
-    access_log {d}/logs/access.log;
-    client_body_temp_path {d}/tmp/body;
-    proxy_temp_path {d}/tmp/proxy;
-    fastcgi_temp_path {d}/tmp/fastcgi;
-    uwsgi_temp_path {d}/tmp/uwsgi;
-    scgi_temp_path {d}/tmp/scgi;
-    default_type application/octet-stream;
-    server {{
-        listen 127.0.0.1:{port} {ssl};
+        let server = format!(
+            "listen 127.0.0.1:{port} {ssl};
         root {root};
-        location / {{ {access} {proxy} }}
-    }}
-}}
-",
+        location / {{ {access} {proxy} }}",
             root = root.display()
         );
-        let conf = dir.path().join("nginx.conf");
-        std::fs::write(&conf, config).unwrap();
-        let child = Command::new(nginx_binary())
-            .arg("-p")
-            .arg(dir.path())
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting nginx (Debian package nginx); a missing nginx fails the test");
-        let mut server = HttpServer { dir, port, tls: tls.is_some(), child };
-        server.wait_ready();
-        server
-    }
-
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                let log = std::fs::read_to_string(self.dir.path().join("logs/error.log")).unwrap_or_default();
-                panic!("nginx exited ({status}): {log}");
-            }
-            assert!(Instant::now() < deadline, "nginx did not start listening on port {}", self.port);
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = run_nginx(dir.path(), port, None, &server);
+        HttpServer { dir, port, tls: tls.is_some(), child }
     }
 
     pub fn host_port(&self) -> String {
@@ -167,6 +119,65 @@ http {{
         let tmp = self.dir.path().join("tmp").join(format!("put-{}", uuid::Uuid::new_v4()));
         std::fs::write(&tmp, data).unwrap();
         std::fs::rename(&tmp, &path).unwrap();
+    }
+}
+
+/// Runs nginx as the current user with its config, pid, logs and temp paths in `dir` (which
+/// holds `www`, `tmp` and `logs`), with one `server` block of `server_body`; each request is
+/// logged to `dir/logs/access.log` (in `log_format` when given). Returns once it listens on
+/// `port`.
+pub(crate) fn run_nginx(dir: &Path, port: u16, log_format: Option<&str>, server_body: &str) -> Child {
+    let d = dir.display();
+    let access_log = match log_format {
+        None => format!("access_log {d}/logs/access.log;"),
+        Some(format) => format!("log_format custom '{format}';\n    access_log {d}/logs/access.log custom;"),
+    };
+    // nginx started by root would drop its workers to `nobody`, who cannot read a 0700 temp
+    // dir: keep them as root then.
+    let user = if unsafe { libc::geteuid() } == 0 { "user root;" } else { "" };
+    let config = format!(
+        "{user}
+worker_processes 1;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/logs/error.log;
+events {{ worker_connections 64; }}
+http {{
+    {access_log}
+    client_body_temp_path {d}/tmp/body;
+    proxy_temp_path {d}/tmp/proxy;
+    fastcgi_temp_path {d}/tmp/fastcgi;
+    uwsgi_temp_path {d}/tmp/uwsgi;
+    scgi_temp_path {d}/tmp/scgi;
+    default_type application/octet-stream;
+    server {{
+        {server_body}
+    }}
+}}
+"
+    );
+    let conf = dir.join("nginx.conf");
+    std::fs::write(&conf, config).unwrap();
+    let mut child = Command::new(nginx_binary())
+        .arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting nginx (Debian package nginx); a missing nginx fails the test");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return child;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = std::fs::read_to_string(dir.join("logs/error.log")).unwrap_or_default();
+            panic!("nginx exited ({status}): {log}");
+        }
+        assert!(Instant::now() < deadline, "nginx did not start listening on port {port}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

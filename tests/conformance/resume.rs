@@ -7,12 +7,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Child;
+use std::time::Duration;
 
 use serde_json::json;
 
 use crate::harness::*;
+use crate::http_server::run_nginx;
 use crate::registry::{self, Layer, Registry};
 use crate::tarutil::{random_bytes, summarize_served_tar, ChanReader, EntrySummary};
 use crate::unpack::{create, http_server_args};
@@ -366,50 +367,10 @@ impl Nginx {
             std::fs::create_dir(dir.path().join(sub)).unwrap();
         }
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let d = dir.path().display();
-        let user = if unsafe { libc::geteuid() } == 0 { "user root;" } else { "" };
-        let location = location.replace("{ROOT}", &format!("{d}/www"));
-        let config = format!(
-            "{user}
-worker_processes 1;
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/logs/error.log;
-events {{ worker_connections 64; }}
-http {{
-    log_format ranges '$request_method $uri $status \"$http_range\" \"$http_if_range\" $body_bytes_sent';
-    access_log {d}/logs/access.log ranges;
-    client_body_temp_path {d}/tmp/body;
-    proxy_temp_path {d}/tmp/proxy;
-    fastcgi_temp_path {d}/tmp/fastcgi;
-    uwsgi_temp_path {d}/tmp/uwsgi;
-    scgi_temp_path {d}/tmp/scgi;
-    default_type application/octet-stream;
-    server {{
-        listen 127.0.0.1:{port};
-        client_max_body_size 0;
-        {location}
-    }}
-}}
-"
-        );
-        let conf = dir.path().join("nginx.conf");
-        std::fs::write(&conf, config).unwrap();
-        let child = Command::new("/usr/sbin/nginx")
-            .arg("-p")
-            .arg(dir.path())
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting nginx (Debian package nginx)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            let log = std::fs::read_to_string(dir.path().join("logs/error.log")).unwrap_or_default();
-            assert!(Instant::now() < deadline, "nginx did not start: {log}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let location = location.replace("{ROOT}", &format!("{}/www", dir.path().display()));
+        let format = r#"$request_method $uri $status "$http_range" "$http_if_range" $body_bytes_sent"#;
+        let server = format!("listen 127.0.0.1:{port};\n        client_max_body_size 0;\n        {location}");
+        let child = run_nginx(dir.path(), port, Some(format), &server);
         Nginx { dir, port, child }
     }
 

@@ -234,13 +234,13 @@ async fn a_missing_source_waits_for_its_spec_or_its_poll_interval_even_across_a_
     assert_eq!(web.requests_for("gone.tar.gz"), 1, "a 404 is not retried while the spec stays");
 
     // A spec change is a new attempt; with a poll interval, it is tried again every interval.
-    merge_patch(&server, "gone", json!({"spec": {"pollInterval": "2s"}})).await;
+    server.merge_patch_ok(&bundle(NS, "gone"), &json!({"spec": {"pollInterval": "2s"}})).await;
     tokio::time::sleep(Duration::from_secs(9)).await;
     let polled = web.requests_for("gone.tar.gz");
     assert!((4..=7).contains(&polled), "1 + one per 2 s poll over 9 s, not backoff: {polled}");
 
     // A long interval survives a restart: no attempt until it passes.
-    merge_patch(&server, "gone", json!({"spec": {"pollInterval": "1h"}})).await;
+    server.merge_patch_ok(&bundle(NS, "gone"), &json!({"spec": {"pollInterval": "1h"}})).await;
     let b = wait_for(&server, "gone", "failed for generation 3", |b| {
         let c = unpacked_condition(b);
         c["reason"] == "SourceNotFound" && c["observedGeneration"] == 3 && b["status"]["nextPollTime"].is_string()
@@ -253,18 +253,6 @@ async fn a_missing_source_waits_for_its_spec_or_its_poll_interval_even_across_a_
     assert_eq!(web.requests_for("gone.tar.gz"), before, "the poll scheduled for {next} is kept across a restart");
     let after = server.get_json(&bundle(NS, "gone")).await;
     assert_eq!(after["status"]["nextPollTime"], next.as_str());
-}
-
-async fn merge_patch(server: &Server, name: &str, patch: Value) {
-    let resp = server
-        .client()
-        .patch(server.url(&bundle(NS, name)))
-        .header("Content-Type", "application/merge-patch+json")
-        .body(patch.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200, "patch {name}");
 }
 
 /// A registry that is down behind its address (a crashed backend: every connection is accepted

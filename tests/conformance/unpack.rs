@@ -62,15 +62,7 @@ pub async fn served(server: &Server, name: &str) -> Tree {
 
 /// A merge patch of a Bundle, which must succeed.
 pub async fn merge_patch(server: &Server, name: &str, patch: Value) {
-    let resp = server
-        .client()
-        .patch(server.url(&bundle(NS, name)))
-        .header("Content-Type", "application/merge-patch+json")
-        .body(patch.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200, "patch {name}");
+    server.merge_patch_ok(&bundle(NS, name), &patch).await;
 }
 
 /// The plain corpus bundle plus 40 incompressible 4 MiB files (seeded from `seed`): big enough
