@@ -3,7 +3,8 @@
 //!
 //! [`pick`] lists the tags (the image's repository, or the git repository), lets the range
 //! choose ([`crate::api::versions`]) and returns the source as if the user had written the
-//! winning tag: `repo:TAG`, `ref.tag: TAG`, or the asset URL with `{version}`/`{tag}` filled.
+//! winning tag: `repo:TAG`, `ref.commit` of the tag (the listing already peeled it, so resolving
+//! needs no second round trip), or the asset URL with `{version}`/`{tag}` filled.
 //! The winner is recorded in `status.resolvedSources[].tag`, the newest matches in
 //! `status.availableVersions`.
 
@@ -41,14 +42,19 @@ pub fn range_of(source: &Source) -> Option<&str> {
 /// tag, or [`UnpackError::NoMatchingVersion`] naming the versions the range missed.
 pub async fn pick(source: &Source, ctx: &SourceContext) -> Result<Option<Picked>, UnpackError> {
     let Some(text) = range_of(source) else { return Ok(None) };
-    let (what, tags) = if let Some(image) = &source.image {
-        (format!("image {}", image.reference), oci::tags(image, ctx).await?)
-    } else if let Some(repo) = &source.git {
-        (format!("git source {}", repo.repository), git::tags(&repo.repository, ctx).await?)
+    // Git listings carry each tag's commit, so a git source is pinned by the listing itself.
+    let (what, tags, commits) = if let Some(image) = &source.image {
+        (format!("image {}", image.reference), oci::tags(image, ctx).await?, Vec::new())
     } else {
-        let releases = source.http.as_ref().and_then(|h| h.releases.as_ref());
-        let repository = releases.map_or("", |r| r.repository.as_str());
-        (format!("releases of {repository}"), git::tags(repository, ctx).await?)
+        let (what, repository) = match (&source.git, source.http.as_ref().and_then(|h| h.releases.as_ref())) {
+            (Some(repo), _) => (format!("git source {}", repo.repository), repo.repository.as_str()),
+            (None, releases) => {
+                let repository = releases.map_or("", |r| r.repository.as_str());
+                (format!("releases of {repository}"), repository)
+            }
+        };
+        let listed = git::tags(repository, ctx).await?;
+        (what, listed.iter().map(|(tag, _)| tag.clone()).collect(), listed)
     };
     let range = VersionRange::parse(text)
         .map_err(|problem| UnpackError::Unsupported(format!("{what}: the version range {text:?} {problem}")))?;
@@ -63,7 +69,11 @@ pub async fn pick(source: &Source, ctx: &SourceContext) -> Result<Option<Picked>
         image.semver.clear();
     } else if let Some(repo) = &mut concrete.git {
         repo.reference.semver.clear();
-        repo.reference.tag.clone_from(&tag);
+        let commit = commits.iter().find(|(listed, _)| *listed == tag).map(|(_, commit)| commit.clone());
+        match commit {
+            Some(commit) => repo.reference.commit = commit,
+            None => repo.reference.tag.clone_from(&tag),
+        }
     } else if let Some(http) = &mut concrete.http {
         let version = tag.strip_prefix(['v', 'V']).unwrap_or(&tag);
         http.url = http.release_url(&tag, version);

@@ -107,14 +107,7 @@ async fn a_restart_mid_image_downloads_again_only_the_rest_of_the_unfinished_lay
 
     assert_served(&server, "big", &expected).await;
     assert_eq!(str_at(&b, "/status/resolvedSources/0/image/ref"), reference);
-    eventually(Duration::from_secs(10), "the spool removed once committed", || async {
-        if spool.exists() {
-            Err(format!("{:?}", spooled(&spool)))
-        } else {
-            Ok(())
-        }
-    })
-    .await;
+    wait_removed(&spool, Duration::from_secs(10), "the spool removed once committed").await;
 }
 
 /// A spooled layer damaged on disk while the server was down is caught by its digest, dropped,
@@ -255,14 +248,7 @@ async fn http_resume(ignore_range: bool) {
     .await;
     let resp = server.delete(&bundle(NS, "gone")).await;
     assert!(resp.status().is_success(), "{}", resp.status());
-    eventually(Duration::from_secs(30), "the deleted Bundle's spool removed", || async {
-        if spool.exists() {
-            Err(format!("{:?}", spooled(&spool)))
-        } else {
-            Ok(())
-        }
-    })
-    .await;
+    wait_removed(&spool, Duration::from_secs(30), "the deleted Bundle's spool removed").await;
 }
 
 fn front_gets(web: &Nginx) -> Vec<Request> {
@@ -289,6 +275,17 @@ fn plain_bundle_tar(name: &str, data: &[u8]) -> (Vec<u8>, BTreeMap<String, (u64,
 async fn spool_dir(server: &Server, name: &str) -> PathBuf {
     let b = server.get_json(&bundle(NS, name)).await;
     server.data_dir().join("tmp/downloads").join(str_at(&b, "/metadata/uid"))
+}
+
+/// Waits until the spool directory `dir` is gone.
+async fn wait_removed(dir: &Path, timeout: Duration, what: &str) {
+    eventually(timeout, what, || async {
+        match dir.exists() {
+            true => Err(format!("{:?}", spooled(dir))),
+            false => Ok(()),
+        }
+    })
+    .await;
 }
 
 /// The complete downloads in a spool, and the partial one with its length.

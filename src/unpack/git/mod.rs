@@ -91,11 +91,15 @@ pub async fn resolve(
     Ok(ResolvedSource::Git { repository: spec.repository.clone(), commit, tag: String::new() })
 }
 
-/// The tags of `repository` (names without `refs/tags/`), for a version range to choose from.
-pub async fn tags(repository: &str, ctx: &SourceContext) -> Result<Vec<String>, UnpackError> {
+/// The tags of `repository` (names without `refs/tags/`), each with the commit it points at
+/// (annotated tags peeled), for a version range to choose from.
+pub async fn tags(repository: &str, ctx: &SourceContext) -> Result<Vec<(String, String)>, UnpackError> {
     let url = check_url(repository, &ctx.network)?;
     let refs = list_refs(&url, "refs/tags/*:refs/tags/*", ctx).await?;
-    Ok(refs.into_iter().filter_map(|(name, _)| name.strip_prefix("refs/tags/").map(str::to_owned)).collect())
+    Ok(refs
+        .into_iter()
+        .filter_map(|(name, commit)| Some((name.strip_prefix("refs/tags/")?.to_owned(), commit)))
+        .collect())
 }
 
 /// `git ls-remote URL PATTERN` on a blocking thread, given up on cancellation.
