@@ -94,6 +94,26 @@ impl Bundle {
         self.status.as_ref()?.reason_for_generation(self.generation())
     }
 
+    /// Whether the content served is still what every source asks for: each source's pin in
+    /// `status.resolvedSources` was resolved from the source as it is now
+    /// ([`crate::api::ResolvedSource::resolved_from`]). A spec change that keeps this true (history
+    /// limit, format, poll interval, pause) changes no content: the served content is checked
+    /// against the new spec instead of being fetched again.
+    pub fn still_pinned(&self) -> bool {
+        let Some(status) = self.status.as_ref().filter(|s| s.serves_content()) else { return false };
+        let pins = &status.resolved_sources;
+        !self.spec.sources.is_empty()
+            && pins.len() == self.spec.sources.len()
+            && pins.iter().zip(&self.spec.sources).all(|(pin, source)| pin.resolved_from(source))
+    }
+
+    /// The value of the [`REFRESH_ANNOTATION`] when it asks for a refresh not acted on yet.
+    pub fn refresh_requested(&self) -> Option<&str> {
+        let value = self.metadata.annotations.as_ref()?.get(REFRESH_ANNOTATION)?;
+        let handled = self.status.as_ref().and_then(|s| s.last_handled_refresh.as_deref());
+        (!value.is_empty() && handled != Some(value.as_str())).then_some(value.as_str())
+    }
+
     /// Whether the status says the current generation's content is served (`Unpacked=True`,
     /// written for this generation): what `kubectl wait --for=condition=Unpacked` waits for.
     pub fn is_unpacked(&self) -> bool {
@@ -127,6 +147,10 @@ pub struct BundleSpec {
 
 /// `spec.revisionHistoryLimit` when a Bundle is created without one (written into the spec).
 pub const DEFAULT_HISTORY_LIMIT: i64 = 3;
+/// An annotation whose new value (any: a timestamp is customary) resolves every source again
+/// now, as Flux's `reconcile.fluxcd.io/requestedAt` does; the value acted on is kept in
+/// `status.lastHandledRefresh`.
+pub const REFRESH_ANNOTATION: &str = "content.stowage.dev/refresh";
 
 /// The shortest `spec.pollInterval` honoured (re-resolving is not free for the source).
 pub const MIN_POLL_INTERVAL: Duration = Duration::from_secs(1);

@@ -49,7 +49,7 @@ mod status;
 pub mod strategy;
 pub mod versions;
 
-pub use bundle::{Bundle, BundleSpec, Format, DEFAULT_HISTORY_LIMIT, FORMATS, MIN_POLL_INTERVAL};
+pub use bundle::{Bundle, BundleSpec, Format, DEFAULT_HISTORY_LIMIT, FORMATS, MIN_POLL_INTERVAL, REFRESH_ANNOTATION};
 pub use cause::Cause;
 pub use content::{content_name, BundleContent, BundleContentSpec, BUNDLE_LABEL};
 pub use source::{

@@ -55,7 +55,7 @@ pub struct GitSource {
 }
 
 /// At most one is set; none = the remote's default branch (`HEAD`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GitRef {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub commit: String,
@@ -86,7 +86,7 @@ pub struct HttpSource {
 
 /// Where the releases of an http source's asset are listed: the tags of a git repository (as
 /// GitHub, GitLab and Gitea tag their releases).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Releases {
     /// The git repository (https) whose tags are the releases.
@@ -103,20 +103,25 @@ pub const VERSION_PLACEHOLDER: &str = "{version}";
 pub const TAG_PLACEHOLDER: &str = "{tag}";
 
 impl HttpSource {
-    /// The URL of the release `tag` with version `version`.
-    pub fn release_url(&self, tag: &str, version: &str) -> String {
+    /// The URL of the release `tag` (its version is the tag without a leading `v`).
+    pub fn release_url(&self, tag: &str) -> String {
+        let version = tag.strip_prefix(['v', 'V']).unwrap_or(tag);
         self.url.replace(VERSION_PLACEHOLDER, version).replace(TAG_PLACEHOLDER, tag)
     }
 }
 
 /// What a source was pinned to: recorded in `status.resolvedSources[i]` and compared on re-resolve.
-/// Equal values mean "nothing changed, do not fetch".
+/// Equal values mean "nothing changed, do not fetch". Besides the pin itself (digest, commit,
+/// sha256), each records what the source asked for — ref, range, directory, platform,
+/// destination ([`ResolvedSource::recording`]) — so `kubectl get -o yaml` tells what a pin was
+/// resolved from, and a spec change that leaves a source's own fields alone keeps it pinned
+/// ([`ResolvedSource::resolved_from`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum ResolvedSource {
     #[serde(rename_all = "camelCase")]
     Image {
-        /// The reference as written in the spec.
+        /// The reference resolved (with `semver`: the repository with the winning tag).
         #[serde(rename = "ref")]
         reference: String,
         /// Digest of what the reference points at (an index or a manifest).
@@ -127,14 +132,32 @@ pub enum ResolvedSource {
         /// With `semver`: the tag that won.
         #[serde(default, skip_serializing_if = "String::is_empty")]
         tag: String,
+        /// `spec.sources[i].image.semver` as resolved.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        semver: String,
+        /// `spec.sources[i].image.platform` as resolved.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        platform: String,
+        /// `spec.sources[i].destination`.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        destination: String,
     },
     #[serde(rename_all = "camelCase")]
     Git {
         repository: String,
+        /// The ref asked for (`spec.sources[i].git.ref`; none: the remote's `HEAD`).
+        #[serde(default, rename = "ref", skip_serializing_if = "GitRef::is_head")]
+        reference: GitRef,
+        /// `spec.sources[i].git.directory`.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        directory: String,
         commit: String,
         /// With `ref.semver`: the tag that won.
         #[serde(default, skip_serializing_if = "String::is_empty")]
         tag: String,
+        /// `spec.sources[i].destination`.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        destination: String,
     },
     #[serde(rename_all = "camelCase")]
     Http {
@@ -150,12 +173,63 @@ pub enum ResolvedSource {
         etag: String,
         #[serde(default, skip_serializing_if = "String::is_empty")]
         last_modified: String,
+        /// `spec.sources[i].http.releases` as resolved.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        releases: Option<Releases>,
+        /// `spec.sources[i].destination`.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        destination: String,
     },
     #[serde(rename_all = "camelCase")]
     Upload { digest: String },
 }
 
+impl GitRef {
+    /// No ref: the remote's default branch.
+    pub fn is_head(&self) -> bool {
+        *self == GitRef::default()
+    }
+}
+
 impl ResolvedSource {
+    /// The pin of an image `reference` at `digest` (nothing else recorded yet).
+    pub fn image(reference: &str, digest: String, manifest: String) -> ResolvedSource {
+        ResolvedSource::Image {
+            reference: reference.into(),
+            digest,
+            manifest,
+            tag: String::new(),
+            semver: String::new(),
+            platform: String::new(),
+            destination: String::new(),
+        }
+    }
+
+    /// The pin of a git `repository` at `commit`.
+    pub fn git(repository: &str, commit: String) -> ResolvedSource {
+        ResolvedSource::Git {
+            repository: repository.into(),
+            reference: GitRef::default(),
+            directory: String::new(),
+            commit,
+            tag: String::new(),
+            destination: String::new(),
+        }
+    }
+
+    /// The pin of an http `url` (`sha256` empty until fetched; validators for re-checks).
+    pub fn http(url: &str, sha256: String, etag: String, last_modified: String) -> ResolvedSource {
+        ResolvedSource::Http {
+            url: url.into(),
+            tag: String::new(),
+            sha256,
+            etag,
+            last_modified,
+            releases: None,
+            destination: String::new(),
+        }
+    }
+
     /// The same pin, recording that a version range chose `tag`.
     pub fn with_tag(mut self, chosen: &str) -> ResolvedSource {
         match &mut self {
@@ -165,6 +239,66 @@ impl ResolvedSource {
             ResolvedSource::Upload { .. } => {}
         }
         self
+    }
+
+    /// The same pin, recording what `spec` (the source as written, before a version range made it
+    /// concrete) asked for: what [`ResolvedSource::resolved_from`] compares.
+    pub fn recording(mut self, spec: &Source) -> ResolvedSource {
+        match (&mut self, spec) {
+            (ResolvedSource::Image { semver, platform, destination, .. }, Source { image: Some(image), .. }) => {
+                image.semver.clone_into(semver);
+                image.platform.clone_into(platform);
+                spec.destination.clone_into(destination);
+            }
+            (ResolvedSource::Git { reference, directory, destination, .. }, Source { git: Some(repo), .. }) => {
+                reference.clone_from(&repo.reference);
+                repo.directory.clone_into(directory);
+                spec.destination.clone_into(destination);
+            }
+            (ResolvedSource::Http { releases, destination, .. }, Source { http: Some(http), .. }) => {
+                releases.clone_from(&http.releases);
+                spec.destination.clone_into(destination);
+            }
+            _ => {}
+        }
+        self
+    }
+
+    /// Whether this pin was resolved from `spec` as it is now: every field of the source but its
+    /// credentials is what the pin recorded. A Bundle whose spec changed elsewhere (history
+    /// limit, format, another source) keeps such a source on its pin; a branch, tag, range or URL
+    /// is resolved again only when its source changes, on a poll or when asked to.
+    pub fn resolved_from(&self, spec: &Source) -> bool {
+        match (self, spec) {
+            (
+                ResolvedSource::Image { reference, tag, semver, platform, destination, .. },
+                Source { image: Some(image), .. },
+            ) => {
+                let asked = match image.semver.is_empty() {
+                    true => tag.is_empty() && *reference == image.reference,
+                    false => *reference == format!("{}:{tag}", image.reference),
+                };
+                asked && *semver == image.semver && *platform == image.platform && *destination == spec.destination
+            }
+            (
+                ResolvedSource::Git { repository, reference, directory, destination, .. },
+                Source { git: Some(repo), .. },
+            ) => {
+                *repository == repo.repository
+                    && *reference == repo.reference
+                    && *directory == repo.directory
+                    && *destination == spec.destination
+            }
+            (ResolvedSource::Http { url, tag, sha256, releases, destination, .. }, Source { http: Some(http), .. }) => {
+                let asked = match &http.releases {
+                    None => *url == http.url && tag.is_empty(),
+                    Some(_) => *url == http.release_url(tag),
+                };
+                let digest = http.sha256.is_empty() || http.sha256.eq_ignore_ascii_case(sha256);
+                asked && digest && *releases == http.releases && *destination == spec.destination
+            }
+            _ => false,
+        }
     }
 }
 

@@ -4,11 +4,14 @@
 //! - `Unpacked`: whether the *current* spec's content is unpacked (`True`/`Unpacked`; `False` with
 //!   `Pending`, `Unpacking`, `AwaitingUpload`, `PullFailed`, `InvalidFormat`, `ContentDeleted`, …);
 //! - `Available`: whether some content is served (`True` while the last good revision keeps being
-//!   served after a newer spec failed — the status says both things);
-//! - `Paused`: `spec.paused` is honoured.
+//!   served after a newer spec failed — the status says both things; `False` with the reason while
+//!   nothing is);
+//! - `Paused` (Bundles with sources to fetch): `spec.paused` is honoured.
 //!
-//! Every transition is a method here, so the shape is written once; `lastTransitionTime` changes
-//! only when a condition's status does.
+//! Every condition is there from the first status write, and every write stamps them all with the
+//! generation it speaks for, so `kubectl wait --for=condition=Available=false` has something to
+//! match and no condition looks stale. Every transition is a method here, so the shape is written
+//! once; `lastTransitionTime` changes only when a condition's status does.
 
 use std::collections::BTreeMap;
 
@@ -57,6 +60,10 @@ pub struct BundleStatus {
     /// transient failure. Kept so a restart keeps the schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_poll_time: Option<String>,
+    /// The last value of the `content.stowage.dev/refresh` annotation acted on: a new value
+    /// resolves every source again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_handled_refresh: Option<String>,
 }
 
 /// `status.availableVersions[]`: what one source's version range sees.
@@ -126,16 +133,28 @@ pub struct Served {
 }
 
 impl BundleStatus {
-    /// The status a Bundle is created with.
-    pub fn initial(generation: i64, takes_uploads: bool) -> BundleStatus {
-        let (reason, message) = if takes_uploads {
-            ("AwaitingUpload", "waiting for content to be uploaded to the content subresource")
-        } else {
-            ("Pending", "waiting to be unpacked")
-        };
+    /// The status a Bundle is created with: nothing served yet, and (with sources to fetch)
+    /// whether it is paused.
+    pub fn initial(generation: i64, takes_uploads: bool, paused: bool) -> BundleStatus {
         let mut status = BundleStatus { phase: Some("Pending".into()), ..Default::default() };
         status.observed(generation);
-        status.set_condition(generation, UNPACKED, false, reason, message);
+        if takes_uploads {
+            let waiting = "waiting for content to be uploaded to the content subresource";
+            status.set_condition(generation, UNPACKED, false, "AwaitingUpload", waiting);
+            status.set_condition(
+                generation,
+                AVAILABLE,
+                false,
+                "AwaitingUpload",
+                "nothing is served until content is uploaded",
+            );
+        } else if paused {
+            status.paused(generation);
+        } else {
+            status.set_condition(generation, UNPACKED, false, "Pending", "waiting to be unpacked");
+            status.set_condition(generation, AVAILABLE, false, NO_CONTENT, "nothing is served yet");
+            status.active(generation);
+        }
         status
     }
 
@@ -145,6 +164,7 @@ impl BundleStatus {
         status.observed(generation);
         let message = format!("BundleContent {content:?} was deleted");
         status.set_condition(generation, UNPACKED, false, "ContentDeleted", &message);
+        status.set_condition(generation, AVAILABLE, false, "ContentDeleted", &format!("nothing is served: {message}"));
         status
     }
 
@@ -163,8 +183,14 @@ impl BundleStatus {
         self.condition(UNPACKED).is_some_and(|c| c.is_true() && c.observed_generation == Some(generation))
     }
 
-    pub fn is_marked_paused(&self) -> bool {
-        self.condition(PAUSED).is_some()
+    /// `Paused=True`, written for `generation`.
+    pub fn is_marked_paused(&self, generation: i64) -> bool {
+        self.condition(PAUSED).is_some_and(|c| c.is_true() && c.observed_generation == Some(generation))
+    }
+
+    /// Whether a BundleContent is served.
+    pub fn serves_content(&self) -> bool {
+        self.content_name.as_deref().is_some_and(|c| !c.is_empty())
     }
 
     /// Sets condition `kind`, keeping its `lastTransitionTime` unless its status flips.
@@ -194,8 +220,25 @@ impl BundleStatus {
         self.conditions.retain(|c| c.type_ != kind);
     }
 
+    /// The status speaks for `generation`, and so does every condition: each still says what is
+    /// true, and the transitions rewrite those that changed.
     fn observed(&mut self, generation: i64) {
         self.observed_generation = Some(generation);
+        for condition in &mut self.conditions {
+            condition.observed_generation = Some(generation);
+        }
+    }
+
+    /// `Paused=False` (sources are fetched), for a Bundle with sources to fetch.
+    fn active(&mut self, generation: i64) {
+        self.set_condition(generation, PAUSED, false, "Active", ACTIVE_MESSAGE);
+    }
+
+    /// `Available=False` with `reason` when nothing is served (left as it is otherwise).
+    fn unless_served(&mut self, generation: i64, reason: &str, message: &str) {
+        if !self.serves_content() {
+            self.set_condition(generation, AVAILABLE, false, reason, message);
+        }
     }
 
     /// `; still serving NAME (DIGEST)` when something is served, for messages about newer work.
@@ -212,8 +255,9 @@ impl BundleStatus {
         self.observed(generation);
         self.phase = Some("Unpacking".into());
         self.next_poll_time = None;
-        self.remove_condition(PAUSED);
+        self.active(generation);
         self.set_condition(generation, UNPACKED, false, "Unpacking", &format!("fetching the sources{note}"));
+        self.unless_served(generation, NO_CONTENT, "nothing is served yet");
     }
 
     /// `generation`'s content is served.
@@ -225,6 +269,9 @@ impl BundleStatus {
         self.set_condition(generation, UNPACKED, true, "Unpacked", &format!("unpacked {summary}"));
         let serving = format!("serving {}: {summary}", served.content);
         self.set_condition(generation, AVAILABLE, true, "Serving", &serving);
+        if self.condition(PAUSED).is_some() {
+            self.active(generation); // uploads have no Paused condition
+        }
         self.resolved_sources = served.resolved;
         self.content_name = Some(served.content);
         self.digest = Some(served.digest);
@@ -240,15 +287,13 @@ impl BundleStatus {
         self.observed(generation);
         self.phase = Some("Failed".into());
         self.set_condition(generation, UNPACKED, false, reason, &format!("{message}{note}"));
+        self.unless_served(generation, reason, &format!("nothing is served: {message}"));
     }
 
     /// Every condition, and the status, now speak for `generation`, unchanged otherwise: a spec
     /// change that leaves what they say true (an upload Bundle still waiting for its content).
     pub fn restamp(&mut self, generation: i64) {
         self.observed(generation);
-        for condition in &mut self.conditions {
-            condition.observed_generation = Some(generation);
-        }
     }
 
     /// The content served was checked against `generation`'s spec and is valid for it, as
@@ -279,12 +324,35 @@ impl BundleStatus {
         self.next_poll_time = after.map(super::meta::timestamp_after);
     }
 
-    /// `spec.paused`: nothing is fetched; what is served stays served.
+    /// `spec.paused`: nothing is fetched; what is served stays served. Unless the status already
+    /// answered for `generation` (the sources did not change: see [`super::ResolvedSource::resolved_from`]),
+    /// `Unpacked` says this generation is not unpacked because of the pause.
     pub fn paused(&mut self, generation: i64) {
+        let answered = self.condition(UNPACKED).is_some_and(|c| c.observed_generation == Some(generation));
+        if !answered {
+            let note = self.serving_note();
+            let message = format!("spec.paused is true: generation {generation} is not unpacked{note}");
+            self.set_condition(generation, UNPACKED, false, "Paused", &message);
+            self.unless_served(generation, NO_CONTENT, "nothing is served: spec.paused is true");
+        }
+        if self.condition(AVAILABLE).is_none() {
+            self.set_condition(generation, AVAILABLE, false, NO_CONTENT, "nothing is served: spec.paused is true");
+        }
         self.observed(generation);
-        self.set_condition(generation, PAUSED, true, "Paused", "spec.paused is true: sources are not fetched");
+        self.next_poll_time = None;
+        self.set_condition(generation, PAUSED, true, "Paused", PAUSED_MESSAGE);
+    }
+
+    /// The refresh asked for with the annotation's `value` was acted on.
+    pub fn refreshed(&mut self, value: &str) {
+        self.last_handled_refresh = Some(value.to_owned());
     }
 }
+
+/// `Available=False` while nothing was ever served.
+const NO_CONTENT: &str = "NoContent";
+const PAUSED_MESSAGE: &str = "spec.paused is true: sources are not fetched";
+const ACTIVE_MESSAGE: &str = "sources are fetched as the spec says";
 
 #[cfg(test)]
 mod tests {
@@ -292,7 +360,7 @@ mod tests {
 
     #[test]
     fn a_transition_time_moves_only_when_the_status_flips() {
-        let mut status = BundleStatus::initial(1, false);
+        let mut status = BundleStatus::initial(1, false, false);
         status.conditions[0].last_transition_time = "2020-01-01T00:00:00Z".into();
         status.unpacking(2);
         assert_eq!(status.conditions[0].last_transition_time, "2020-01-01T00:00:00Z", "False → False");
@@ -324,7 +392,7 @@ mod tests {
         assert!(status.unpacked_for(3) && status.conditions.iter().all(|c| c.observed_generation == Some(3)));
         assert_eq!((status.format.as_deref(), status.format_details.as_ref()), (Some("helm"), Some(&details)));
         assert_eq!((status.content_name.as_deref(), status.files), (Some("b-01"), Some(2)));
-        let mut waiting = BundleStatus::initial(1, true);
+        let mut waiting = BundleStatus::initial(1, true, false);
         waiting.restamp(2);
         assert_eq!(waiting.reason_for_generation(2), Some("AwaitingUpload"));
     }

@@ -50,13 +50,7 @@ pub async fn resolve(
                 return Ok(p.clone());
             }
         }
-        return Ok(ResolvedSource::Http {
-            url: spec.url.clone(),
-            tag: String::new(),
-            sha256,
-            etag: String::new(),
-            last_modified: String::new(),
-        });
+        return Ok(ResolvedSource::http(&spec.url, sha256, String::new(), String::new()));
     }
     ctx.check_cancelled()?;
     let client = client(&ctx.network)?;
@@ -81,13 +75,7 @@ pub async fn resolve(
     }
     if status == StatusCode::METHOD_NOT_ALLOWED || status == StatusCode::NOT_IMPLEMENTED {
         // No HEAD support: nothing to compare, so report a change and let the content decide.
-        return Ok(ResolvedSource::Http {
-            url: spec.url.clone(),
-            tag: String::new(),
-            sha256: String::new(),
-            etag: String::new(),
-            last_modified: String::new(),
-        });
+        return Ok(ResolvedSource::http(&spec.url, String::new(), String::new(), String::new()));
     }
     check_status(&url, status)?;
     let (etag, last_modified) = validators(response.headers());
@@ -102,7 +90,7 @@ pub async fn resolve(
             return Ok(p.clone());
         }
     }
-    Ok(ResolvedSource::Http { url: spec.url.clone(), tag: String::new(), sha256: String::new(), etag, last_modified })
+    Ok(ResolvedSource::http(&spec.url, String::new(), etag, last_modified))
 }
 
 /// Streams exactly the content `pinned` names into `sink`, verifying every digest; returns the
@@ -187,7 +175,7 @@ pub fn fetch(
         None => result?,
     };
     let (etag, last_modified) = seen.take().unwrap_or((version.etag, version.last_modified));
-    Ok(ResolvedSource::Http { url: spec.url.clone(), tag: String::new(), sha256, etag, last_modified })
+    Ok(ResolvedSource::http(&spec.url, sha256, etag, last_modified))
 }
 
 /// Streams the file's bytes into `sink` and returns their sha256, checked against `expected`.
@@ -351,14 +339,7 @@ mod tests {
     use super::*;
 
     fn pinned(etag: &str, last_modified: &str) -> ResolvedSource {
-        let (etag, last_modified) = (etag.to_owned(), last_modified.to_owned());
-        ResolvedSource::Http {
-            url: "https://x/f.tar".into(),
-            tag: String::new(),
-            sha256: String::new(),
-            etag,
-            last_modified,
-        }
+        ResolvedSource::http("https://x/f.tar", String::new(), etag.to_owned(), last_modified.to_owned())
     }
 
     #[test]

@@ -75,8 +75,7 @@ pub async fn pick(source: &Source, ctx: &SourceContext) -> Result<Option<Picked>
             None => repo.reference.tag.clone_from(&tag),
         }
     } else if let Some(http) = &mut concrete.http {
-        let version = tag.strip_prefix(['v', 'V']).unwrap_or(&tag);
-        http.url = http.release_url(&tag, version);
+        http.url = http.release_url(&tag);
         http.releases = None;
     }
     Ok(Some(Picked { source: concrete, tag, available: shown(&candidates) }))

@@ -2,7 +2,8 @@
 //! (owned by its Bundle, named after the digest, reused when the same content comes back), the
 //! Bundle's status pointing at it, and old BundleContents beyond `spec.revisionHistoryLimit`
 //! deleted — all in one atomic store write. Used by uploads and by the reconcile loop alike; the
-//! loop also re-checks what an upload Bundle serves when its spec changes ([`recheck_upload`]).
+//! loop also re-checks what a Bundle serves when its spec changed but not its content (an upload
+//! Bundle's spec, or a Bundle whose sources are all still pinned: [`recheck_served`]).
 
 use serde_json::Value;
 
@@ -161,56 +162,72 @@ pub fn write_status(
     expect: &Expect,
     compute: &dyn Fn(&Bundle) -> BundleStatus,
 ) -> Result<(), CommitError> {
-    write_status_with(store, expect, &mut |bundle| Ok(Some(compute(bundle))))
+    write_status_with(store, expect, &mut |bundle| Ok(Some((compute(bundle), Vec::new()))))
 }
 
-/// Brings an upload Bundle's status to its current generation: the content it serves is checked
-/// again against the current spec (`format`, `allowEmpty`; the same checks an upload gets) and
-/// the `Unpacked` condition says whether it is valid for it — it stays served either way. With
-/// nothing served, the conditions (`AwaitingUpload`, `ContentDeleted`) stay true as they are.
-/// Blocking; a write that raced with another (an upload landing) is done again on what is new.
-pub fn recheck_upload(store: &Store, expect: &Expect) -> Result<(), CommitError> {
+/// Brings a Bundle's status to its current generation without fetching anything, when what it
+/// serves is still what its spec asks for (an upload Bundle; a Bundle whose every source is still
+/// pinned): the content served is checked again against the current spec (`format`,
+/// `allowEmpty`; the checks an unpack or upload makes) and the `Unpacked` condition says whether
+/// it is valid for it — it stays served either way — and BundleContents past a lowered
+/// `revisionHistoryLimit` go. With nothing served, the conditions (`AwaitingUpload`,
+/// `ContentDeleted`) stay true as they are. Blocking; a write that raced with another (an upload
+/// landing) is done again on what is new.
+pub fn recheck_served(store: &Store, expect: &Expect) -> Result<(), CommitError> {
     write_status_with(store, expect, &mut |bundle| {
         let generation = bundle.generation();
         let mut status = bundle.status_or_default();
-        if status.observed_generation == Some(generation) {
+        let done = match bundle.takes_uploads() {
+            true => status.observed_generation == Some(generation),
+            false => bundle.is_unpacked(),
+        };
+        if done {
             return Ok(None);
         }
+        let mut writes = Vec::new();
         match served_revision(store, bundle)? {
             None => status.restamp(generation),
-            Some(revision) => {
+            Some((content, revision)) => {
                 match sink::recheck(store, revision, bundle.spec.format_name(), bundle.spec.allows_empty()) {
                     Ok(report) => status.rechecked(generation, report.format.clone(), report.details()),
                     Err(UnpackError::Storage(e)) => return Err(e.into()),
                     Err(e) => status.recheck_failed(generation, e.reason(), &e.to_string()),
                 }
+                writes = prune(store, bundle, &content)?;
             }
         }
-        Ok(Some(status))
+        Ok(Some((status, writes)))
     })
 }
 
-/// Writes the status `compute` makes of the current Bundle (`None`: nothing to write), if it is
-/// still the expected one; after a conflicting write it is computed again on what is new.
+/// A Bundle's new status and the writes that go with it (BundleContents pruned).
+type StatusWrite = (BundleStatus, Vec<ObjectWrite>);
+
+/// Writes the status `compute` makes of the current Bundle (`None`: nothing to write), with the
+/// writes it adds, if it is still the expected one; after a conflicting write it is computed
+/// again on what is new.
 fn write_status_with(
     store: &Store,
     expect: &Expect,
-    compute: &mut dyn FnMut(&Bundle) -> Result<Option<BundleStatus>, CommitError>,
+    compute: &mut dyn FnMut(&Bundle) -> Result<Option<StatusWrite>, CommitError>,
 ) -> Result<(), CommitError> {
     for _ in 0..8 {
         let current = current(store, expect)?;
-        let Some(status) = compute(&current.bundle)? else { return Ok(()) };
+        let Some((status, mut writes)) = compute(&current.bundle)? else { return Ok(()) };
         let updated = with_status(&current.stored.value, &status);
-        if updated == current.stored.value {
+        if updated == current.stored.value && writes.is_empty() {
             return Ok(());
         }
-        let write = ObjectWrite::Put {
-            key: ObjectKey::new(Bundle::PLURAL, &expect.namespace, &expect.name),
-            object: updated,
-            precondition: Precondition::ResourceVersion(current.stored.resource_version),
-            revision: None,
-        };
-        match store.write_objects(vec![write]) {
+        writes.insert(
+            0,
+            ObjectWrite::Put {
+                key: ObjectKey::new(Bundle::PLURAL, &expect.namespace, &expect.name),
+                object: updated,
+                precondition: Precondition::ResourceVersion(current.stored.resource_version),
+                revision: None,
+            },
+        );
+        match store.write_objects(writes) {
             Err(StorageError::Conflict(_)) => continue,
             other => return other.map(|_| ()).map_err(CommitError::from),
         }
@@ -218,13 +235,13 @@ fn write_status_with(
     Err(StorageError::Conflict(format!("bundles {:?}", expect.name)).into())
 }
 
-/// The revision of the BundleContent a Bundle's status says it serves, if there is one.
-fn served_revision(store: &Store, bundle: &Bundle) -> Result<Option<RevisionId>, StorageError> {
+/// The BundleContent a Bundle's status says it serves and its revision, if there is one.
+fn served_revision(store: &Store, bundle: &Bundle) -> Result<Option<(String, RevisionId)>, StorageError> {
     let Some(content) = bundle.status.as_ref().and_then(|s| s.content_name.as_deref()).filter(|c| !c.is_empty()) else {
         return Ok(None);
     };
     let key = ObjectKey::new(BundleContent::PLURAL, bundle.namespace(), content);
-    Ok(store.get_object(&key)?.and_then(|stored| stored.revision))
+    Ok(store.get_object(&key)?.and_then(|stored| stored.revision).map(|revision| (content.to_owned(), revision)))
 }
 
 /// Deletes of the Bundle's BundleContents beyond its history limit: newest kept, never `active`.

@@ -111,10 +111,7 @@ async fn git_branch_and_default_head_fetch_the_corpus_tree() {
     let ctx = context(&[server.host_port()], None);
 
     let by_branch = git::resolve(&spec(&server.url("etcd"), "", "", "main"), &ctx, None).await.unwrap();
-    assert_eq!(
-        by_branch,
-        ResolvedSource::Git { repository: server.url("etcd"), commit: c1.clone(), tag: String::new() }
-    );
+    assert_eq!(by_branch, ResolvedSource::git(&server.url("etcd"), c1.clone()));
     let by_head = git::resolve(&spec(&server.url("etcd"), "", "", ""), &ctx, None).await.unwrap();
     assert_eq!(by_head, by_branch, "no ref = the remote's HEAD");
 
@@ -260,7 +257,7 @@ async fn git_pinned_commit_resolves_without_the_server() {
     let commit = "0123456789abcdef0123456789abcdef01234567";
     let ctx = context(&[host], None);
     let resolved = git::resolve(&spec(&url, commit, "", ""), &ctx, None).await.unwrap();
-    assert_eq!(resolved, ResolvedSource::Git { repository: url, commit: commit.into(), tag: String::new() });
+    assert_eq!(resolved, ResolvedSource::git(&url, commit.into()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

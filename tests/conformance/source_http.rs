@@ -113,13 +113,7 @@ async fn http_basic_auth() {
     );
     let wrong = Credentials::Basic { username: "bob".into(), password: "nope-pw".into() };
     let ctx = context(&[server.host_port()], Some(wrong));
-    let pinned = ResolvedSource::Http {
-        tag: String::new(),
-        url: s.url.clone(),
-        sha256: String::new(),
-        etag: String::new(),
-        last_modified: String::new(),
-    };
+    let pinned = ResolvedSource::http(&s.url, String::new(), String::new(), String::new());
     let err = fetch(&s, &ctx, &pinned).await.unwrap_err();
     assert!(matches!(err, UnpackError::Denied(_)) && !err.to_string().contains("nope-pw"), "{err:?}");
 
@@ -174,13 +168,7 @@ async fn http_plain_http_needs_the_insecure_host_flag() {
     let err = http::resolve(&s, &ctx, None).await.unwrap_err();
     let flag = format!("--insecure-source-host {}", server.host_port());
     assert!(matches!(err, UnpackError::Unsupported(ref m) if m.contains(&flag)), "{err:?}");
-    let pinned = ResolvedSource::Http {
-        tag: String::new(),
-        url: s.url.clone(),
-        sha256: String::new(),
-        etag: String::new(),
-        last_modified: String::new(),
-    };
+    let pinned = ResolvedSource::http(&s.url, String::new(), String::new(), String::new());
     let err = fetch(&s, &ctx, &pinned).await.unwrap_err();
     assert!(matches!(err, UnpackError::Unsupported(_)), "{err:?}");
 }
@@ -190,13 +178,7 @@ async fn http_limits_and_cancellation() {
     let server = HttpServer::start(HttpAuth::None);
     server.put("b.tar.zst", &zstd(&system_tar(&corpus().join("operator-registry/prometheus"))));
     let s = spec(&server.url("b.tar.zst"), "");
-    let pinned = ResolvedSource::Http {
-        tag: String::new(),
-        url: s.url.clone(),
-        sha256: String::new(),
-        etag: String::new(),
-        last_modified: String::new(),
-    };
+    let pinned = ResolvedSource::http(&s.url, String::new(), String::new(), String::new());
     let mut ctx = context(&[server.host_port()], None);
     ctx.limits.max_total_bytes = 64 * 1024;
     let err = fetch(&s, &ctx, &pinned).await.unwrap_err();

@@ -113,15 +113,7 @@ async fn single_platform_image_has_the_corpus_files() {
     let s = spec(&reg.reference("bundles/etcd", "v1"), "");
     let (resolved, got) = pull(&s, &ctx).await.expect("pull");
     assert_trees_equal(&expected, &got, "image");
-    assert_eq!(
-        resolved,
-        ResolvedSource::Image {
-            reference: s.reference.clone(),
-            digest: img.digest.clone(),
-            manifest: String::new(),
-            tag: String::new()
-        }
-    );
+    assert_eq!(resolved, ResolvedSource::image(&s.reference.clone(), img.digest.clone(), String::new()));
     // Re-resolving an unchanged tag says "unchanged" by returning an equal value.
     assert_eq!(resolve(&s, &ctx, Some(&resolved)).await.expect("re-resolve"), resolved);
     assert!(ctx.budget.downloaded() > 0, "downloaded bytes are counted for the expansion limit");
@@ -141,15 +133,7 @@ async fn index_selects_the_platform_and_lists_the_available_ones() {
 
     let (resolved, got) = pull(&spec(&reference, ""), &ctx).await.expect("default platform");
     assert_eq!(got, tree(&[("arch", "amd64")]));
-    assert_eq!(
-        resolved,
-        ResolvedSource::Image {
-            reference: reference.clone(),
-            digest: index.digest.clone(),
-            manifest: amd.digest,
-            tag: String::new()
-        }
-    );
+    assert_eq!(resolved, ResolvedSource::image(&reference.clone(), index.digest.clone(), amd.digest));
 
     let (resolved, got) = pull(&spec(&reference, "linux/arm64"), &ctx).await.expect("arm64");
     assert_eq!(got, tree(&[("arch", "arm64")]));
@@ -393,15 +377,7 @@ async fn moved_tags_resolve_anew_and_digests_need_no_registry() {
 
     drop(reg);
     let resolved = resolve(&pinned, &ctx, None).await.expect("digest-pinned resolve without a registry");
-    assert_eq!(
-        resolved,
-        ResolvedSource::Image {
-            reference: pinned.reference.clone(),
-            digest: v1.digest,
-            manifest: String::new(),
-            tag: String::new()
-        }
-    );
+    assert_eq!(resolved, ResolvedSource::image(&pinned.reference.clone(), v1.digest, String::new()));
     let err = pull(&s, &ctx).await.expect_err("registry gone");
     assert!(matches!(err, UnpackError::Fetch(_)), "{err:?}");
 }

@@ -114,6 +114,7 @@ fn schema() -> Value {
                 "versions": array_of(string()),
             }))),
             "nextPollTime": doc_string("When the sources are resolved next (the next poll, or the retry after a failure)."),
+            "lastHandledRefresh": doc_string("The last value of the content.stowage.dev/refresh annotation acted on."),
             "contentName": string(),
             "digest": string(),
             "format": string(),
@@ -143,7 +144,8 @@ fn validate(obj: &Value) -> Vec<Cause> {
 
 fn initial_status(obj: &Value) -> Option<Value> {
     let bundle: Bundle = decode_or_default(obj);
-    serde_json::to_value(BundleStatus::initial(bundle.generation(), bundle.takes_uploads())).ok()
+    serde_json::to_value(BundleStatus::initial(bundle.generation(), bundle.takes_uploads(), bundle.spec.is_paused()))
+        .ok()
 }
 
 /// `spec.sources[i].image.pullSecret`, `.git.authSecret`, `.http.authSecret`.

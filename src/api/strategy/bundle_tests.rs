@@ -64,6 +64,7 @@ fn full_bundle() -> Bundle {
         size: Some(1),
         available_versions: vec![AvailableVersions { source: 0, versions: vec!["1.0.0".into()] }],
         next_poll_time: Some("2026-01-01T00:00:00Z".into()),
+        last_handled_refresh: Some("now".into()),
     };
     Bundle { status: Some(status), ..Bundle::new("b", spec) }
 }

@@ -119,8 +119,7 @@ mod tests {
     #[test]
     fn the_schema_declares_exactly_the_typed_fields() {
         let mut content = BundleContent::default();
-        content.spec.sources =
-            vec![ResolvedSource::Git { repository: "r".into(), commit: "c".into(), tag: String::new() }];
+        content.spec.sources = vec![ResolvedSource::git("r", "c".into())];
         content.spec.format_details =
             FormatDetails { objects: BTreeMap::from([("Pod".into(), 1)]), ..Default::default() };
         let schema = schema();

@@ -71,11 +71,7 @@ pub async fn resolve(
     }
     if !r.commit.is_empty() {
         let commit = parse_commit(&r.commit)?;
-        return Ok(ResolvedSource::Git {
-            repository: spec.repository.clone(),
-            commit: commit.to_string(),
-            tag: String::new(),
-        });
+        return Ok(ResolvedSource::git(&spec.repository, commit.to_string()));
     }
     let wanted = if !r.tag.is_empty() {
         format!("refs/tags/{}", r.tag)
@@ -88,7 +84,7 @@ pub async fn resolve(
     let Some((_, commit)) = refs.into_iter().find(|(name, _)| *name == wanted) else {
         return Err(UnpackError::NotFound(format!("git source {}: {wanted} not found on the remote", redact(&url))));
     };
-    Ok(ResolvedSource::Git { repository: spec.repository.clone(), commit, tag: String::new() })
+    Ok(ResolvedSource::git(&spec.repository, commit))
 }
 
 /// The tags of `repository` (names without `refs/tags/`), each with the commit it points at
@@ -156,7 +152,7 @@ pub fn fetch(
         })?
         .detach();
     tree::walk(&repo, root, &spec.directory, id, ctx, sink)?;
-    Ok(ResolvedSource::Git { repository: repository.clone(), commit: id.to_string(), tag: String::new() })
+    Ok(ResolvedSource::git(repository, id.to_string()))
 }
 
 /// The URL of a git source, if this server may fetch it: https, or plain http to a host listed

@@ -58,7 +58,7 @@ pub async fn resolve(
             return Ok(previous.clone());
         }
     }
-    Ok(ResolvedSource::Image { reference: spec.reference.clone(), digest, manifest: String::new(), tag: String::new() })
+    Ok(ResolvedSource::image(&spec.reference, digest, String::new()))
 }
 
 /// Every tag of `spec.reference`'s repository, for a version range to choose from.
@@ -125,12 +125,7 @@ pub fn fetch(
         puller.layer(layer, encoding, &mut layer_sink)?;
         layer_sink.finish_layer();
     }
-    Ok(ResolvedSource::Image {
-        reference: spec.reference.clone(),
-        digest: digest.clone(),
-        manifest: platform_manifest,
-        tag: String::new(),
-    })
+    Ok(ResolvedSource::image(&spec.reference, digest.clone(), platform_manifest))
 }
 
 /// How many more bytes of a layer are read after its archive failed, to tell tampering apart

@@ -4,6 +4,12 @@
 //! would meet again (not found, refused credentials, no matching version, invalid content) wait
 //! for a spec change or the next poll. The time of the next attempt is kept in
 //! `status.nextPollTime`, so a restart keeps the schedule ([`super::plan`]).
+//!
+//! Pinned means pinned: a new generation resolves again only the sources whose own fields
+//! changed; the others keep the pin in `status.resolvedSources` (a branch stays on its commit).
+//! When no source changed, nothing is fetched: the served content is checked against the new
+//! spec ([`revisions::recheck_served`]). Every source is resolved again on a poll, and when the
+//! `content.stowage.dev/refresh` annotation gets a new value.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,12 +30,15 @@ const FIRST_RETRY: Duration = Duration::from_secs(5);
 pub(super) const MAX_RETRY: Duration = Duration::from_secs(300);
 
 /// What the next attempt does.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 enum Mode {
-    /// Resolve and fetch everything (a new generation, or a retry).
+    /// Unpack the current generation (a new one, or a retry): sources still pinned keep their
+    /// pin, the others are resolved; nothing is fetched when every source is still pinned.
     Unpack,
-    /// Resolve; fetch only if a resolved source differs from what is served.
+    /// A poll: resolve every source; fetch only if one differs from what is served.
     Recheck,
+    /// The refresh annotation's new value: as a poll, then record the value as handled.
+    Refresh(String),
 }
 
 enum Outcome {
@@ -42,12 +51,10 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
     let (mut mode, mut wait) = match plan {
         Plan::Nothing => return,
         Plan::RecheckUpload => return super::recheck::run(shared, &expect, &cancel).await,
-        Plan::MarkPaused => {
-            let _ = write_status(shared, &expect, |b| with(b, |s, generation| s.paused(generation))).await;
-            return;
-        }
+        Plan::MarkPaused => return mark_paused(shared, &expect, &cancel).await,
         Plan::Unpack(delay) => (Mode::Unpack, delay),
         Plan::Poll(delay) => (Mode::Recheck, delay),
+        Plan::Refresh(value) => (Mode::Refresh(value), Duration::ZERO),
     };
     let mut failures = 0u32;
     loop {
@@ -63,8 +70,16 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
             permit = shared.slots.acquire() => match permit { Ok(p) => p, Err(_) => return },
         };
         drop(queued);
-        let outcome = attempt(shared, &expect, mode, &cancel).await;
+        let outcome = attempt(shared, &expect, &mode, &cancel).await;
         drop(permit);
+        // A refresh is acted on once it got an answer (a transient failure retries it, across
+        // restarts too).
+        if let Mode::Refresh(value) = &mode {
+            if !matches!(&outcome, Outcome::Failed(e) if e.is_transient() || matches!(e, UnpackError::Cancelled)) {
+                let value = value.clone();
+                let _ = write_status(shared, &expect, move |b| with(b, |s, _| s.refreshed(&value))).await;
+            }
+        }
         let bundle = match revisions::current(&shared.store, &expect) {
             Ok(current) => current.bundle,
             Err(_) => return, // gone or superseded: the loop starts what the new spec needs
@@ -126,6 +141,16 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
             None => return,
         }
     }
+}
+
+/// `spec.paused`: said in the status for the current generation. A spec whose sources are all
+/// still pinned gets its served content checked first, so `Unpacked` can answer for it.
+async fn mark_paused(shared: &Arc<Shared>, expect: &Expect, cancel: &CancellationToken) {
+    let pinned = current(shared, expect).is_ok_and(|b| b.still_pinned() && !b.is_unpacked());
+    if pinned {
+        super::recheck::run(shared, expect, cancel).await;
+    }
+    let _ = write_status(shared, expect, |b| with(b, |s, generation| s.paused(generation))).await;
 }
 
 /// How often the credentials of a Bundle whose credentials were refused are read again.
@@ -211,7 +236,7 @@ where
         .unwrap_or(Err(CommitError::Gone))
 }
 
-async fn attempt(shared: &Arc<Shared>, expect: &Expect, mode: Mode, cancel: &CancellationToken) -> Outcome {
+async fn attempt(shared: &Arc<Shared>, expect: &Expect, mode: &Mode, cancel: &CancellationToken) -> Outcome {
     let started = std::time::Instant::now();
     let outcome = try_attempt(shared, expect, mode, cancel).await;
     shared.config.metrics.job_ended(&outcome, started.elapsed());
@@ -225,23 +250,29 @@ async fn attempt(shared: &Arc<Shared>, expect: &Expect, mode: Mode, cancel: &Can
 async fn try_attempt(
     shared: &Arc<Shared>,
     expect: &Expect,
-    mode: Mode,
+    mode: &Mode,
     cancel: &CancellationToken,
 ) -> Result<bool, UnpackError> {
     let bundle = current(shared, expect)?;
+    let unpack = *mode == Mode::Unpack;
     // Another job may have finished this generation since the plan was made.
-    if mode == Mode::Unpack && bundle.is_unpacked() {
+    if unpack && bundle.is_unpacked() {
+        return Ok(false);
+    }
+    if unpack && bundle.still_pinned() {
+        recheck_served(shared, expect).await?;
         return Ok(false);
     }
     let specs = bundle.spec.sources.clone();
-    if mode == Mode::Unpack {
+    if unpack {
         write_status(shared, expect, unpacking).await.map_err(commit_error)?;
     }
     let mut contexts = Vec::with_capacity(specs.len());
     let mut resolved = Vec::with_capacity(specs.len());
     let mut concrete = Vec::with_capacity(specs.len());
     let mut available = Vec::new();
-    let served: &[ResolvedSource] = bundle.status.as_ref().map_or(&[], |s| &s.resolved_sources);
+    let status = bundle.status_or_default();
+    let served: &[ResolvedSource] = &status.resolved_sources;
     for (i, spec) in specs.iter().enumerate() {
         let ctx = SourceContext {
             runtime: tokio::runtime::Handle::current(),
@@ -253,21 +284,30 @@ async fn try_attempt(
             scratch: Scratch { dir: shared.config.scratch_dir.clone(), space: Some(shared.store.clone()) },
             downloads: Some(shared.config.downloads.for_bundle(&expect.uid)),
         };
-        let previous = if mode == Mode::Recheck { served.get(i) } else { None };
+        // A source whose own fields did not change keeps its pin through a new generation.
+        let kept = served.get(i).filter(|pin| unpack && pin.resolved_from(spec));
+        if let Some(pin) = kept {
+            available.extend(status.available_versions.iter().filter(|a| a.source == i).cloned());
+            concrete.push((concrete_source(spec, pin), pin_tag(pin)));
+            resolved.push(pin.clone());
+            contexts.push(ctx);
+            continue;
+        }
+        let previous = if unpack { None } else { served.get(i) };
         // A version range first picks its tag; the source then resolves as if the tag were written.
-        let (spec, tag) = match releases::pick(spec, &ctx).await? {
+        let (concrete_spec, tag) = match releases::pick(spec, &ctx).await? {
             Some(picked) => {
                 available.push(AvailableVersions { source: i, versions: picked.available });
                 (picked.source, picked.tag)
             }
             None => (spec.clone(), String::new()),
         };
-        let mut pinned = resolve(&spec, &ctx, previous).await?;
+        let mut pinned = resolve(&concrete_spec, &ctx, previous).await?;
         if !tag.is_empty() {
             pinned = pinned.with_tag(&tag);
         }
-        resolved.push(pinned);
-        concrete.push((spec, tag));
+        resolved.push(pinned.recording(spec));
+        concrete.push((concrete_spec, tag));
         contexts.push(ctx);
     }
     if bundle.status.as_ref().map_or(&[][..], |s| &s.available_versions) != available.as_slice() {
@@ -276,10 +316,14 @@ async fn try_attempt(
             .await
             .map_err(commit_error)?;
     }
-    if mode == Mode::Recheck && resolved.len() == served.len() && resolved == served {
+    if !unpack && resolved.as_slice() == served && status.serves_content() {
+        // Nothing moved: the content served is what the sources hold now.
+        if !bundle.is_unpacked() {
+            recheck_served(shared, expect).await?;
+        }
         return Ok(false);
     }
-    if mode == Mode::Recheck {
+    if !unpack {
         write_status(shared, expect, unpacking).await.map_err(commit_error)?;
     }
     let declared = bundle.spec.format_name();
@@ -292,7 +336,7 @@ async fn try_attempt(
         let budget = Arc::new(Budget::default());
         let mut sink = TreeSink::new(&mut writer, limits, budget.clone());
         let mut finals = Vec::with_capacity(specs.len());
-        for (((spec, tag), ctx), pinned) in concrete.iter().zip(contexts).zip(&resolved) {
+        for ((((spec, tag), ctx), pinned), asked) in concrete.iter().zip(contexts).zip(&resolved).zip(&specs) {
             ctx.check_cancelled()?;
             sink.set_destination(&spec.destination);
             // One budget across sources, so the expansion ratio covers the whole unpack.
@@ -300,7 +344,8 @@ async fn try_attempt(
             let before = budget.downloaded();
             let fetched = fetch(spec, &ctx, pinned, &mut sink);
             metrics.fetched(spec, budget.downloaded().saturating_sub(before));
-            finals.push(if tag.is_empty() { fetched? } else { fetched?.with_tag(tag) });
+            let fetched = if tag.is_empty() { fetched? } else { fetched?.with_tag(tag) };
+            finals.push(fetched.recording(asked));
         }
         let report: FormatReport = sink.finish(declared, true, allow_empty)?;
         let pending = writer.finalize()?;
@@ -310,6 +355,46 @@ async fn try_attempt(
     })
     .await
     .map_err(|e| UnpackError::Storage(crate::storage::StorageError::Corrupt(format!("unpack task failed: {e}"))))?
+}
+
+/// The served content checked against the current spec, nothing fetched ([`revisions::recheck_served`]).
+async fn recheck_served(shared: &Arc<Shared>, expect: &Expect) -> Result<(), UnpackError> {
+    let (store, expect) = (shared.store.clone(), expect.clone());
+    tokio::task::spawn_blocking(move || revisions::recheck_served(&store, &expect))
+        .await
+        .unwrap_or(Err(CommitError::Gone))
+        .map_err(commit_error)
+}
+
+/// `spec` as it was made concrete when `pin` was resolved: the tag a version range chose, the
+/// release URL filled in.
+fn concrete_source(spec: &Source, pin: &ResolvedSource) -> Source {
+    let mut concrete = spec.clone();
+    match (pin, &mut concrete) {
+        (ResolvedSource::Image { reference, .. }, Source { image: Some(image), .. }) => {
+            reference.clone_into(&mut image.reference);
+            image.semver.clear();
+        }
+        (ResolvedSource::Git { commit, .. }, Source { git: Some(repo), .. }) => {
+            repo.reference = crate::api::GitRef { commit: commit.clone(), ..Default::default() };
+        }
+        (ResolvedSource::Http { url, .. }, Source { http: Some(http), .. }) => {
+            url.clone_into(&mut http.url);
+            http.releases = None;
+        }
+        _ => {}
+    }
+    concrete
+}
+
+/// The tag a version range chose for `pin` (empty without a range).
+fn pin_tag(pin: &ResolvedSource) -> String {
+    match pin {
+        ResolvedSource::Image { tag, .. } | ResolvedSource::Git { tag, .. } | ResolvedSource::Http { tag, .. } => {
+            tag.clone()
+        }
+        ResolvedSource::Upload { .. } => String::new(),
+    }
 }
 
 fn current(shared: &Arc<Shared>, expect: &Expect) -> Result<Bundle, UnpackError> {

@@ -64,6 +64,8 @@ struct Running {
     id: u64,
     uid: String,
     generation: i64,
+    /// The refresh annotation's value when the job started: a new one starts a new job.
+    refresh: Option<String>,
     cancel: CancellationToken,
 }
 
@@ -119,8 +121,12 @@ async fn relist(shared: &Arc<Shared>, first: bool) -> u64 {
         let listed = store.list_objects("bundles", None)?;
         if first {
             let resumed = listed.0.iter().filter_map(|b| crate::api::strategy::decode::<Bundle>(&b.value).ok());
-            downloads
-                .sweep(&resumed.filter(|b| matches!(plan(b), Plan::Unpack(_))).map(|b| b.uid().to_string()).collect());
+            downloads.sweep(
+                &resumed
+                    .filter(|b| matches!(plan(b), Plan::Unpack(_) | Plan::Refresh(_)))
+                    .map(|b| b.uid().to_string())
+                    .collect(),
+            );
         }
         Ok::<_, StorageError>(listed)
     });
@@ -202,9 +208,10 @@ fn consider(shared: &Arc<Shared>, object: &Value) {
     let key = (bundle.namespace().to_string(), bundle.name().to_string());
     let uid = bundle.uid().to_string();
     let generation = bundle.generation();
+    let refresh = bundle.metadata.annotations.as_ref().and_then(|a| a.get(crate::api::REFRESH_ANNOTATION)).cloned();
     let mut jobs = shared.jobs.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(job) = jobs.get(&key) {
-        if job.uid == uid && job.generation == generation && !job.cancel.is_cancelled() {
+        if job.uid == uid && job.generation == generation && job.refresh == refresh && !job.cancel.is_cancelled() {
             return;
         }
         job.cancel.cancel();
@@ -216,7 +223,7 @@ fn consider(shared: &Arc<Shared>, object: &Value) {
     }
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let cancel = shared.shutdown.child_token();
-    jobs.insert(key.clone(), Running { id, uid: uid.clone(), generation, cancel: cancel.clone() });
+    jobs.insert(key.clone(), Running { id, uid: uid.clone(), generation, refresh, cancel: cancel.clone() });
     drop(jobs);
     let expect = super::revisions::Expect {
         namespace: key.0.clone(),

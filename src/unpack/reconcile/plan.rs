@@ -13,8 +13,10 @@ pub enum Plan {
     /// An upload Bundle whose status speaks for an older generation: check what it serves
     /// against the current spec.
     RecheckUpload,
-    /// `spec.paused` and not yet said so in the status.
+    /// `spec.paused` and not yet said so in the status for this generation.
     MarkPaused,
+    /// The refresh annotation holds this new value: resolve every source again now.
+    Refresh(String),
     /// Unpack the current generation after this long: at once, or when the retry of a transient
     /// failure was scheduled (`status.nextPollTime`, kept across restarts).
     Unpack(Duration),
@@ -44,8 +46,11 @@ pub fn plan(bundle: &Bundle) -> Plan {
         return if current { Plan::Nothing } else { Plan::RecheckUpload };
     }
     if bundle.spec.is_paused() {
-        let marked = bundle.status.as_ref().is_some_and(|s| s.is_marked_paused());
+        let marked = bundle.status.as_ref().is_some_and(|s| s.is_marked_paused(bundle.generation()));
         return if marked { Plan::Nothing } else { Plan::MarkPaused };
+    }
+    if let Some(value) = bundle.refresh_requested() {
+        return Plan::Refresh(value.to_owned());
     }
     let scheduled = bundle.status.as_ref().and_then(|s| s.next_poll_time.as_deref()).and_then(time_until);
     match bundle.unpacked_reason() {
@@ -117,6 +122,22 @@ mod tests {
         };
         assert!(left > Duration::from_secs(30), "a retry keeps its time across a restart: {left:?}");
         let paused = json!({"sources": [{"git": {"repository": "https://x"}}], "paused": true});
-        assert_eq!(plan(&bundle(paused, None)), Plan::MarkPaused);
+        assert_eq!(plan(&bundle(paused.clone(), None)), Plan::MarkPaused);
+        let mut marked = bundle(paused, None);
+        marked.status = Some(crate::api::BundleStatus::initial(1, false, true));
+        assert_eq!(plan(&marked), Plan::MarkPaused, "marked for generation 1, now at 2");
+        marked.status.as_mut().unwrap().paused(2);
+        assert_eq!(plan(&marked), Plan::Nothing);
+        let mut refreshed = bundle(json!({"sources": [{"git": {"repository": "https://x"}}]}), Some(("Unpacked", 2)));
+        let annotate = |b: &mut Bundle, value: &str| {
+            b.metadata.annotations =
+                Some([(crate::api::REFRESH_ANNOTATION.to_owned(), value.to_owned())].into_iter().collect());
+        };
+        annotate(&mut refreshed, "2026-11-27T10:00:00Z");
+        assert_eq!(plan(&refreshed), Plan::Refresh("2026-11-27T10:00:00Z".into()));
+        refreshed.status.as_mut().unwrap().refreshed("2026-11-27T10:00:00Z");
+        assert_eq!(plan(&refreshed), Plan::Nothing, "acted on");
+        annotate(&mut refreshed, "again");
+        assert_eq!(plan(&refreshed), Plan::Refresh("again".into()));
     }
 }

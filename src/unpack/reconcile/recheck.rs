@@ -1,6 +1,7 @@
-//! An upload Bundle whose spec changed: its status is brought to the new generation by checking
-//! the content it serves against the new spec ([`revisions::recheck_upload`]), in one of the
-//! unpack slots (the check reads the bundle's object files), retrying store failures with backoff.
+//! A Bundle whose spec changed but not what it serves (an upload Bundle, or one whose sources are
+//! all still pinned): its status is brought to the new generation by checking the content it
+//! serves against the new spec ([`revisions::recheck_served`]), in one of the unpack slots (the
+//! check reads the bundle's object files), retrying store failures with backoff.
 
 use std::sync::Arc;
 
@@ -10,6 +11,7 @@ use super::job::backoff;
 use super::Shared;
 use crate::unpack::revisions::{self, CommitError, Expect};
 
+/// Returns once the status speaks for the new generation, or the Bundle moved on or went.
 pub(super) async fn run(shared: &Arc<Shared>, expect: &Expect, cancel: &CancellationToken) {
     let mut failures = 0u32;
     loop {
@@ -18,7 +20,7 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: &Expect, cancel: &Cancella
             permit = shared.slots.acquire() => match permit { Ok(p) => p, Err(_) => return },
         };
         let (store, owned) = (shared.store.clone(), expect.clone());
-        let result = tokio::task::spawn_blocking(move || revisions::recheck_upload(&store, &owned))
+        let result = tokio::task::spawn_blocking(move || revisions::recheck_served(&store, &owned))
             .await
             .unwrap_or(Err(CommitError::Gone));
         drop(permit);
