@@ -326,3 +326,77 @@ impl Source {
         refs.into_iter().filter_map(|(field, name)| name.filter(|n| !n.is_empty()).map(|n| (field, n))).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn git(reference: GitRef, directory: &str, destination: &str) -> Source {
+        let git = GitSource {
+            repository: "https://h/r".into(),
+            reference,
+            directory: directory.into(),
+            ..Default::default()
+        };
+        Source { git: Some(git), destination: destination.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn a_pin_holds_while_its_source_is_unchanged_but_for_credentials() {
+        let main = GitRef { branch: "main".into(), ..Default::default() };
+        let spec = git(main.clone(), "deploy", "from-git");
+        let pin = ResolvedSource::git("https://h/r", "c1".into()).recording(&spec);
+        assert!(pin.resolved_from(&spec));
+        let mut secret = spec.clone();
+        secret.git.as_mut().unwrap().auth_secret = "creds".into();
+        assert!(pin.resolved_from(&secret), "credentials are not what was asked for");
+        let tag = GitRef { tag: "v1".into(), ..Default::default() };
+        for changed in
+            [git(tag, "deploy", "from-git"), git(main.clone(), "other", "from-git"), git(main, "deploy", "x")]
+        {
+            assert!(!pin.resolved_from(&changed), "{changed:?}");
+        }
+        let old = ResolvedSource::git("https://h/r", "c1".into());
+        assert!(!old.resolved_from(&spec), "a pin that recorded nothing is resolved again");
+
+        let image = |reference: &str, semver: &str, platform: &str| Source {
+            image: Some(ImageSource {
+                reference: reference.into(),
+                semver: semver.into(),
+                platform: platform.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let ranged = image("r/x", ">=1 <2", "");
+        let pin =
+            ResolvedSource::image("r/x:1.4.0", "sha256:1".into(), String::new()).with_tag("1.4.0").recording(&ranged);
+        assert!(pin.resolved_from(&ranged));
+        assert!(!pin.resolved_from(&image("r/x", ">=2", "")), "another range");
+        assert!(!pin.resolved_from(&image("r/x", ">=1 <2", "linux/arm64")), "another platform");
+        let tagged = image("r/x:1", "", "");
+        let pin = ResolvedSource::image("r/x:1", "sha256:1".into(), String::new()).recording(&tagged);
+        assert!(pin.resolved_from(&tagged) && !pin.resolved_from(&image("r/x:2", "", "")));
+
+        let releases = Releases { repository: "https://h/r".into(), semver: "^1".into() };
+        let http = |url: &str, sha256: &str| Source {
+            http: Some(HttpSource {
+                url: url.into(),
+                sha256: sha256.into(),
+                releases: url.contains('{').then(|| releases.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let asset = http("https://h/d/{tag}/a-{version}.tgz", "");
+        let pin = ResolvedSource::http("https://h/d/v1.2.0/a-1.2.0.tgz", "ab".into(), String::new(), String::new())
+            .with_tag("v1.2.0")
+            .recording(&asset);
+        assert!(pin.resolved_from(&asset));
+        assert!(!pin.resolved_from(&http("https://h/d/{tag}/b-{version}.tgz", "")));
+        let plain = http("https://h/a.tgz", "");
+        let pin = ResolvedSource::http("https://h/a.tgz", "ab".into(), String::new(), String::new()).recording(&plain);
+        assert!(pin.resolved_from(&plain) && pin.resolved_from(&http("https://h/a.tgz", "AB")));
+        assert!(!pin.resolved_from(&http("https://h/a.tgz", "cd")), "another pinned digest");
+    }
+}

@@ -63,6 +63,7 @@ pub use objects::{ChangeEvent, ObjectKey, ObjectWrite, Precondition, StoredObjec
 pub use read::{FileListing, RangeSpec, Sink};
 pub use revision::{PendingRevision, RevisionWriter};
 pub use space::{is_out_of_space, WriteKind, DEFAULT_MIN_FREE_BYTES};
+pub use staging::DUPLICATE_PATH;
 
 /// Identifies one stored content revision.
 pub type RevisionId = u64;

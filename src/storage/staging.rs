@@ -40,6 +40,9 @@ pub struct Staging {
     hasher: std::collections::hash_map::RandomState,
 }
 
+/// The reason an entry whose path was already staged is refused.
+pub const DUPLICATE_PATH: &str = "duplicate path";
+
 fn invalid(path: &str, reason: &str) -> StorageError {
     StorageError::InvalidEntry { path: path.into(), reason: reason.into() }
 }
@@ -93,7 +96,7 @@ impl Staging {
     /// Refuses a path already staged.
     pub fn ensure_new(&mut self, path: &str) -> Result<()> {
         if self.find(path)?.is_some() {
-            return Err(invalid(path, "duplicate path"));
+            return Err(invalid(path, DUPLICATE_PATH));
         }
         Ok(())
     }

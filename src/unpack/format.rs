@@ -8,7 +8,11 @@
 //!
 //! The [`Inspector`] sees the few files that decide this while they stream into the store (object
 //! files are parsed then, one at a time, so memory follows the largest manifest, not the bundle),
-//! and [`Inspector::finish`] names the format or the file that makes the bundle invalid.
+//! and [`Inspector::finish`] names the format or the file that makes the bundle invalid. Formats
+//! are read at the root of the whole tree; a refusal says what the root holds, where each source
+//! was placed (`spec.sources[].destination`) and what was expected there. A tree composed of
+//! several sources, each under its own destination, with no format asked for, is served as it
+//! is (no format): the sources chose its layout.
 
 use std::collections::BTreeMap;
 
@@ -83,6 +87,8 @@ pub struct Inspector {
     charts: u64,
     /// Top-level names (`dir/` for directories), at most [`MAX_TOP_LEVEL`].
     top_level: std::collections::BTreeSet<String>,
+    /// Where each source's files went (`dir/`, or empty for the root), in `spec.sources` order.
+    destinations: Vec<String>,
 }
 
 impl Inspector {
@@ -100,6 +106,50 @@ impl Inspector {
         if self.top_level.len() < MAX_TOP_LEVEL || self.top_level.contains(&top) {
             self.top_level.insert(top);
         }
+    }
+
+    /// The sources' destinations, in order (`dir/`, empty for the root), for messages.
+    pub fn set_destinations(&mut self, destinations: Vec<String>) {
+        self.destinations = destinations;
+    }
+
+    /// Where the sources were placed, when any has a destination: ` (spec.sources[0] is placed
+    /// under from-git/, spec.sources[1] under charts/kps/)`.
+    fn placement(&self) -> String {
+        if self.destinations.iter().all(String::is_empty) {
+            return String::new();
+        }
+        let placed: Vec<String> = self
+            .destinations
+            .iter()
+            .enumerate()
+            .map(|(i, d)| match d.is_empty() {
+                true => format!("spec.sources[{i}] at the root"),
+                false => format!("spec.sources[{i}] under {}", quoted(d)),
+            })
+            .collect();
+        format!(" ({})", placed.join(", "))
+    }
+
+    /// How to make YAML files lying at the root a plain bundle: `; …` naming the source to move,
+    /// or nothing when there are none.
+    fn root_yaml_hint(&self) -> String {
+        let yaml = self.top_level.iter().any(|n| !n.ends_with('/') && is_yaml_name(n));
+        if !yaml {
+            return String::new();
+        }
+        let at_root: Vec<usize> =
+            self.destinations.iter().enumerate().filter(|(_, d)| d.is_empty()).map(|(i, _)| i).collect();
+        let fix = match at_root.as_slice() {
+            [i] => format!("set spec.sources[{i}].destination to manifests"),
+            _ => "move them under manifests/".to_string(),
+        };
+        format!("; a plain bundle keeps its YAML or JSON objects under manifests/, not at the root: {fix}")
+    }
+
+    /// Several sources, each under a destination of its own: a layout the Bundle chose.
+    fn is_composition(&self) -> bool {
+        self.destinations.len() > 1 && self.destinations.iter().all(|d| !d.is_empty())
     }
 
     /// What the root holds, for messages: `found README.md, docs/` (the first few names).
@@ -182,14 +232,15 @@ impl Inspector {
         let format = match declared {
             "" => match self.detect() {
                 Some(format) => format,
+                None if self.is_composition() => return Ok(FormatReport::default()),
                 None => {
-                    let found = self.found();
+                    let (found, placement, hint) = (self.found(), self.placement(), self.root_yaml_hint());
                     return Err(invalid(
                         "",
                         ".",
                         format!(
-                            "no bundle format detected: {found} at the root; expected manifests/ (plain), \
-                             metadata/annotations.yaml (registry-v1) or Chart.yaml (helm)"
+                            "no bundle format detected: {found} at the root{placement}; expected manifests/ (plain), \
+                             metadata/annotations.yaml (registry-v1) or Chart.yaml (helm) at the root{hint}"
                         ),
                     ));
                 }
@@ -223,8 +274,13 @@ impl Inspector {
         }
         if self.object_files == 0 {
             let problem = match self.top_level.contains("manifests/") {
-                true => "manifests/ holds no YAML or JSON object files".to_string(),
-                false => format!("there is no manifests/ directory ({})", self.found()),
+                true => "manifests/ holds no YAML or JSON object files (*.yaml, *.yml, *.json)".to_string(),
+                false => format!(
+                    "there is no manifests/ directory ({} at the root{}){}",
+                    self.found(),
+                    self.placement(),
+                    self.root_yaml_hint()
+                ),
             };
             return Err(invalid(format, "manifests/", problem));
         }
@@ -240,7 +296,9 @@ impl Inspector {
         const FILE: &str = "metadata/annotations.yaml";
         let problem = |text: String| invalid(REGISTRY_V1, FILE, text);
         let annotations = match &self.annotations {
-            None => return Err(problem(format!("{FILE} is missing"))),
+            None => {
+                return Err(problem(format!("{FILE} is missing ({} at the root{})", self.found(), self.placement())))
+            }
             Some(Err(p)) => return Err(problem(format!("{FILE}: {p}"))),
             Some(Ok(a)) => a,
         };
@@ -254,7 +312,9 @@ impl Inspector {
         let package = annotations.get(PACKAGE_ANNOTATION).cloned().unwrap_or_default();
         self.manifests(REGISTRY_V1)?;
         let Some((_, csv)) = &self.csv else {
-            return Err(invalid(REGISTRY_V1, "manifests/", "manifests/ holds no ClusterServiceVersion".into()));
+            let kinds: Vec<&str> = self.objects.keys().map(String::as_str).take(MAX_FOUND_SHOWN).collect();
+            let problem = format!("manifests/ holds no ClusterServiceVersion (found {})", kinds.join(", "));
+            return Err(invalid(REGISTRY_V1, "manifests/", problem));
         };
         let facts = BTreeMap::from([("package", package), ("clusterServiceVersion", csv.clone())]);
         Ok(FormatReport { format: REGISTRY_V1.into(), objects: self.objects, facts })
@@ -266,10 +326,11 @@ impl Inspector {
             (None, Some(chart)) if self.top_level.len() == 1 && self.charts == 1 => chart,
             (None, None) => {
                 let found = self.found();
+                let placement = self.placement();
                 return Err(invalid(
                     HELM,
                     "Chart.yaml",
-                    format!("no Chart.yaml at the root or in a single top-level directory ({found})"),
+                    format!("no Chart.yaml at the root or in a single top-level directory ({found}{placement})"),
                 ));
             }
             (None, Some((path, _))) => {
@@ -319,7 +380,11 @@ fn quoted(path: &str) -> String {
 }
 
 fn is_object_file(path: &str) -> bool {
-    path.starts_with("manifests/") && [".yaml", ".yml", ".json"].iter().any(|ext| path.ends_with(ext))
+    path.starts_with("manifests/") && is_yaml_name(path)
+}
+
+fn is_yaml_name(name: &str) -> bool {
+    [".yaml", ".yml", ".json"].iter().any(|ext| name.ends_with(ext))
 }
 
 fn is_chart_file(path: &str) -> bool {

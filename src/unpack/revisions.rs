@@ -188,7 +188,9 @@ pub fn recheck_served(store: &Store, expect: &Expect) -> Result<(), CommitError>
         match served_revision(store, bundle)? {
             None => status.restamp(generation),
             Some((content, revision)) => {
-                match sink::recheck(store, revision, bundle.spec.format_name(), bundle.spec.allows_empty()) {
+                let destinations: Vec<String> = bundle.spec.sources.iter().map(|s| s.destination.clone()).collect();
+                let checks = (bundle.spec.format_name(), !bundle.takes_uploads(), bundle.spec.allows_empty());
+                match sink::recheck(store, revision, &destinations, checks) {
                     Ok(report) => status.rechecked(generation, report.format.clone(), report.details()),
                     Err(UnpackError::Storage(e)) => return Err(e.into()),
                     Err(e) => status.recheck_failed(generation, e.reason(), &e.to_string()),

@@ -8,6 +8,9 @@
 //! no file or symlink at all (nothing, or only directories) is refused unless the Bundle says
 //! empty content is intended (`spec.allowEmpty`): an upload or a source gone empty by mistake
 //! must not replace what a Bundle serves.
+//!
+//! Sources are layered in order: a directory two sources share is one directory (the first
+//! source's mode wins), a file or link two sources write is refused, naming both sources.
 
 use std::io::Read;
 use std::sync::Arc;
@@ -16,7 +19,7 @@ use super::error::UnpackError;
 use super::format::{FormatReport, Inspector, MAX_INSPECTED_BYTES};
 use super::source::{Budget, UnpackLimits};
 use super::EntrySink;
-use crate::storage::{RangeSpec, RevisionId, RevisionWriter, StorageError, Store};
+use crate::storage::{RangeSpec, RevisionId, RevisionWriter, StorageError, Store, DUPLICATE_PATH};
 
 /// Unpacked bytes below which the expansion ratio is not checked (tiny archives compress well).
 const RATIO_FLOOR: u64 = 1 << 20;
@@ -24,6 +27,8 @@ const RATIO_FLOOR: u64 = 1 << 20;
 pub struct TreeSink<'w> {
     writer: &'w mut RevisionWriter,
     prefix: String,
+    /// Each source's prefix so far, in order; the last is the one being written.
+    destinations: Vec<String>,
     limits: UnpackLimits,
     budget: Arc<Budget>,
     /// Entries stored (files, symlinks, directories): what `max_files` bounds.
@@ -39,6 +44,7 @@ impl<'w> TreeSink<'w> {
         TreeSink {
             writer,
             prefix: String::new(),
+            destinations: Vec::new(),
             limits,
             budget,
             entries: 0,
@@ -48,17 +54,44 @@ impl<'w> TreeSink<'w> {
         }
     }
 
-    /// Where the next source's files go (`spec.sources[i].destination`, already validated).
+    /// The next source starts: its files go under `destination` (`spec.sources[i].destination`,
+    /// already validated; each call is the next `i`).
     pub fn set_destination(&mut self, destination: &str) {
-        let destination = destination.trim_matches('/');
-        self.prefix = if destination.is_empty() { String::new() } else { format!("{destination}/") };
+        self.prefix = prefix_of(destination);
+        self.destinations.push(self.prefix.clone());
     }
 
     /// Validates the format (see [`Inspector::finish`]) after refusing a tree without a single
     /// file or symlink ([`UnpackError::Empty`]) unless `allow_empty` (`spec.allowEmpty`) says empty
     /// content is intended; an empty tree then has no format to detect, only a declared one to fail.
-    pub fn finish(self, declared_format: &str, strict: bool, allow_empty: bool) -> Result<FormatReport, UnpackError> {
+    pub fn finish(
+        mut self,
+        declared_format: &str,
+        strict: bool,
+        allow_empty: bool,
+    ) -> Result<FormatReport, UnpackError> {
+        self.inspector.set_destinations(self.destinations);
         conclude(self.inspector, self.files, declared_format, strict, allow_empty)
+    }
+
+    /// A storage refusal of `path`, a file or link of the current source: a duplicate names the
+    /// earlier sources that could have written it.
+    fn refused(&self, path: &str, err: StorageError) -> UnpackError {
+        let duplicate = matches!(&err, StorageError::InvalidEntry { reason, .. } if reason == DUPLICATE_PATH);
+        let current = self.destinations.len().saturating_sub(1);
+        let earlier: Vec<String> = (self.destinations.iter().enumerate().take(current))
+            .filter(|(_, prefix)| path.starts_with(prefix.as_str()))
+            .map(|(i, _)| format!("spec.sources[{i}]"))
+            .collect();
+        if !duplicate || earlier.is_empty() {
+            return storage_error(err);
+        }
+        let reason = format!(
+            "{DUPLICATE_PATH}: spec.sources[{current}] writes it, and {} already did (give the sources \
+             destinations that do not overlap)",
+            earlier.join(" or ")
+        );
+        UnpackError::InvalidEntry { path: path.to_owned(), reason }
     }
 
     /// The final path of a file or symlink, counted and shown to the inspector.
@@ -117,24 +150,33 @@ impl EntrySink for TreeSink<'_> {
             self.writer.add_file(&path, mode, &mut counted)
         };
         self.bytes += counted.size;
-        result.map_err(storage_error)
+        result.map_err(|e| self.refused(&path, e))
     }
 
     fn dir(&mut self, path: &str, mode: u32) -> Result<(), UnpackError> {
         let path = self.place_entry(path)?;
-        self.writer.add_dir(&path, mode).map_err(storage_error)
+        match self.writer.add_dir(&path, mode) {
+            // A directory an earlier source made (a directory's key is never a file's).
+            Err(StorageError::InvalidEntry { reason, .. })
+                if reason == DUPLICATE_PATH && self.destinations.len() > 1 =>
+            {
+                self.entries -= 1;
+                Ok(())
+            }
+            other => other.map_err(storage_error),
+        }
     }
 
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {
         let path = self.place(path)?;
-        self.writer.add_symlink(&path, target).map_err(storage_error)
+        self.writer.add_symlink(&path, target).map_err(|e| self.refused(&path, e))
     }
 
     fn hardlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {
         let path = self.place(path)?;
         let target = format!("{}{target}", self.prefix);
         // Stored as a copy: its bytes count again.
-        let size = self.writer.add_hardlink(&path, &target).map_err(storage_error)?;
+        let size = self.writer.add_hardlink(&path, &target).map_err(|e| self.refused(&path, e))?;
         self.bytes += size;
         if self.bytes > self.limits.max_total_bytes {
             return Err(total_too_large(&self.limits));
@@ -162,16 +204,28 @@ fn conclude(
     inspector.finish(declared_format, strict)
 }
 
+/// `dir/` for a destination `dir` (empty: the root).
+fn prefix_of(destination: &str) -> String {
+    let destination = destination.trim_matches('/');
+    if destination.is_empty() {
+        String::new()
+    } else {
+        format!("{destination}/")
+    }
+}
+
 /// The checks [`TreeSink::finish`] makes, made again on a committed revision: whether the content
-/// an upload Bundle serves is valid for its changed spec (`spec.format`, `spec.allowEmpty`). Reads
-/// only the files the inspector looks at, each at most [`MAX_INSPECTED_BYTES`]. Blocking.
+/// a Bundle serves is valid for its changed spec (`spec.format`, `spec.allowEmpty`), its sources
+/// placed under `destinations`. Reads only the files the inspector looks at, each at most
+/// [`MAX_INSPECTED_BYTES`]. `strict` as for [`TreeSink::finish`]. Blocking.
 pub fn recheck(
     store: &Store,
     revision: RevisionId,
-    declared_format: &str,
-    allow_empty: bool,
+    destinations: &[String],
+    (declared_format, strict, allow_empty): (&str, bool, bool),
 ) -> Result<FormatReport, UnpackError> {
     let mut inspector = Inspector::default();
+    inspector.set_destinations(destinations.iter().map(|d| prefix_of(d)).collect());
     let mut files = 0u64;
     for entry in store.files(revision, "") {
         let entry = entry?;
@@ -195,7 +249,7 @@ pub fn recheck(
         })?;
         inspector.observe(&entry.path, &bytes);
     }
-    conclude(inspector, files, declared_format, false, allow_empty)
+    conclude(inspector, files, declared_format, strict, allow_empty)
 }
 
 /// A file's bytes on their way into the store, checked against the limits as they pass.

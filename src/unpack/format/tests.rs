@@ -73,9 +73,15 @@ fn registry_v1_needs_the_annotation_and_a_csv() {
     let err = inspect(&[("metadata/annotations.yaml", annotations), ("manifests/d.yaml", DEPLOYMENT)])
         .finish("", true)
         .unwrap_err();
-    assert_eq!(err.to_string(), "not a registry-v1 bundle: manifests/ holds no ClusterServiceVersion");
+    assert_eq!(
+        err.to_string(),
+        "not a registry-v1 bundle: manifests/ holds no ClusterServiceVersion (found Deployment, Service)"
+    );
     let err = inspect(&[("manifests/csv.yaml", csv)]).finish(REGISTRY_V1, true).unwrap_err();
-    assert_eq!(err.to_string(), "not a registry-v1 bundle: metadata/annotations.yaml is missing");
+    assert_eq!(
+        err.to_string(),
+        "not a registry-v1 bundle: metadata/annotations.yaml is missing (found manifests/ at the root)"
+    );
 }
 
 #[test]
@@ -102,7 +108,7 @@ fn undetectable_trees_fail_only_when_strict() {
     assert_eq!(
         err.to_string(),
         "no bundle format detected: found README.md at the root; expected manifests/ (plain), \
-         metadata/annotations.yaml (registry-v1) or Chart.yaml (helm)"
+         metadata/annotations.yaml (registry-v1) or Chart.yaml (helm) at the root"
     );
     let many: Vec<(String, &str)> = (0..70).map(|i| (format!("f{i:02}"), "")).collect();
     let many: Vec<(&str, &str)> = many.iter().map(|(p, t)| (p.as_str(), *t)).collect();
@@ -110,7 +116,7 @@ fn undetectable_trees_fail_only_when_strict() {
     assert_eq!(
         err.to_string(),
         "not a plain bundle: there is no manifests/ directory (found f00, f01, f02, f03, f04, f05, f06, f07 and 56 \
-         or more others)"
+         or more others at the root)"
     );
     assert_eq!(inspect(&files).finish("", false).unwrap().format, "");
     // A declared format is always checked.
@@ -135,4 +141,54 @@ fn what_the_inspector_keeps_is_bounded_whatever_the_tree() {
     assert_eq!(inspector.charts, 1000);
     let report = inspector.finish(PLAIN, true).unwrap();
     assert_eq!(report.objects.values().sum::<u64>(), MAX_KINDS as u64 + 45);
+}
+
+#[test]
+fn messages_say_where_each_source_was_placed() {
+    let placed = |files: &[(&str, &str)], destinations: &[&str]| {
+        let mut inspector = inspect(files);
+        inspector.set_destinations(destinations.iter().map(|d| d.to_string()).collect());
+        inspector
+    };
+    let one = placed(&[("from-git/manifests/a.yaml", DEPLOYMENT)], &["from-git/"]);
+    assert_eq!(
+        one.finish("", true).unwrap_err().to_string(),
+        "no bundle format detected: found from-git/ at the root (spec.sources[0] under from-git/); expected \
+         manifests/ (plain), metadata/annotations.yaml (registry-v1) or Chart.yaml (helm) at the root"
+    );
+    let chart = "apiVersion: v2\nname: kps\nversion: 1.0.0\n";
+    let composed = [("from-git/manifests/a.yaml", DEPLOYMENT), ("charts/kps/Chart.yaml", chart)];
+    let report = placed(&composed, &["from-git/", "charts/kps/"]).finish("", true).unwrap();
+    assert_eq!(report, FormatReport::default(), "several sources, each placed: served as composed");
+    assert_eq!(
+        placed(&composed, &["from-git/", "charts/kps/"]).finish(PLAIN, true).unwrap_err().to_string(),
+        "not a plain bundle: there is no manifests/ directory (found charts/, from-git/ at the root \
+         (spec.sources[0] under from-git/, spec.sources[1] under charts/kps/))"
+    );
+    let root_and_placed = placed(&composed, &["", "charts/kps/"]);
+    assert!(root_and_placed.finish("", true).is_err(), "a source at the root must be a bundle there");
+}
+
+#[test]
+fn yaml_files_at_the_root_are_plain_only_under_manifests() {
+    let flat = [("a.yaml", DEPLOYMENT), ("b.yml", DEPLOYMENT)];
+    let one = |declared: &str| {
+        let mut inspector = inspect(&flat);
+        inspector.set_destinations(vec![String::new()]);
+        inspector.finish(declared, true).unwrap_err().to_string()
+    };
+    assert_eq!(
+        one(""),
+        "no bundle format detected: found a.yaml, b.yml at the root; expected manifests/ (plain), \
+         metadata/annotations.yaml (registry-v1) or Chart.yaml (helm) at the root; a plain bundle keeps its YAML \
+         or JSON objects under manifests/, not at the root: set spec.sources[0].destination to manifests"
+    );
+    assert_eq!(
+        one(PLAIN),
+        "not a plain bundle: there is no manifests/ directory (found a.yaml, b.yml at the root); a plain bundle \
+         keeps its YAML or JSON objects under manifests/, not at the root: set spec.sources[0].destination to \
+         manifests"
+    );
+    let moved = inspect(&[("manifests/a.yaml", DEPLOYMENT)]).finish(PLAIN, true).unwrap();
+    assert_eq!(moved.objects.get("Deployment"), Some(&1), "the same files under manifests/ are a plain bundle");
 }

@@ -124,3 +124,23 @@ fn directories_count_against_the_entry_limit() {
         assert!(matches!(err, UnpackError::TooLarge(ref m) if m.contains("more than 10 files")), "{err}");
     });
 }
+
+#[test]
+fn sources_share_directories_but_not_files() {
+    with_sink(limits(), Arc::default(), |sink| {
+        sink.set_destination("");
+        sink.dir("manifests", 0o755).unwrap();
+        sink.file("manifests/a.yaml", 0o644, &mut zeros(1)).unwrap();
+        sink.set_destination("extra");
+        sink.file("x", 0o644, &mut zeros(1)).unwrap();
+        sink.set_destination("");
+        sink.dir("manifests", 0o700).expect("a directory an earlier source made is shared");
+        sink.file("manifests/b.yaml", 0o644, &mut zeros(1)).unwrap();
+        let err = sink.file("manifests/a.yaml", 0o644, &mut zeros(1)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid entry \"manifests/a.yaml\": duplicate path: spec.sources[2] writes it, and spec.sources[0] \
+             already did (give the sources destinations that do not overlap)"
+        );
+    });
+}
