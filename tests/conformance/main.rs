@@ -53,6 +53,7 @@ mod load;
 mod many_files;
 mod metrics;
 mod paging;
+mod pinned;
 mod plain_messages;
 mod plugin;
 mod provisioner;
