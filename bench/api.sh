@@ -46,7 +46,7 @@ done = function(summary, latency, requests)
         '{"rps":%.1f,"p50_ms":%.3f,"p99_ms":%.3f,"errors":%d,"bytes_per_response":%d}\n',
         summary.requests / (summary.duration / 1e6), latency:percentile(50) / 1000,
         latency:percentile(99) / 1000, e.connect + e.read + e.write + e.status + e.timeout,
-        summary.bytes // n))
+        math.floor(summary.bytes / n)))
 end
 LUA
     wrk --timeout 10s -H "Authorization: Bearer $API_TOKEN" -s "$script" "$@" | grep '^{' \
