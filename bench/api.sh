@@ -21,17 +21,69 @@ record_requests() {
     record "$1" "$2: errors" count "$(jfield "$3" errors)" "<=0"
 }
 
+# The bearer token wrk sends (wrk cannot present a client certificate); its user is in
+# system:masters, as the admin certificate's is.
+API_TOKEN="bench-token-$RANDOM$RANDOM"
+
+# wrk_json ARGS... URL: runs wrk (HTTP/1.1, a keep-alive connection per -c) with the bearer token;
+# prints one JSON line (rps, p50_ms, p99_ms, errors, bytes_per_response).
+wrk_json() {
+    local script="$WORK/wrk-report.lua"
+    [ -f "$script" ] || cat >"$script" <<'LUA'
+-- GET of a random Bundle when WRK_NAMES is set (names PREFIX00000…), else of the URL as given.
+local count = tonumber(os.getenv("WRK_NAMES") or "0")
+local base = os.getenv("WRK_BASE") or ""
+local prefix = os.getenv("WRK_PREFIX") or "b"
+if count > 0 then
+    request = function()
+        return wrk.format("GET", string.format("%s/%s%05d", base, prefix, math.random(0, count - 1)))
+    end
+end
+done = function(summary, latency, requests)
+    local e = summary.errors
+    local n = math.max(summary.requests, 1)
+    io.write(string.format(
+        '{"rps":%.1f,"p50_ms":%.3f,"p99_ms":%.3f,"errors":%d,"bytes_per_response":%d}\n',
+        summary.requests / (summary.duration / 1e6), latency:percentile(50) / 1000,
+        latency:percentile(99) / 1000, e.connect + e.read + e.write + e.status + e.timeout,
+        math.floor(summary.bytes / n)))
+end
+LUA
+    wrk --timeout 10s -H "Authorization: Bearer $API_TOKEN" -s "$script" "$@" | grep '^{' \
+        || die "wrk $* failed"
+}
+
+# wrk_figures SECTION LABEL: the issue's two wrk figures against the current server (10,000
+# Bundles seeded): the whole list with one connection, and GETs of random Bundles with 32.
+wrk_figures() {
+    local section="$1" label="$2" out
+    local list_url="$URL$API/namespaces/$NS/bundles"
+    out="$(wrk_json -t1 -c1 -d"${API_SECONDS}s" "$list_url")"
+    log "wrk LIST ($label): $out"
+    record_requests "$section" "**wrk: LIST all $API_OBJECTS, 1 connection** ($label)" "$out"
+    out="$(WRK_NAMES="$API_OBJECTS" WRK_BASE="$API/namespaces/$NS/bundles" wrk_json -t2 -c32 -d"${API_SECONDS}s" "$URL")"
+    log "wrk GET ($label): $out"
+    record_requests "$section" "**wrk: GET one of $API_OBJECTS, 32 connections** ($label)" "$out"
+}
+
 scenario_api() {
     local section="Bundle API: $API_OBJECTS Bundles stored, $API_WATCHERS watchers"
     local secs="$API_SECONDS" run out
+    echo "$API_TOKEN,bench-admin,1000,\"system:masters\"" >"$WORK/tokens.csv"
+    SERVER_ARGS=(--token-auth-file "$WORK/tokens.csv")
     for run in $(seq 1 "$RUNS"); do
         local data="$WORK/api-$run"
+        if [ -n "${BENCH_BEFORE_BIN:-}" ]; then
+            api_before "$section" "$run"
+        fi
         start_server "$data"
         log "api: run $run/$RUNS: seed $API_OBJECTS Bundles"
         out="$(loadgen seed "$API_OBJECTS" --concurrency 32)"
         log "$out"
         record_requests "$section" "seed: create (POST), 32 concurrent" "$out"
         record "$section" "server RSS after seeding" MiB "$(calc "$(rss_kib) / 1024")"
+        record "$section" "store size after seeding (du of the data directory)" MiB "$(calc "$(alloc_bytes "$data") / 1048576")"
+        wrk_figures "$section" "this build"
 
         log "api: GET"
         out="$(loadgen get --concurrency 1 --duration "$secs")"
@@ -73,6 +125,24 @@ scenario_api() {
         stop_server
         rm -rf "$data"
     done
+    SERVER_ARGS=()
+}
+
+# api_before SECTION RUN: with BENCH_BEFORE_BIN, the same seed, store size and wrk figures from that
+# binary (an older build), in the same run, labelled "before".
+api_before() {
+    local section="$1" data="$WORK/api-before-$2" out
+    cp "$BENCH_BEFORE_BIN" "$WORK/bench-server-before"
+    BIN="$WORK/bench-server-before" start_server "$data"
+    log "api: run $2/$RUNS, before: seed $API_OBJECTS Bundles"
+    out="$(loadgen seed "$API_OBJECTS" --concurrency 32)"
+    log "$out"
+    record_requests "$section" "seed: create (POST), 32 concurrent (before)" "$out"
+    record "$section" "store size after seeding (du of the data directory) (before)" MiB "$(calc "$(alloc_bytes "$data") / 1048576")"
+    wrk_figures "$section" "before"
+    record "$section" "server peak RSS (VmHWM) (before)" MiB "$(calc "$(peak_rss_kib) / 1024")"
+    stop_server
+    rm -rf "$data"
 }
 
 

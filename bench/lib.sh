@@ -34,6 +34,7 @@ declare -A needed=(
     [skopeo]=skopeo
     [/usr/bin/time]=time
     [nginx]=nginx
+    [wrk]=wrk
 )
 missing=()
 for cmd in "${!needed[@]}"; do

@@ -5,7 +5,8 @@
 #   corpus      storage footprint of the corpus vs the raw trees, one .tar.gz per revision, ConfigMaps
 #   download    content download vs nginx serving the same tar over TLS, plain and zstd
 #   unpack      image unpack vs skopeo copy + tar -x from the same local registry
-#   api         GET/LIST/watch with 10,000 Bundles (examples/loadgen.rs), GET/LIST vs nginx
+#   api         GET/LIST/watch with 10,000 Bundles (examples/loadgen.rs; wrk with a bearer token for the
+#               issue-19 figures), GET/LIST vs nginx, store size after seeding
 #   footprint   five kube-prometheus-stack versions: dedup across versions
 #   churn       space amplification under upload/delete churn
 #   throughput  1 GiB upload/download and the server's peak memory
@@ -32,7 +33,8 @@
 #   BENCH_ROUNDS    churn rounds (default 20)
 #   BENCH_WRITES_ONE / _MANY  writes: creates by 1 writer / by 32 writers (default 1000 / 4000)
 #   BENCH_SLOW_FSYNC_US  writes: delay added to every fsync on the "slow" disk (default 2000)
-#   BENCH_BEFORE_BIN     writes, many_files: also measure this stowage binary (an older build), side by side
+#   BENCH_BEFORE_BIN     writes, many_files, api (seed, store size, wrk figures): also measure this stowage
+#                        binary (an older build), side by side
 #   BENCH_MANY_FILES     many_files: entries per archive (default 1000000)
 #   BENCH_BIN       use this stowage binary instead of building the release (scenarios without loadgen)
 #   BENCH_TMPDIR    where the temporary files go (default: $TMPDIR or /tmp); needs ~5 GiB free

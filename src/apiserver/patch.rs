@@ -175,7 +175,7 @@ pub(crate) fn patched_object(
             if live.is_none() && scope == UpdateScope::Status {
                 return Err(ApiError::not_found(def.plural, name));
             }
-            let schema = (def.schema)();
+            let schema = crate::apiserver::schema::of(def);
             let now = meta::now_timestamp();
             let result = fieldmanager::apply(&schema, live, &applied, manager, force, subresource, &now)
                 .map_err(ApiError::from)?;

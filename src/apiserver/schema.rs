@@ -2,9 +2,27 @@
 //! [`crate::api::schema`]): unknown fields (reported per `fieldValidation`) and wrong types (422),
 //! then pruning.
 
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock};
+
 use serde_json::Value;
 
 use super::status::Cause;
+use crate::api::strategy::ResourceDef;
+
+/// A resource's structural schema, built once per resource (every write walks it; building it
+/// is hundreds of allocations). The map holds one entry per resource the server defines.
+pub fn of(def: &ResourceDef) -> Arc<Value> {
+    static SCHEMAS: RwLock<Option<HashMap<&'static str, Arc<Value>>>> = RwLock::new(None);
+    if let Some(schema) =
+        SCHEMAS.read().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(|m| m.get(def.plural))
+    {
+        return schema.clone();
+    }
+    let schema = Arc::new((def.schema)());
+    let mut schemas = SCHEMAS.write().unwrap_or_else(PoisonError::into_inner);
+    schemas.get_or_insert_with(HashMap::new).entry(def.plural).or_insert(schema).clone()
+}
 
 /// What checking a body against its schema found.
 #[derive(Debug, Default)]

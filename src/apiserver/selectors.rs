@@ -47,6 +47,11 @@ impl LabelSelector {
         Ok(LabelSelector(reqs))
     }
 
+    /// Whether it selects everything.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     pub fn matches(&self, obj: &Value) -> bool {
         let labels = obj.pointer("/metadata/labels").and_then(Value::as_object);
         let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
@@ -112,6 +117,11 @@ impl FieldSelector {
             reqs.push((pointer.to_string(), value.trim().to_string(), equal));
         }
         Ok(FieldSelector(reqs))
+    }
+
+    /// Whether it selects everything.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     pub fn matches(&self, obj: &Value) -> bool {

@@ -28,7 +28,7 @@ use super::table::{self, Representation};
 use super::watch_cache::{self, event_line, CachedEvent, WatchCache, Window};
 use super::{blocking, AppState, API_VERSION};
 use crate::api::strategy::ResourceDef;
-use crate::storage::{ChangeEvent, ListCursor, ListQuery, ListSink};
+use crate::storage::{ChangeEvent, ListCursor, ListQuery, ListSink, Listed, StorageError};
 
 /// Events taken (from the cache or the log) per step.
 const BATCH: usize = 256;
@@ -65,6 +65,11 @@ enum Seen {
 impl Filter {
     fn selects(&self, object: &Value) -> bool {
         self.labels.matches(object) && self.fields.matches(object)
+    }
+
+    /// Whether the selectors select every object.
+    fn selects_all(&self) -> bool {
+        self.labels.is_empty() && self.fields.is_empty()
     }
 
     fn seen(&self, change: &ChangeEvent) -> Option<Seen> {
@@ -233,10 +238,20 @@ const INITIAL_STEP_BYTES: usize = 1 << 20;
 const INITIAL_STEP_EVENTS: usize = 500;
 
 impl ListSink for Added {
-    fn push(&mut self, object: Value) {
-        let line = self.0.render("ADDED", &object);
+    fn push(&mut self, mut object: Listed<'_>) -> Result<(), StorageError> {
+        let line = match self.0.representation {
+            // The object's JSON as stored: what `event_line` would write for it.
+            Representation::Object => {
+                let mut line = br#"{"type":"ADDED","object":"#.to_vec();
+                object.write_json(&mut line);
+                line.extend_from_slice(b"}\n");
+                Bytes::from(line)
+            }
+            _ => self.0.render("ADDED", object.value()?),
+        };
         self.2 += line.len();
         self.1.push(line);
+        Ok(())
     }
     fn restart(&mut self) {
         self.1.clear();
@@ -260,7 +275,8 @@ async fn current_state(app: &AppState, filter: &Arc<Filter>) -> ApiResult<(Vec<B
             limit: None,
         };
         let mut added = Added(filter.clone(), Vec::new(), 0);
-        let cursor = store.list_start(&query, &|o| filter.selects(o), &mut added)?;
+        let selects: &dyn Fn(&Value) -> bool = &|o| filter.selects(o);
+        let cursor = store.list_start(&query, (!filter.selects_all()).then_some(selects), &mut added)?;
         Ok((added.1, cursor))
     })
     .await
@@ -271,7 +287,8 @@ async fn current_state(app: &AppState, filter: &Arc<Filter>) -> ApiResult<(Vec<B
 /// again).
 async fn send_rest(app: &AppState, filter: &Arc<Filter>, mut cursor: ListCursor, tx: &Sender) -> bool {
     let selects = filter.clone();
-    let step_filter: StepFilter = Arc::new(move |o: &Value| selects.selects(o));
+    let step_filter: StepFilter =
+        (!filter.selects_all()).then(|| Arc::new(move |o: &Value| selects.selects(o)) as Arc<_>);
     let mut added = Added(filter.clone(), Vec::new(), 0);
     while !cursor.is_done() {
         (cursor, added) = match next_step(app, cursor, &step_filter, added).await {

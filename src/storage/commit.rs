@@ -203,7 +203,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         let query = ListQuery { resource: "bundles", namespace: Some("ns"), at: None, after: None, limit: None };
-        let list = store.list_page(&query, &|_| true).unwrap();
+        let list = store.list_page(&query, None).unwrap();
         let names: Vec<&str> = list.items.iter().filter_map(|o| o.pointer("/metadata/name")?.as_str()).collect();
         assert_eq!((names, list.resource_version), (vec!["first"], 1), "a list shows the durable state");
         let (second, first) = (get_elsewhere(&store, "second"), get_elsewhere(&store, "first"));

@@ -17,8 +17,9 @@
 //! token names. A fresh list whose version the log dropped while it was being read starts over once,
 //! at a newer version ([`ListSink::restart`]).
 //!
-//! Objects are decoded one at a time and handed to a [`ListSink`] (the API writes each straight into
-//! the response bytes), so a list holds one decoded object, not a page of them. A long list is read
+//! Objects are handed one at a time to a [`ListSink`] as [`Listed`]: the object's JSON as stored,
+//! decoded only when the filter or the sink needs its fields (the API copies a plain list's objects
+//! straight into the response bytes), so a list holds one object, not a page of them. A long list is read
 //! in steps ([`ListCursor`]): each step fills the sink up to its bound and the caller sends it
 //! before asking for the next, so neither the list nor a thread is held for a slow client.
 
@@ -28,7 +29,7 @@ use std::ops::Bound;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::objects::decode_envelope;
+use super::objects::decode_stored;
 use super::{be, key, read_be, Result, StorageError, Store};
 
 /// What to list.
@@ -55,10 +56,60 @@ pub struct ListPage<S = Vec<Value>> {
     pub last: Option<String>,
 }
 
+/// Which objects a list keeps: all (`None`, read without decoding them), or those a predicate over
+/// the decoded object accepts.
+pub type ListFilter<'a> = Option<&'a (dyn Fn(&Value) -> bool + 'a)>;
+
+/// One object of a list: its JSON as stored (exactly what serialising the decoded object writes),
+/// decoded only when asked for, or an object the change log gave back decoded.
+pub struct Listed<'a> {
+    json: Option<&'a [u8]>,
+    value: Option<Value>,
+}
+
+impl<'a> Listed<'a> {
+    fn stored(json: &'a [u8]) -> Listed<'a> {
+        Listed { json: Some(json), value: None }
+    }
+
+    fn decoded(value: Value) -> Listed<'static> {
+        Listed { json: None, value: Some(value) }
+    }
+
+    /// The object, decoded (once).
+    pub fn value(&mut self) -> Result<&Value> {
+        let value = match (self.value.take(), self.json) {
+            (Some(value), _) => value,
+            (None, Some(json)) => super::decode_json(json)?,
+            (None, None) => Value::Null,
+        };
+        Ok(self.value.insert(value))
+    }
+
+    /// The object, decoded.
+    pub fn into_value(mut self) -> Result<Value> {
+        self.value()?;
+        Ok(self.value.unwrap_or(Value::Null))
+    }
+
+    /// Appends the object's JSON to `out`: the stored bytes as they are, when there are any.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        match (self.json, &self.value) {
+            (Some(json), _) => out.extend_from_slice(json),
+            // Writing a JSON value into memory cannot fail.
+            (None, Some(value)) => {
+                let _ = serde_json::to_writer(out, value);
+            }
+            (None, None) => out.extend_from_slice(b"null"),
+        }
+    }
+}
+
 /// Receives the objects of a page, in key order, one at a time.
 pub trait ListSink {
-    /// The next object that passed the filter.
-    fn push(&mut self, object: Value);
+    /// The next object that passed the filter. An error (an object that cannot be decoded) ends
+    /// the list.
+    fn push(&mut self, object: Listed<'_>) -> Result<()>;
     /// The list starts over (at a newer resourceVersion): forget every object pushed so far.
     fn restart(&mut self);
     /// Whether the sink holds enough for one step of a [`ListCursor`]: the step ends there and
@@ -69,8 +120,9 @@ pub trait ListSink {
 }
 
 impl ListSink for Vec<Value> {
-    fn push(&mut self, object: Value) {
-        Vec::push(self, object);
+    fn push(&mut self, object: Listed<'_>) -> Result<()> {
+        Vec::push(self, object.into_value()?);
+        Ok(())
     }
     fn restart(&mut self) {
         self.clear();
@@ -79,17 +131,12 @@ impl ListSink for Vec<Value> {
 
 impl Store {
     /// A page of objects, in key order (namespace, then name), consistent at one resourceVersion.
-    pub fn list_page(&self, query: &ListQuery, filter: &dyn Fn(&Value) -> bool) -> Result<ListPage> {
+    pub fn list_page(&self, query: &ListQuery, filter: ListFilter) -> Result<ListPage> {
         self.list_into(query, filter, Vec::new())
     }
 
     /// [`Store::list_page`], handing each object to `sink` as it is read.
-    pub fn list_into<S: ListSink>(
-        &self,
-        query: &ListQuery,
-        filter: &dyn Fn(&Value) -> bool,
-        mut sink: S,
-    ) -> Result<ListPage<S>> {
+    pub fn list_into<S: ListSink>(&self, query: &ListQuery, filter: ListFilter, mut sink: S) -> Result<ListPage<S>> {
         let mut cursor = self.list_start(query, filter, &mut sink)?;
         while !cursor.is_done() {
             cursor.fill(self, filter, &mut sink)?;
@@ -101,12 +148,7 @@ impl Store {
     /// [`ListSink::is_full`]) and returns the cursor for the rest, which is at the same
     /// resourceVersion. A fresh list whose version the log dropped while this step was read (the
     /// writers outran it) starts over once, at the version they reached.
-    pub fn list_start(
-        &self,
-        query: &ListQuery,
-        filter: &dyn Fn(&Value) -> bool,
-        sink: &mut dyn ListSink,
-    ) -> Result<ListCursor> {
+    pub fn list_start(&self, query: &ListQuery, filter: ListFilter, sink: &mut dyn ListSink) -> Result<ListCursor> {
         let mut cursor = self.list_cursor(query)?;
         match cursor.fill(self, filter, sink) {
             Err(StorageError::Expired(_)) if query.at.is_none() => {
@@ -197,7 +239,7 @@ impl ListCursor {
     }
 
     /// Reads on until `sink` is full, the limit is reached or the list ends.
-    pub fn fill(&mut self, store: &Store, filter: &dyn Fn(&Value) -> bool, sink: &mut dyn ListSink) -> Result<()> {
+    pub fn fill(&mut self, store: &Store, filter: ListFilter, sink: &mut dyn ListSink) -> Result<()> {
         if self.done {
             return Ok(());
         }
@@ -218,16 +260,11 @@ impl ListCursor {
                 (Some(_), None) => true,
                 (None, Some(_)) => false,
             };
-            let (object_key, value) = if live_first {
+            let (object_key, found) = if live_first {
                 let Some((object_key, stored)) = next_live.take() else { break };
-                let envelope = decode_envelope(&stored)?;
-                if envelope.rv > self.at {
-                    // Changed after `at`, yet the log (caught up since) does not say so: trimmed.
-                    return Err(StorageError::Expired(self.at));
-                }
                 next_live = live.next().transpose()?;
                 self.changed.catch_up(store)?;
-                (object_key.to_vec(), Some(envelope.object))
+                (object_key.to_vec(), Some(Found::Stored(stored)))
             } else {
                 let Some(object_key) = past_key else { break };
                 if next_live.as_ref().is_some_and(|(l, _)| l.as_ref() == object_key.as_slice()) {
@@ -235,11 +272,25 @@ impl ListCursor {
                     self.changed.catch_up(store)?;
                 }
                 let value = self.changed.state_at(store, &object_key)?;
-                (object_key, value)
+                (object_key, value.map(Found::Past))
             };
-            let Some(value) = value else {
+            let Some(found) = found else {
                 self.position = Bound::Excluded(object_key);
                 continue;
+            };
+            let stored;
+            let mut listed = match found {
+                Found::Stored(bytes) => {
+                    stored = bytes;
+                    let envelope = decode_stored(&stored)?;
+                    if envelope.rv > self.at {
+                        // Changed after `at`, yet the log (caught up before it was read) does not
+                        // say so: trimmed.
+                        return Err(StorageError::Expired(self.at));
+                    }
+                    Listed::stored(envelope.object)
+                }
+                Found::Past(value) => Listed::decoded(value),
             };
             if self.count == self.limit {
                 // Another object exists beyond the page.
@@ -252,8 +303,12 @@ impl ListCursor {
                 return Ok(());
             }
             self.position = Bound::Excluded(object_key);
-            if filter(&value) {
-                sink.push(value);
+            let selected = match filter {
+                None => true,
+                Some(filter) => filter(listed.value()?),
+            };
+            if selected {
+                sink.push(listed)?;
                 self.count += 1;
                 if let Bound::Excluded(k) = &self.position {
                     self.last_key = Some(k.clone());
@@ -266,6 +321,12 @@ impl ListCursor {
         self.done = true;
         Ok(())
     }
+}
+
+/// An object a step read: as stored, or its past state from the change log.
+enum Found {
+    Stored(sled::IVec),
+    Past(Value),
 }
 
 /// The objects under a prefix that the change log says changed after a list's resourceVersion.

@@ -72,6 +72,11 @@ impl Meta {
         }
     }
 
+    /// Whether reads are local (sled: memory or a local file), not network round trips.
+    pub fn is_local(&self) -> bool {
+        matches!(self, Meta::Sled(_))
+    }
+
     pub fn contains_key(&self, key: impl AsRef<[u8]>) -> Result<bool> {
         match self {
             Meta::Sled(tree) => Ok(tree.contains_key(key)?),

@@ -58,7 +58,7 @@ pub use commit::CommitCounts;
 pub use counters::StoreCounts;
 pub use entry::{EntryKind, FileEntry, PERMISSION_BITS};
 pub use gc::GcReport;
-pub use listing::{ListCursor, ListPage, ListQuery, ListSink};
+pub use listing::{ListCursor, ListFilter, ListPage, ListQuery, ListSink, Listed};
 pub use objects::{ChangeEvent, ObjectKey, ObjectWrite, Precondition, StoredObject, WriteOutcome};
 pub use read::{FileListing, RangeSpec, Sink};
 pub use revision::{PendingRevision, RevisionWriter};

@@ -9,6 +9,7 @@
 use std::sync::atomic::Ordering;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::meta::Batch;
@@ -144,6 +145,39 @@ impl Store {
             self.flush_covering(newest)?;
         }
         Ok(object)
+    }
+
+    /// [`Store::get_object`] as the object's JSON: its bytes as stored, never decoded (what
+    /// serialising the decoded object would write).
+    pub fn get_object_json(&self, key: &ObjectKey) -> Result<Option<Vec<u8>>> {
+        let (newest, json) = self.object_json(key)?;
+        self.flush_covering(newest)?;
+        Ok(json)
+    }
+
+    /// [`Store::get_object_json`] if it can answer without waiting: the store is local (sled,
+    /// whose reads are memory or a local file, never the network) and the object's last change
+    /// is durable. `None` otherwise: then ask [`Store::get_object_json`] on a blocking thread.
+    pub fn get_object_json_now(&self, key: &ObjectKey) -> Result<Option<Option<Vec<u8>>>> {
+        if !self.tree().is_local() {
+            return Ok(None);
+        }
+        let (newest, json) = self.object_json(key)?;
+        Ok((newest <= self.durable_resource_version()).then_some(json))
+    }
+
+    /// The object's JSON as applied and the resourceVersion a reader must wait for before it may
+    /// show it (0 if nothing).
+    fn object_json(&self, key: &ObjectKey) -> Result<(u64, Option<Vec<u8>>)> {
+        let durable = self.durable_resource_version();
+        let stored = self.tree().get(key.encode())?;
+        Ok(match &stored {
+            Some(stored) => {
+                let found = decode_stored(stored)?;
+                (found.rv, Some(found.object.to_vec()))
+            }
+            None => (self.deleted_after(key, durable)?, None),
+        })
     }
 
     /// The object as applied, durable or not: for writers, which order after it anyway.
@@ -568,12 +602,54 @@ fn change(kind: &str, key: &ObjectKey, object: &Value, previous: Option<Value>) 
     }
 }
 
-pub(super) fn decode_envelope(bytes: &[u8]) -> Result<Envelope> {
-    decode_json(bytes)
+/// A stored object's resourceVersion and its JSON, borrowed from the stored bytes (not decoded).
+pub(super) struct StoredRef<'a> {
+    pub(super) rv: u64,
+    pub(super) object: &'a [u8],
+}
+
+/// An [`Envelope`] read without decoding its object: the object's bytes are what serialising the
+/// decoded object writes (the envelope is `serde_json`'s compact output, and decoding then
+/// encoding it again gives the same bytes), so they can be sent as they are.
+pub(super) fn decode_stored(bytes: &[u8]) -> Result<StoredRef<'_>> {
+    if let Some(found) = split_envelope(bytes) {
+        return Ok(found);
+    }
+    /// Any other spelling of an envelope (none is written today): read by serde.
+    #[derive(Deserialize)]
+    struct Raw<'a> {
+        rv: u64,
+        #[serde(borrow)]
+        object: &'a RawValue,
+    }
+    let raw: Raw =
+        serde_json::from_slice(bytes).map_err(|e| StorageError::Corrupt(format!("undecodable record: {e}")))?;
+    Ok(StoredRef { rv: raw.rv, object: raw.object.get().as_bytes() })
+}
+
+/// The envelope as [`encode_json`] writes it, `{"rv":N,"object":{…}}` or
+/// `{"rv":N,"revision":M,"object":{…}}`, split without scanning the object: a list reads
+/// thousands of them, and validating each object's JSON was most of its time. The bytes are the
+/// store's own (sled checksums what it reads back).
+fn split_envelope(bytes: &[u8]) -> Option<StoredRef<'_>> {
+    let number = |text: &[u8]| -> Option<(u64, usize)> {
+        let digits = text.iter().take_while(|b| b.is_ascii_digit()).count();
+        let value = std::str::from_utf8(text.get(..digits)?).ok()?.parse().ok()?;
+        Some((value, digits))
+    };
+    let rest = bytes.strip_prefix(br#"{"rv":"#)?;
+    let (rv, digits) = number(rest)?;
+    let mut rest = rest.get(digits..)?;
+    if let Some(after) = rest.strip_prefix(br#","revision":"#) {
+        let (_, digits) = number(after)?;
+        rest = after.get(digits..)?;
+    }
+    let object = rest.strip_prefix(br#","object":"#)?.strip_suffix(b"}")?;
+    (object.starts_with(b"{") && object.ends_with(b"}")).then_some(StoredRef { rv, object })
 }
 
 fn decode_object(bytes: &[u8]) -> Result<StoredObject> {
-    let envelope = decode_envelope(bytes)?;
+    let envelope: Envelope = decode_json(bytes)?;
     Ok(StoredObject { value: envelope.object, resource_version: envelope.rv, revision: envelope.revision })
 }
 

@@ -408,12 +408,12 @@ fn paged_lists_are_consistent_snapshots() {
     for name in ["a", "b", "c", "d", "e"] {
         store.write_objects(vec![put(name, 1)]).unwrap();
     }
-    let all = |_: &serde_json::Value| true;
+    let all = None;
     let names = |page: &ListPage| {
         page.items.iter().map(|o| o["metadata"]["name"].as_str().unwrap().to_string()).collect::<Vec<_>>()
     };
     let query = |at, after, limit| ListQuery { resource: "bundles", namespace: Some("ns"), at, after, limit };
-    let first = store.list_page(&query(None, None, Some(2)), &all).unwrap();
+    let first = store.list_page(&query(None, None, Some(2)), all).unwrap();
     assert_eq!(names(&first), ["a", "b"]);
     assert_eq!(first.last.as_deref(), Some("ns/b"));
     // Changes after the first page: c modified, d deleted, f and b2 created.
@@ -426,22 +426,22 @@ fn paged_lists_are_consistent_snapshots() {
         .unwrap();
     store.write_objects(vec![put("f", 1), put("b2", 1)]).unwrap();
     let at = Some(first.resource_version);
-    let second = store.list_page(&query(at, first.last.as_deref(), Some(2)), &all).unwrap();
+    let second = store.list_page(&query(at, first.last.as_deref(), Some(2)), all).unwrap();
     assert_eq!(names(&second), ["c", "d"]);
     assert_eq!(second.items[0]["v"], json!(1), "c as it was at the snapshot");
-    let third = store.list_page(&query(at, second.last.as_deref(), Some(2)), &all).unwrap();
+    let third = store.list_page(&query(at, second.last.as_deref(), Some(2)), all).unwrap();
     assert_eq!(names(&third), ["e"]);
     assert!(third.last.is_none());
     // A filter counts toward the limit only for objects it keeps.
     let only_v2 = |o: &serde_json::Value| o["v"] == json!(2);
-    assert_eq!(names(&store.list_page(&query(None, None, Some(1)), &only_v2).unwrap()), ["c"]);
+    assert_eq!(names(&store.list_page(&query(None, None, Some(1)), Some(&only_v2)).unwrap()), ["c"]);
     // Too new, then too old once the log moved on.
     let current = store.current_resource_version().unwrap();
-    assert!(matches!(store.list_page(&query(Some(current + 5), None, None), &all), Err(StorageError::TooNew { .. })));
+    assert!(matches!(store.list_page(&query(Some(current + 5), None, None), all), Err(StorageError::TooNew { .. })));
     for v in 0..20 {
         store.write_objects(vec![put("a", v)]).unwrap();
     }
-    assert!(matches!(store.list_page(&query(at, first.last.as_deref(), Some(2)), &all), Err(StorageError::Expired(_))));
+    assert!(matches!(store.list_page(&query(at, first.last.as_deref(), Some(2)), all), Err(StorageError::Expired(_))));
 }
 
 /// Writers reusing chunks while other revisions sharing them are deleted and collected, all at
@@ -533,11 +533,12 @@ struct Intercept<F: FnMut()> {
 }
 
 impl<F: FnMut()> ListSink for Intercept<F> {
-    fn push(&mut self, object: serde_json::Value) {
+    fn push(&mut self, object: Listed<'_>) -> Result<()> {
         if let Some(mut on_first) = self.on_first.take() {
             on_first();
         }
-        self.items.push(object);
+        self.items.push(object.into_value()?);
+        Ok(())
     }
     fn restart(&mut self) {
         self.restarts += 1;
@@ -572,13 +573,13 @@ fn a_list_in_progress_neither_blocks_writers_nor_sees_their_changes() {
     };
     let sink = Intercept { items: Vec::new(), on_first: Some(write_meanwhile), restarts: 0 };
     let query = ListQuery { resource: "bundles", namespace: Some("ns"), at: None, after: None, limit: None };
-    let page = store.list_into(&query, &|_| true, sink).unwrap();
+    let page = store.list_into(&query, None, sink).unwrap();
     assert_eq!(page.resource_version, at);
     let expected: Vec<(String, u64)> = names.iter().map(|n| (n.to_string(), 1)).collect();
     assert_eq!(name_and_v(&page.items.items), expected, "the list is the state it started at");
     assert_eq!(page.items.restarts, 0);
     // The next list sees the writes.
-    let after = store.list_page(&query, &|_| true).unwrap();
+    let after = store.list_page(&query, None).unwrap();
     let names_now: Vec<String> = name_and_v(&after.items).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names_now, ["a", "b", "c", "c2", "d", "e", "f", "g", "h", "j", "z"]);
     assert!(after.resource_version > at);
@@ -604,7 +605,7 @@ fn a_fresh_list_the_log_outran_starts_over_at_a_newer_version() {
     };
     let sink = Intercept { items: Vec::new(), on_first: Some(outrun), restarts: 0 };
     let query = ListQuery { resource: "bundles", namespace: Some("ns"), at: None, after: None, limit: None };
-    let page = store.list_into(&query, &|_| true, sink).unwrap();
+    let page = store.list_into(&query, None, sink).unwrap();
     assert_eq!(page.items.restarts, 1);
     assert_eq!(page.resource_version, started_at + 10);
     let expected: Vec<(String, u64)> =
@@ -621,7 +622,7 @@ fn a_fresh_list_the_log_outran_starts_over_at_a_newer_version() {
     };
     let sink = Intercept { items: Vec::new(), on_first: Some(outrun), restarts: 0 };
     let query = ListQuery { at: Some(at), ..query };
-    assert!(matches!(store.list_into(&query, &|_| true, sink), Err(StorageError::Expired(_))));
+    assert!(matches!(store.list_into(&query, None, sink), Err(StorageError::Expired(_))));
 }
 
 /// Lists and paged lists read while a writer creates, updates and deletes objects are each exactly
@@ -652,10 +653,10 @@ pub(super) fn check_exact_snapshots(store: &Store, lister: &Store) {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let query =
                     |at, after, limit| ListQuery { resource: "bundles", namespace: Some("ns"), at, after, limit };
-                let whole = store.list_page(&query(None, None, None), &|_| true).unwrap();
+                let whole = store.list_page(&query(None, None, None), None).unwrap();
                 seen.push((whole.resource_version, name_and_v(&whole.items)));
                 // Pages of 7, every page at the first one's version.
-                let first = store.list_page(&query(None, None, Some(7)), &|_| true).unwrap();
+                let first = store.list_page(&query(None, None, Some(7)), None).unwrap();
                 let mut items = name_and_v(&first.items);
                 let mut last = first.last.clone();
                 while let Some(after) = last {
@@ -664,7 +665,7 @@ pub(super) fn check_exact_snapshots(store: &Store, lister: &Store) {
                         after: Some(&after),
                         ..query(None, None, Some(7))
                     };
-                    let page = store.list_page(&next, &|_| true).unwrap();
+                    let page = store.list_page(&next, None).unwrap();
                     assert_eq!(page.resource_version, first.resource_version);
                     items.extend(name_and_v(&page.items));
                     last = page.last;
@@ -698,5 +699,77 @@ pub(super) fn check_exact_snapshots(store: &Store, lister: &Store) {
         let state = &history.iter().rev().find(|(at, _)| *at <= rv).unwrap().1;
         let expected: Vec<(String, u64)> = state.iter().map(|(n, v)| (n.clone(), *v)).collect();
         assert_eq!(items, expected, "list at {rv}");
+    }
+}
+
+/// Lists and gets send an object's JSON as the store holds it, without decoding it: those bytes
+/// must be exactly what serialising the decoded object writes (escapes, non-ASCII text, numbers,
+/// key order), for the live object and for one a list reads back from the change log.
+#[test]
+fn stored_json_is_what_the_decoded_object_serialises_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let object = |v: u64| {
+        json!({
+            "metadata": {"name": "a", "labels": {"z": "1", "a": "\u{e9}t\u{e9} \"quoted\" \\ \n\t\u{1f600}"}},
+            "spec": {"zeta": 1.5e-7, "alpha": -12, "big": u64::MAX, "list": [true, null, {"k": "\u{7}"}], "v": v},
+        })
+    };
+    let put = |v: u64| ObjectWrite::Put {
+        key: ObjectKey::new("bundles", "ns", "a"),
+        object: object(v),
+        precondition: Precondition::None,
+        revision: None,
+    };
+    store.write_objects(vec![put(1)]).unwrap();
+    let at = store.current_resource_version().unwrap();
+    let key = ObjectKey::new("bundles", "ns", "a");
+    let decoded = store.get_object(&key).unwrap().unwrap().value;
+    assert_eq!(decoded["spec"]["v"], json!(1));
+    let json = store.get_object_json(&key).unwrap().unwrap();
+    assert_eq!(String::from_utf8(json).unwrap(), serde_json::to_string(&decoded).unwrap());
+
+    /// Keeps the JSON each object is listed with.
+    struct Json(Vec<String>);
+    impl ListSink for Json {
+        fn push(&mut self, object: Listed<'_>) -> Result<()> {
+            let mut out = Vec::new();
+            object.write_json(&mut out);
+            self.0.push(String::from_utf8(out).unwrap());
+            Ok(())
+        }
+        fn restart(&mut self) {
+            self.0.clear();
+        }
+    }
+    let query = |at| ListQuery { resource: "bundles", namespace: Some("ns"), at, after: None, limit: None };
+    let live = store.list_into(&query(None), None, Json(Vec::new())).unwrap().items.0;
+    assert_eq!(live, [serde_json::to_string(&decoded).unwrap()]);
+    // Changed since: the list at `at` reads the object from the log, decoded.
+    store.write_objects(vec![put(2)]).unwrap();
+    let past = store.list_into(&query(Some(at)), None, Json(Vec::new())).unwrap().items.0;
+    assert_eq!(past, live, "the object as it was at {at}");
+    let now = store.list_into(&query(None), None, Json(Vec::new())).unwrap().items.0;
+    assert_eq!(now, [serde_json::to_string(&store.get_object(&key).unwrap().unwrap().value).unwrap()]);
+    assert!(now[0].contains("\"v\":2"), "{}", now[0]);
+}
+
+/// An envelope is split without reading its object, with or without a revision; any other
+/// spelling still reads (through serde), and what is not an envelope is refused.
+#[test]
+fn stored_envelopes_split_into_version_and_object_json() {
+    use super::objects::decode_stored;
+    let object = r#"{"metadata":{"name":"a \"}\" b"},"v":[1,{"x":"}"}]}"#;
+    for envelope in [
+        format!(r#"{{"rv":42,"object":{object}}}"#),
+        format!(r#"{{"rv":42,"revision":7,"object":{object}}}"#),
+        format!(r#"{{ "rv": 42, "object": {object} }}"#),
+        format!(r#"{{"object":{object},"rv":42}}"#),
+    ] {
+        let found = decode_stored(envelope.as_bytes()).unwrap();
+        assert_eq!((found.rv, std::str::from_utf8(found.object).unwrap()), (42, object), "{envelope}");
+    }
+    for broken in [r#"{"rv":42}"#, r#"{"rv":"x","object":{}}"#, "", r#"{"rv":42,"object":{"#] {
+        assert!(decode_stored(broken.as_bytes()).is_err(), "{broken}");
     }
 }

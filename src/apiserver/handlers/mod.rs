@@ -129,7 +129,7 @@ pub(crate) fn check_object(
              ({API_VERSION}, {kind})"
         )));
     }
-    let schema = (def.schema)();
+    let schema = schema::of(def);
     let report = schema::check(&schema, &obj);
     let mut warnings = Vec::new();
     if !report.unknown.is_empty() {

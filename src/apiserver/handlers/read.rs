@@ -1,6 +1,8 @@
 //! Reading objects: get, and list with selectors, paging and resourceVersion semantics. A list is
 //! serialised object by object as the store reads it ([`ListBody`]), never built as one document;
 //! a long one is read and sent in steps as the client takes them (no thread waits for the client).
+//! A full object (a get, or a list's item) is sent as the store holds its JSON, never decoded and
+//! encoded again; only selectors, `PartialObjectMetadata` and `Table` decode it.
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, Query, State};
@@ -13,11 +15,12 @@ use super::paging;
 use super::{json_response, render, resource_def, Params};
 use crate::api::strategy::ResourceDef;
 use crate::apiserver::selectors::{FieldSelector, LabelSelector};
+use crate::apiserver::selectors::{FieldSelector as Fields, LabelSelector as Labels};
 use crate::apiserver::stall::ConnectionCut;
 use crate::apiserver::status::{ApiError, ApiResult, ListFailure};
 use crate::apiserver::table::{self, Representation};
 use crate::apiserver::{blocking, AppState, ChannelStream, API_VERSION};
-use crate::storage::{ListCursor, ListQuery, ListSink, ObjectKey, StorageError};
+use crate::storage::{ListCursor, ListFilter, ListQuery, ListSink, Listed, ObjectKey, StorageError};
 
 pub async fn list_all(
     state: State<AppState>,
@@ -61,14 +64,14 @@ async fn list(
     paging::wait_for(&app, options.not_older_than).await?;
     let (at, after, limit) = (options.at, options.after.clone(), options.limit);
     let representation = table::negotiate(&headers, params.get("includeObject").map(String::as_str));
-    let filter: StepFilter = Arc::new(move |o: &Value| labels.matches(o) && fields.matches(o));
+    let filter = step_filter(labels, fields);
     let step_filter = filter.clone();
     let store = app.store.clone();
     let (cursor, body) = tokio::task::spawn_blocking(move || {
         let query =
             ListQuery { resource: def.plural, namespace: namespace.as_deref(), at, after: after.as_deref(), limit };
         let mut body = ListBody::new(def, representation);
-        let cursor = store.list_start(&query, &*step_filter, &mut body)?;
+        let cursor = store.list_start(&query, list_filter(&step_filter), &mut body)?;
         Ok::<_, StorageError>((cursor, body))
     })
     .await
@@ -77,8 +80,22 @@ async fn list(
     Ok(body.into_response(app, cursor, filter, limit.is_some()))
 }
 
-/// Filters a list step by step (selectors), shared by the steps on the blocking pool.
-pub(crate) type StepFilter = Arc<dyn Fn(&Value) -> bool + Send + Sync>;
+/// Filters a list step by step (selectors), shared by the steps on the blocking pool; `None`
+/// keeps every object (and the objects need not be decoded).
+pub(crate) type StepFilter = Option<Arc<dyn Fn(&Value) -> bool + Send + Sync>>;
+
+/// The filter of a list's selectors: `None` when they select everything.
+fn step_filter(labels: Labels, fields: Fields) -> StepFilter {
+    if labels.is_empty() && fields.is_empty() {
+        return None;
+    }
+    Some(Arc::new(move |o: &Value| labels.matches(o) && fields.matches(o)))
+}
+
+/// A step filter as the store takes it.
+pub(crate) fn list_filter(filter: &StepFilter) -> ListFilter<'_> {
+    filter.as_deref().map(|f| f as &dyn Fn(&Value) -> bool)
+}
 
 /// Reads the next step of `cursor` into `sink` on the blocking pool (a short call: the step ends
 /// once the sink is full); gives both back for the next one.
@@ -90,7 +107,7 @@ pub(crate) async fn next_step<S: ListSink + Send + 'static>(
 ) -> ApiResult<(ListCursor, S)> {
     let filter = filter.clone();
     blocking(app, move |store| {
-        cursor.fill(store, &*filter, &mut sink)?;
+        cursor.fill(store, list_filter(&filter), &mut sink)?;
         Ok((cursor, sink))
     })
     .await
@@ -115,22 +132,23 @@ struct ListBody {
 }
 
 impl ListSink for ListBody {
-    fn push(&mut self, object: Value) {
+    fn push(&mut self, mut object: Listed<'_>) -> Result<(), StorageError> {
         if self.any {
             self.items.push(b',');
         }
         self.any = true;
         self.count += 1;
         // Writing a JSON value into memory cannot fail.
-        let _ = match self.representation {
-            Representation::Object => serde_json::to_writer(&mut self.items, &object),
+        match self.representation {
+            Representation::Object => object.write_json(&mut self.items),
             Representation::Metadata => {
-                serde_json::to_writer(&mut self.items, &table::partial_object_metadata(&object))
+                let _ = serde_json::to_writer(&mut self.items, &table::partial_object_metadata(object.value()?));
             }
             Representation::Table { include } => {
-                serde_json::to_writer(&mut self.items, &table::row(self.def, &object, include))
+                let _ = serde_json::to_writer(&mut self.items, &table::row(self.def, object.value()?, include));
             }
-        };
+        }
+        Ok(())
     }
 
     fn restart(&mut self) {
@@ -239,8 +257,20 @@ pub async fn get(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let def = resource_def(&resource)?;
-    let obj = get_object(&app, def, &namespace, &name).await?;
-    Ok(json_response(StatusCode::OK, &render(def, &obj, &headers, &params), &[]))
+    let representation = table::negotiate(&headers, params.get("includeObject").map(String::as_str));
+    if representation != Representation::Object {
+        let obj = get_object(&app, def, &namespace, &name).await?;
+        return Ok(json_response(StatusCode::OK, &render(def, &obj, &headers, &params), &[]));
+    }
+    // The object as stored is the response: read here when that cannot wait (a local store, the
+    // object's last change durable), else on the blocking pool.
+    let key = ObjectKey::new(def.plural, &namespace, &name);
+    let json = match app.store.get_object_json_now(&key).map_err(ApiError::from)? {
+        Some(json) => json,
+        None => blocking(&app, move |store| store.get_object_json(&key)).await?,
+    };
+    let json = json.ok_or_else(|| ApiError::not_found(def.plural, &name))?;
+    Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], json).into_response())
 }
 
 pub async fn get_object(app: &AppState, def: &ResourceDef, namespace: &str, name: &str) -> ApiResult<Value> {

@@ -53,7 +53,7 @@ impl WriteRequest<'_> {
     fn track(&self, old: Option<&Value>, new: Value) -> Value {
         let Some(manager) = self.manager else { return new };
         let subresource = (self.scope == UpdateScope::Status).then_some("status");
-        let schema = (self.def.schema)();
+        let schema = crate::apiserver::schema::of(self.def);
         match fieldmanager::update(&schema, old, new.clone(), manager, subresource, &meta::now_timestamp()) {
             Ok(tracked) => tracked,
             Err(e) => {
