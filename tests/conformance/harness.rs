@@ -411,6 +411,15 @@ impl Server {
         parse_json(&body, "created bundle")
     }
 
+    /// Creates Bundle `ns/name` with `spec`; asserts 201.
+    pub async fn create_bundle_with(&self, ns: &str, name: &str, spec: Value) {
+        let body = json!({"apiVersion": "content.stowage.dev/v1alpha1", "kind": "Bundle",
+            "metadata": {"name": name, "namespace": ns}, "spec": spec});
+        let resp = self.post_json(&bundles(ns), &body).await;
+        let status = resp.status();
+        assert_eq!(status, StatusCode::CREATED, "create {ns}/{name}: {}", resp.text().await.unwrap_or_default());
+    }
+
     /// PUTs a tar (optionally with a `Content-Encoding`) into a Bundle's content subresource.
     pub async fn upload(
         &self,

@@ -150,7 +150,8 @@ async fn format_errors_say_which_format_and_what_is_missing() {
     let msg = refused(&server, registry, tar_of(&[("manifests/cm.yaml", CM)]), None, 422, "Invalid").await;
     assert_eq!(
         msg,
-        "Bundle.content.stowage.dev \"NAME\" is invalid: not a registry-v1 bundle: metadata/annotations.yaml is missing"
+        "Bundle.content.stowage.dev \"NAME\" is invalid: not a registry-v1 bundle: metadata/annotations.yaml is missing \
+         (found manifests/ at the root)"
     );
 
     let helm = json!({"format": "helm"});
@@ -193,7 +194,7 @@ async fn unpack_conditions_speak_plainly_too() {
             "nocsv",
             json!({"sources": [{"http": {"url": web.url("manifests.tar")}}], "format": "registry-v1"}),
             "InvalidFormat",
-            "not a registry-v1 bundle: metadata/annotations.yaml is missing".to_owned(),
+            "not a registry-v1 bundle: metadata/annotations.yaml is missing (found manifests/ at the root)".to_owned(),
         ),
         (
             "nochart",
@@ -207,7 +208,7 @@ async fn unpack_conditions_speak_plainly_too() {
             json!({"sources": [{"http": {"url": web.url("docs.tar")}}]}),
             "InvalidFormat",
             "no bundle format detected: found README.md, docs/ at the root; expected manifests/ (plain), \
-             metadata/annotations.yaml (registry-v1) or Chart.yaml (helm)"
+             metadata/annotations.yaml (registry-v1) or Chart.yaml (helm) at the root"
                 .to_owned(),
         ),
     ];

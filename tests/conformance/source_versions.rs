@@ -21,11 +21,7 @@ const NS: &str = "versions";
 const WAIT: Duration = Duration::from_secs(60);
 
 async fn create(server: &Server, name: &str, spec: Value) {
-    let body = json!({"apiVersion": "content.stowage.dev/v1alpha1", "kind": "Bundle",
-        "metadata": {"name": name, "namespace": NS}, "spec": spec});
-    let resp = server.post_json(&bundles(NS), &body).await;
-    let status = resp.status();
-    assert_eq!(status.as_u16(), 201, "create {name}: {}", resp.text().await.unwrap_or_default());
+    server.create_bundle_with(NS, name, spec).await;
 }
 
 fn unpacked_condition(b: &Value) -> Value {

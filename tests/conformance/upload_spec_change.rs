@@ -70,7 +70,10 @@ async fn spec_changes_of_an_upload_bundle_reach_its_status() {
     assert_eq!(c["reason"], "InvalidFormat", "{b:#}");
     assert_eq!(
         c["message"],
-        format!("not a registry-v1 bundle: metadata/annotations.yaml is missing; still serving {content} ({digest})"),
+        format!(
+            "not a registry-v1 bundle: metadata/annotations.yaml is missing (found Chart.yaml, manifests/ at the \
+             root); still serving {content} ({digest})"
+        ),
     );
     assert_eq!(b["status"]["phase"], "Failed");
     k.ok(&["-n", NS, "wait", &format!("bundle/{NAME}"), "--for=condition=Available", "--timeout=30s"]);

@@ -2,8 +2,9 @@
 //!
 //! It follows the store's change log like any watcher. For each Bundle it decides ([`plan`]) what
 //! the Bundle needs — an unpack of its current generation, a timer to re-resolve floating
-//! references (`spec.pollInterval`), a paused note, or nothing — and runs at most one job per
-//! Bundle. Jobs share a bounded pool of unpack slots; a job is cancelled when its Bundle's spec
+//! references (`spec.pollInterval`), a refresh asked for with the `content.stowage.dev/refresh`
+//! annotation, a paused note, or nothing — and runs at most one job per Bundle. Jobs share a
+//! bounded pool of unpack slots; a job is cancelled when its Bundle's spec or refresh annotation
 //! changes or the Bundle goes, and all are cancelled on shutdown.
 //!
 //! An upload Bundle has nothing to fetch, but its status must still follow its spec: when the
