@@ -107,11 +107,16 @@ impl Bundle {
             && pins.iter().zip(&self.spec.sources).all(|(pin, source)| pin.resolved_from(source))
     }
 
+    /// The value of the [`REFRESH_ANNOTATION`], if set.
+    pub fn refresh_annotation(&self) -> Option<&str> {
+        self.metadata.annotations.as_ref()?.get(REFRESH_ANNOTATION).map(String::as_str)
+    }
+
     /// The value of the [`REFRESH_ANNOTATION`] when it asks for a refresh not acted on yet.
     pub fn refresh_requested(&self) -> Option<&str> {
-        let value = self.metadata.annotations.as_ref()?.get(REFRESH_ANNOTATION)?;
+        let value = self.refresh_annotation()?;
         let handled = self.status.as_ref().and_then(|s| s.last_handled_refresh.as_deref());
-        (!value.is_empty() && handled != Some(value.as_str())).then_some(value.as_str())
+        (!value.is_empty() && handled != Some(value)).then_some(value)
     }
 
     /// Whether the status says the current generation's content is served (`Unpacked=True`,

@@ -355,39 +355,29 @@ impl Server {
         parse_json(&body, &format!("GET {path}"))
     }
 
-    pub async fn post_json(&self, path: &str, body: &Value) -> Response {
+    /// `method` of `body` (as `content_type`) to `path`; panics only if no response came.
+    async fn send_json(&self, method: reqwest::Method, path: &str, content_type: &str, body: &Value) -> Response {
         self.client
-            .post(self.url(path))
+            .request(method.clone(), self.url(path))
             .timeout(REQUEST_TIMEOUT)
-            .header("Content-Type", "application/json")
+            .header("Content-Type", content_type)
             .body(body.to_string())
             .send()
             .await
-            .unwrap_or_else(|e| panic!("POST {path}: {e}"))
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Response {
+        self.send_json(reqwest::Method::POST, path, "application/json", body).await
     }
 
     pub async fn put_json(&self, path: &str, body: &Value) -> Response {
-        self.client
-            .put(self.url(path))
-            .timeout(REQUEST_TIMEOUT)
-            .header("Content-Type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("PUT {path}: {e}"))
+        self.send_json(reqwest::Method::PUT, path, "application/json", body).await
     }
 
     /// A JSON merge patch of the object at `path`, which must succeed.
     pub async fn merge_patch_ok(&self, path: &str, patch: &Value) {
-        let resp = self
-            .client
-            .patch(self.url(path))
-            .timeout(REQUEST_TIMEOUT)
-            .header("Content-Type", "application/merge-patch+json")
-            .body(patch.to_string())
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("PATCH {path}: {e}"));
+        let resp = self.send_json(reqwest::Method::PATCH, path, "application/merge-patch+json", patch).await;
         assert_eq!(resp.status().as_u16(), 200, "patch {path}");
     }
 

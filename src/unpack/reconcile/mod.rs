@@ -209,7 +209,7 @@ fn consider(shared: &Arc<Shared>, object: &Value) {
     let key = (bundle.namespace().to_string(), bundle.name().to_string());
     let uid = bundle.uid().to_string();
     let generation = bundle.generation();
-    let refresh = bundle.metadata.annotations.as_ref().and_then(|a| a.get(crate::api::REFRESH_ANNOTATION)).cloned();
+    let refresh = bundle.refresh_annotation().map(str::to_owned);
     let mut jobs = shared.jobs.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(job) = jobs.get(&key) {
         if job.uid == uid && job.generation == generation && job.refresh == refresh && !job.cancel.is_cancelled() {
