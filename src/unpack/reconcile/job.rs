@@ -70,6 +70,12 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
             permit = shared.slots.acquire() => match permit { Ok(p) => p, Err(_) => return },
         };
         drop(queued);
+        // What the attempt presents, read before it: a fix written while a refusal is being
+        // recorded then still counts as a change.
+        let presented = match revisions::current(&shared.store, &expect) {
+            Ok(current) => credentials_of(shared, &current.bundle).await,
+            Err(_) => return,
+        };
         let outcome = attempt(shared, &expect, &mode, &cancel).await;
         drop(permit);
         // A refresh is acted on once it got an answer (a transient failure retries it, across
@@ -125,7 +131,8 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
                 failures = 0;
                 mode = Mode::Recheck;
                 if denied {
-                    let Some(changed) = await_new_credentials(shared, &bundle, next_poll, &cancel).await else {
+                    let Some(changed) = await_new_credentials(shared, &bundle, presented, next_poll, &cancel).await
+                    else {
                         return;
                     };
                     if changed {
@@ -162,10 +169,10 @@ const CREDENTIAL_CHECK: Duration = Duration::from_secs(5);
 async fn await_new_credentials(
     shared: &Arc<Shared>,
     bundle: &Bundle,
+    refused: Vec<Option<Credentials>>,
     until: Option<Duration>,
     cancel: &CancellationToken,
 ) -> Option<bool> {
-    let refused = credentials_of(shared, bundle).await;
     let started = std::time::Instant::now();
     loop {
         let left = until.map(|u| u.saturating_sub(started.elapsed()));
