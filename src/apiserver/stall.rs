@@ -94,11 +94,18 @@ impl hyper::body::Body for Answered {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, axum::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(None) = polled {
-            self.abandons = None;
+        loop {
+            let polled = Pin::new(&mut self.body).poll_frame(cx);
+            match &polled {
+                Poll::Ready(None) => self.abandons = None,
+                // hyper sends an empty chunk as an empty DATA frame, and HTTP/2 clients count
+                // those as abuse: h2 (reqwest, kube-rs) ends a connection after 100 of them, with
+                // every stream on it. The end of the body is marked by hyper itself.
+                Poll::Ready(Some(Ok(frame))) if frame.data_ref().is_some_and(Bytes::is_empty) => continue,
+                _ => {}
+            }
+            return polled;
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {

@@ -239,7 +239,8 @@ impl ListBody {
                         return;
                     }
                 };
-                if tx.send(Ok(body.take_items())).await.is_err() {
+                let items = body.take_items();
+                if !items.is_empty() && tx.send(Ok(items)).await.is_err() {
                     return; // the client went away
                 }
             }
