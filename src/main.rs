@@ -2,6 +2,11 @@
 
 use clap::{Parser, Subcommand};
 
+/// Many small allocations from many threads (requests, group commit, TLS): glibc's malloc spent a
+/// fifth of a create in its arena locks and bookkeeping (`docs/benchmarks.md`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(version, about = "Bundle content served through the Kubernetes API")]
 struct Cli {

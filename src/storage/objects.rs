@@ -64,6 +64,15 @@ pub(super) struct Envelope {
     pub(super) object: Value,
 }
 
+/// An [`Envelope`] as written: the same bytes, the object borrowed.
+#[derive(Serialize)]
+struct EnvelopeRef<'a> {
+    rv: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    revision: Option<RevisionId>,
+    object: &'a Value,
+}
+
 /// What must hold for a write to go ahead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Precondition {
@@ -103,6 +112,19 @@ pub struct ChangeEvent {
     /// state the log still covers: consistent paged lists, selector transitions in watches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous: Option<Value>,
+}
+
+/// A [`ChangeEvent`] as written: the same bytes, everything borrowed.
+#[derive(Serialize)]
+struct ChangeEventRef<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    resource: &'a str,
+    namespace: &'a str,
+    name: &'a str,
+    object: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous: Option<&'a Value>,
 }
 
 /// The result of a write: its resourceVersion and the objects as written (deleted ones as they
@@ -378,15 +400,18 @@ impl Store {
         let mut objects = Vec::with_capacity(writes.len());
         let mut collect = false; // a revision changed state: let the collector look
         let mut log_bytes = 0u64;
-        for (i, write) in writes.iter().cloned().enumerate() {
+        // The writes are borrowed (a replicated write may be built again): each object is copied
+        // once, to set its resourceVersion, and encoded twice (object, change log).
+        for (i, write) in writes.iter().enumerate() {
             // Each change gets its own change-log slot so watchers see every event in order.
             let log_key = key(b'l', &[&be(rv), &(i as u32).to_be_bytes()]);
             match write {
-                ObjectWrite::Put { key, mut object, precondition, revision } => {
-                    let existing = self.applied_object(&key)?;
-                    check(&key, precondition, existing.as_ref())?;
+                ObjectWrite::Put { key, object, precondition, revision } => {
+                    let existing = self.applied_object(key)?;
+                    check(key, *precondition, existing.as_ref())?;
+                    let mut object = object.clone();
                     set_resource_version(&mut object, rv);
-                    let revision = match revision {
+                    let revision = match *revision {
                         Some(id) => {
                             // The sweep then clears the "may be garbage" marks of its new chunks.
                             collect = true;
@@ -397,19 +422,17 @@ impl Store {
                         }
                         None => existing.as_ref().and_then(|e| e.revision),
                     };
-                    index_owners(&mut batch, &key, existing.as_ref().map(|e| &e.value), Some(&object));
+                    index_owners(&mut batch, key, existing.as_ref().map(|e| &e.value), Some(&object));
                     let kind = if existing.is_some() { "MODIFIED" } else { "ADDED" };
-                    let envelope = Envelope { rv, revision, object: object.clone() };
-                    batch.insert(key.encode(), encode_json(&envelope));
-                    let previous = existing.map(|e| e.value);
-                    let entry = encode_log(&change(kind, &key, &object, previous));
+                    batch.insert(key.encode(), encode_json(&EnvelopeRef { rv, revision, object: &object }));
+                    let entry = encode_log(&change(kind, key, &object, existing.as_ref().map(|e| &e.value)));
                     log_bytes += entry.len() as u64;
                     batch.insert(log_key, entry);
                     objects.push(object);
                 }
                 ObjectWrite::Delete { key, precondition } => {
-                    let existing = self.applied_object(&key)?;
-                    check(&key, precondition, existing.as_ref())?;
+                    let existing = self.applied_object(key)?;
+                    check(key, *precondition, existing.as_ref())?;
                     let Some(existing) = existing else { continue };
                     let mut object = existing.value.clone();
                     set_resource_version(&mut object, rv);
@@ -419,9 +442,9 @@ impl Store {
                         batch.insert(key_revision(id), encode_json(&record));
                         collect = true;
                     }
-                    index_owners(&mut batch, &key, Some(&existing.value), None);
+                    index_owners(&mut batch, key, Some(&existing.value), None);
                     batch.remove(key.encode());
-                    let entry = encode_log(&change("DELETED", &key, &object, Some(existing.value)));
+                    let entry = encode_log(&change("DELETED", key, &object, Some(&existing.value)));
                     log_bytes += entry.len() as u64;
                     batch.insert(log_key, entry);
                     objects.push(object);
@@ -532,9 +555,15 @@ const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 /// Largest decompressed log entry accepted (objects are limited far below this).
 const MAX_LOG_ENTRY: usize = 64 << 20;
 
-fn encode_log(event: &ChangeEvent) -> Vec<u8> {
+fn encode_log(event: &ChangeEventRef<'_>) -> Vec<u8> {
+    thread_local! {
+        // A compression context per thread: making one per entry cost more than compressing.
+        static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+            std::cell::RefCell::new(zstd::bulk::Compressor::new(1).ok());
+    }
     let json = encode_json(event);
-    zstd::bulk::compress(&json, 1).unwrap_or(json)
+    let compressed = COMPRESSOR.with(|c| c.borrow_mut().as_mut().and_then(|c| c.compress(&json).ok()));
+    compressed.unwrap_or(json)
 }
 
 pub(super) fn decode_log<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
@@ -591,15 +620,8 @@ fn index_owners(batch: &mut Batch, key: &ObjectKey, old: Option<&Value>, new: Op
     }
 }
 
-fn change(kind: &str, key: &ObjectKey, object: &Value, previous: Option<Value>) -> ChangeEvent {
-    ChangeEvent {
-        kind: kind.into(),
-        resource: key.resource.clone(),
-        namespace: key.namespace.clone(),
-        name: key.name.clone(),
-        object: object.clone(),
-        previous,
-    }
+fn change<'a>(kind: &'a str, key: &'a ObjectKey, object: &'a Value, previous: Option<&'a Value>) -> ChangeEventRef<'a> {
+    ChangeEventRef { kind, resource: &key.resource, namespace: &key.namespace, name: &key.name, object, previous }
 }
 
 /// A stored object's resourceVersion and its JSON, borrowed from the stored bytes (not decoded).
@@ -663,5 +685,32 @@ fn check(key: &ObjectKey, precondition: Precondition, existing: Option<&StoredOb
             Err(StorageError::Conflict(key.describe()))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The borrowed forms write exactly what the owned ones read back (stored bytes are sent as
+    /// they are, and old records must keep decoding).
+    #[test]
+    fn borrowed_records_are_written_as_the_owned_ones() {
+        let object = serde_json::json!({"metadata": {"name": "a", "resourceVersion": "7"}, "spec": {"x": "é\n"}});
+        let previous = serde_json::json!({"metadata": {"name": "a"}});
+        for revision in [None, Some(3)] {
+            let owned = Envelope { rv: 7, revision, object: object.clone() };
+            let borrowed = EnvelopeRef { rv: 7, revision, object: &object };
+            assert_eq!(encode_json(&borrowed), encode_json(&owned));
+        }
+        let key = ObjectKey::new("bundles", "ns", "a");
+        for previous in [None, Some(&previous)] {
+            let bytes = encode_log(&change("MODIFIED", &key, &object, previous));
+            let event: ChangeEvent = decode_log(&bytes).unwrap();
+            assert_eq!((event.kind.as_str(), event.name.as_str(), &event.object), ("MODIFIED", "a", &object));
+            assert_eq!(event.previous.as_ref(), previous);
+            let owned = ChangeEvent { previous: previous.cloned(), ..event };
+            assert_eq!(encode_json(&change("MODIFIED", &key, &object, previous)), encode_json(&owned));
+        }
     }
 }
