@@ -45,6 +45,7 @@ mod packs;
 mod read;
 pub mod remote;
 mod revision;
+mod seal;
 mod space;
 mod staging;
 pub mod tarfmt;

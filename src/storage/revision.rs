@@ -11,6 +11,10 @@
 //!
 //! Every chunk the writer references stays pinned ([`super::chunks::Pins`]) until the manifest is
 //! recorded: until then no collection may take it, whether the writer stored it or found it stored.
+//!
+//! File content is sealed in parallel: full blocks go to the writer's seal workers
+//! ([`super::seal`]) while the writer cuts and hashes the next ones; `finalize` waits for them
+//! before it reads anything back, and dropping the writer stops them before it unpins.
 
 use std::io::Read;
 
@@ -19,6 +23,7 @@ use sha2::{Digest, Sha256};
 use super::chunks::{BlockBuilder, ChunkRef, Hash, AVG_CHUNK, MAX_CHUNK, MIN_CHUNK};
 use super::manifest::{chunk_list, ChunkList, ManifestBuilder};
 use super::objects::key_revision;
+use super::seal::SealPipeline;
 use super::staging::Staging;
 use super::tarfmt::{self, padded};
 use super::{
@@ -42,6 +47,8 @@ pub struct RevisionWriter {
     pinned: Vec<Hash>,
     /// Replicated: the count of lost leases when the writer began (its pins hold while it stays).
     lease_epoch: u64,
+    /// Seals full blocks of file content on worker threads.
+    seals: SealPipeline,
 }
 
 /// The counter of revision ids in the replicated store's map.
@@ -94,6 +101,7 @@ impl Store {
             staging,
             pinned: Vec::new(),
             lease_epoch: self.remote().map_or(0, |r| r.lease_epoch()),
+            seals: SealPipeline::new(self.clone()),
         })
     }
 
@@ -117,31 +125,38 @@ pub(super) struct WriterChunks<'a> {
 }
 
 impl WriterChunks<'_> {
+    /// Stores a chunk, sealing a full block here and now.
     pub fn put(&mut self, bytes: &[u8]) -> Result<ChunkRef> {
+        let chunk = self.put_unsealed(bytes, None)?;
+        if self.blocks.is_full() {
+            self.store.seal_block(self.blocks)?;
+        }
+        Ok(chunk)
+    }
+
+    /// Pins the chunk and adds it to the block being built unless the store, that block or a block
+    /// `seals` still works on holds it. The caller seals the block once it is full.
+    pub fn put_unsealed(&mut self, bytes: &[u8], seals: Option<&SealPipeline>) -> Result<ChunkRef> {
         let hash = *blake3::hash(bytes).as_bytes();
+        let chunk = ChunkRef { hash, len: bytes.len() as u32 };
+        let in_flight = |hash: &Hash| seals.is_some_and(|s| s.holds(hash));
         if self.store.remote().is_some() {
             // Replicated: pinned here now, in etcd for a whole block at once when it is sealed
             // (where chunks the store already holds are dropped from it): one transaction per
             // block instead of one per chunk.
             self.store.pin_locally(hash);
             self.pinned.push(hash);
-            if !self.blocks.contains(&hash) {
+            if !self.blocks.contains(&hash) && !in_flight(&hash) {
                 self.blocks.push(hash, bytes);
-                if self.blocks.is_full() {
-                    self.store.seal_block(self.blocks)?;
-                }
             }
-            return Ok(ChunkRef { hash, len: bytes.len() as u32 });
+            return Ok(chunk);
         }
         let known = self.store.pin_and_check(hash)?;
         self.pinned.push(hash);
-        if !known && !self.blocks.contains(&hash) {
+        if !known && !self.blocks.contains(&hash) && !in_flight(&hash) {
             self.blocks.push(hash, bytes);
-            if self.blocks.is_full() {
-                self.store.seal_block(self.blocks)?;
-            }
         }
-        Ok(ChunkRef { hash, len: bytes.len() as u32 })
+        Ok(chunk)
     }
 }
 
@@ -165,7 +180,10 @@ impl RevisionWriter {
             sha.update(&chunk.data);
             size += chunk.length as u64;
             let mut chunks = WriterChunks { store: &self.store, blocks: &mut self.blocks, pinned: &mut self.pinned };
-            refs.push(chunks.put(&chunk.data)?);
+            refs.push(chunks.put_unsealed(&chunk.data, Some(&self.seals))?);
+            if self.blocks.is_full() {
+                self.seals.submit(std::mem::take(&mut self.blocks))?;
+            }
             if refs.len() == REF_BUFFER {
                 self.staging.push_refs(&refs)?;
                 count += refs.len() as u64;
@@ -236,6 +254,8 @@ impl RevisionWriter {
     /// revision ready to attach.
     pub fn finalize(mut self) -> Result<PendingRevision> {
         let store = self.store.clone();
+        // Every block of content sealed (so indexed) before any is read back.
+        self.seals.finish()?;
         store.seal_block(&mut self.blocks)?;
         let id = self.id;
         let mut offset = 0u64;
@@ -297,6 +317,7 @@ impl RevisionWriter {
     /// Leaves the revision `Staging` as a crash would (tests of recovery).
     #[cfg(test)]
     pub fn simulate_crash(mut self) {
+        self.seals.shutdown();
         self.open = false;
         self.store.unpin_all(&std::mem::take(&mut self.pinned));
     }
@@ -304,6 +325,8 @@ impl RevisionWriter {
 
 impl Drop for RevisionWriter {
     fn drop(&mut self) {
+        // No worker may index a chunk of this writer once it is unpinned: stop them first.
+        self.seals.shutdown();
         // Unpinned before the release is recorded: the pass the release triggers must find these
         // chunks unpinned, or they would stay until some later pass.
         self.store.unpin_all(&std::mem::take(&mut self.pinned));
