@@ -230,6 +230,11 @@ impl Pins {
     pub(super) fn is_pinned(&self, hash: &Hash) -> bool {
         self.counts.contains_key(hash)
     }
+
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
 }
 
 pub(super) fn chunk_key(hash: &Hash) -> Vec<u8> {

@@ -36,6 +36,7 @@ mod durability;
 mod entry;
 mod gc;
 mod gc_shared;
+mod hashing;
 mod listing;
 mod manifest;
 mod meta;

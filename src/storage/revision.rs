@@ -21,6 +21,7 @@ use std::io::Read;
 use sha2::{Digest, Sha256};
 
 use super::chunks::{BlockBuilder, ChunkRef, Hash, AVG_CHUNK, MAX_CHUNK, MIN_CHUNK};
+use super::hashing::{Sha, ShaFeed};
 use super::manifest::{chunk_list, ChunkList, ManifestBuilder};
 use super::objects::key_revision;
 use super::seal::SealPipeline;
@@ -33,6 +34,8 @@ use super::{
 
 /// Chunk refs buffered per file before they go to the staging file.
 const REF_BUFFER: usize = 256;
+/// A file's bytes hashed (SHA-256) by the writer itself before a thread takes over.
+const INLINE_SHA_BYTES: usize = 128 * 1024;
 
 /// Streams files into a new `Staging` revision. Dropping it without [`RevisionWriter::finalize`]
 /// releases everything written.
@@ -170,35 +173,41 @@ impl RevisionWriter {
     pub fn add_file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<()> {
         self.staging.ensure_new(path)?;
         let first_ref = self.staging.refs_written();
-        let mut sha = Sha256::new();
-        let mut size = 0u64;
-        let mut count = 0u64;
-        let mut refs: Vec<ChunkRef> = Vec::with_capacity(REF_BUFFER);
-        let chunker = fastcdc::v2020::StreamCDC::new(data, MIN_CHUNK as usize, AVG_CHUNK as usize, MAX_CHUNK as usize);
-        for chunk in chunker {
-            let chunk = chunk.map_err(|e| StorageError::Io(e.into()))?;
-            sha.update(&chunk.data);
-            size += chunk.length as u64;
-            let mut chunks = WriterChunks { store: &self.store, blocks: &mut self.blocks, pinned: &mut self.pinned };
-            refs.push(chunks.put_unsealed(&chunk.data, Some(&self.seals))?);
-            if self.blocks.is_full() {
-                self.seals.submit(std::mem::take(&mut self.blocks))?;
+        let (size, count, sha) = std::thread::scope(|scope| {
+            // A large file's SHA-256 on a thread of its own, beside the chunking and BLAKE3 here.
+            let mut sha = Sha::new(scope, INLINE_SHA_BYTES);
+            let mut size = 0u64;
+            let mut count = 0u64;
+            let mut refs: Vec<ChunkRef> = Vec::with_capacity(REF_BUFFER);
+            let chunker =
+                fastcdc::v2020::StreamCDC::new(data, MIN_CHUNK as usize, AVG_CHUNK as usize, MAX_CHUNK as usize);
+            for chunk in chunker {
+                let chunk = chunk.map_err(|e| StorageError::Io(e.into()))?;
+                size += chunk.length as u64;
+                let mut chunks =
+                    WriterChunks { store: &self.store, blocks: &mut self.blocks, pinned: &mut self.pinned };
+                refs.push(chunks.put_unsealed(&chunk.data, Some(&self.seals))?);
+                sha.update_owned(chunk.data)?;
+                if self.blocks.is_full() {
+                    self.seals.submit(std::mem::take(&mut self.blocks))?;
+                }
+                if refs.len() == REF_BUFFER {
+                    self.staging.push_refs(&refs)?;
+                    count += refs.len() as u64;
+                    refs.clear();
+                }
             }
-            if refs.len() == REF_BUFFER {
-                self.staging.push_refs(&refs)?;
-                count += refs.len() as u64;
-                refs.clear();
-            }
-        }
-        self.staging.push_refs(&refs)?;
-        count += refs.len() as u64;
+            self.staging.push_refs(&refs)?;
+            count += refs.len() as u64;
+            Ok::<_, StorageError>((size, count, sha.finish()?))
+        })?;
         self.staging.add(&FileEntry {
             path: path.to_string(),
             kind: EntryKind::File,
             target: None,
             mode: mode & PERMISSION_BITS,
             size,
-            sha256: hex::encode(sha.finalize()),
+            sha256: hex::encode(sha),
             tar_offset: 0,
             chunks: ChunkList::Staged { offset: first_ref, count },
         })
@@ -259,43 +268,46 @@ impl RevisionWriter {
         store.seal_block(&mut self.blocks)?;
         let id = self.id;
         let mut offset = 0u64;
-        let mut tar_hash = Sha256::new();
         let (mut files, mut size, mut stored) = (0u64, 0u64, 0u64);
         let mut manifest = ManifestBuilder::default();
         let mut meta = WriterChunks { store: &store, blocks: &mut self.blocks, pinned: &mut self.pinned };
         let mut put = |bytes: &[u8]| meta.put(bytes);
-        for item in self.staging.sorted()? {
-            let mut entry = self.staging.read_entry(item?)?;
-            entry.tar_offset = offset;
-            let header = tarfmt::header_bytes(&entry.header_spec());
-            tar_hash.update(&header);
-            if let Some((first, count)) = entry.chunks.staged() {
-                let refs = self.staging.read_refs(first, count)?;
-                let (read, delivered) = store.stream_refs(&refs, 0, 0, entry.size, &mut |bytes| {
-                    tar_hash.update(bytes);
-                    Ok(())
-                })?;
-                if delivered != entry.size {
-                    return Err(StorageError::Corrupt(format!("{}: staged chunks do not add up", entry.path)));
+        let staging = &mut self.staging;
+        let (root, digest) = std::thread::scope(|scope| {
+            // The tar's SHA-256 on a thread of its own, beside reading and verifying the chunks here.
+            let mut tar_hash = ShaFeed::spawn(scope, Sha256::new())?;
+            for item in staging.sorted()? {
+                let mut entry = staging.read_entry(item?)?;
+                entry.tar_offset = offset;
+                let header = tarfmt::header_bytes(&entry.header_spec());
+                tar_hash.update(&header)?;
+                if let Some((first, count)) = entry.chunks.staged() {
+                    let refs = staging.read_refs(first, count)?;
+                    let (read, delivered) =
+                        store.stream_refs(&refs, 0, 0, entry.size, &mut |bytes| tar_hash.update(bytes))?;
+                    if delivered != entry.size {
+                        return Err(StorageError::Corrupt(format!("{}: staged chunks do not add up", entry.path)));
+                    }
+                    stored += read;
+                    let pad = padded(entry.size) - entry.size;
+                    tar_hash.update([0u8; tarfmt::BLOCK as usize].get(..pad as usize).unwrap_or_default())?;
+                    entry.chunks = chunk_list(refs, &mut put)?;
                 }
-                stored += read;
-                let pad = padded(entry.size) - entry.size;
-                tar_hash.update([0u8; tarfmt::BLOCK as usize].get(..pad as usize).unwrap_or_default());
-                entry.chunks = chunk_list(refs, &mut put)?;
+                offset += header.len() as u64 + entry.tar_data_len();
+                // Files and symlinks: what `status.files` counts (directories hold no content).
+                files += u64::from(!entry.is_dir());
+                size += entry.size;
+                manifest.push(&entry, &mut put)?;
             }
-            offset += header.len() as u64 + entry.tar_data_len();
-            // Files and symlinks: what `status.files` counts (directories hold no content).
-            files += u64::from(!entry.is_dir());
-            size += entry.size;
-            manifest.push(&entry, &mut put)?;
-        }
-        let root = manifest.finish(&mut put)?;
+            let root = manifest.finish(&mut put)?;
+            tar_hash.update(&[0u8; tarfmt::TRAILER_LEN as usize])?;
+            Ok::<_, StorageError>((root, tar_hash.finish()?))
+        })?;
         store.seal_block(&mut self.blocks)?;
-        tar_hash.update([0u8; tarfmt::TRAILER_LEN as usize]);
         let record = RevisionRecord {
             id,
             state: RevisionState::Staging,
-            digest: format!("sha256:{}", hex::encode(tar_hash.finalize())),
+            digest: format!("sha256:{}", hex::encode(digest)),
             tar_size: offset + tarfmt::TRAILER_LEN,
             files,
             size,
@@ -312,6 +324,18 @@ impl RevisionWriter {
         self.staging.remove();
         self.open = false;
         Ok(PendingRevision { store, record, armed: true })
+    }
+
+    /// Seals with `workers` threads (none: inline, as a serial writer); before anything is written.
+    #[cfg(test)]
+    pub(super) fn set_seal_workers(&mut self, workers: usize) {
+        self.seals = SealPipeline::with_workers(self.store.clone(), workers);
+    }
+
+    /// Alive while any of the writer's seal workers is (tests).
+    #[cfg(test)]
+    pub(super) fn seal_liveness(&self) -> std::sync::Weak<std::sync::atomic::AtomicBool> {
+        self.seals.liveness()
     }
 
     /// Leaves the revision `Staging` as a crash would (tests of recovery).
