@@ -27,6 +27,7 @@ declare -A needed=(
     [tar]=tar
     [gzip]=gzip
     [zstd]=zstd
+    [b3sum]=b3sum
     [sha256sum]=coreutils
     [find]=findutils
     [python3]=python3
@@ -46,7 +47,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-if [[ " $SCENARIOS " =~ \ (footprint|churn|unpack|corpus|download)\  ]]; then
+if [[ " $SCENARIOS " =~ \ (footprint|churn|unpack|corpus|download|ingest)\  ]]; then
     [ -d "$corpus/kube-prometheus-stack" ] && [ -d "$corpus/operator-registry" ] \
         && [ -d "$corpus/rukpak-testdata" ] || die "corpus not found at $corpus (set STOWAGE_CORPUS)"
     corpus="$(cd "$corpus" && pwd)"

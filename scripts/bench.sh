@@ -10,6 +10,8 @@
 #   footprint   five kube-prometheus-stack versions: dedup across versions
 #   churn       space amplification under upload/delete churn
 #   throughput  1 GiB upload/download and the server's peak memory
+#   ingest      1 GiB YAML upload beside zstd -3 -T2 and b3sum on the same tar (BENCH_BEFORE_BIN: also
+#               that build's upload), the server's peak memory
 #   writes      Bundle creates, 1 and 32 writers, on the local disk and with slow flushes
 #   many_files  1,000,000 empty files: a refused upload and a deleted revision, the server's memory
 #   replicas    replicated mode: 1 and 3 replicas on etcd + Garage behind haproxy vs the embedded
@@ -31,9 +33,10 @@
 #                   BENCH_BIN=target/debug/stowage BENCH_LOADGEN=target/debug/examples/loadgen)
 #   STOWAGE_GARAGE  replicas: the Garage binary (default ~/.cache/stowage-tools/garage-2.5.0/bin/garage)
 #   BENCH_ROUNDS    churn rounds (default 20)
+#   BENCH_INGEST_BYTES  ingest: size of the uploaded tar (default 1073741824)
 #   BENCH_WRITES_ONE / _MANY  writes: creates by 1 writer / by 32 writers (default 1000 / 4000)
 #   BENCH_SLOW_FSYNC_US  writes: delay added to every fsync on the "slow" disk (default 2000)
-#   BENCH_BEFORE_BIN     writes, many_files, api (seed, store size, wrk figures): also measure this stowage
+#   BENCH_BEFORE_BIN     ingest, writes, many_files, api (seed, store size, wrk figures): also measure this stowage
 #                        binary (an older build), side by side
 #   BENCH_MANY_FILES     many_files: entries per archive (default 1000000)
 #   BENCH_BIN       use this stowage binary instead of building the release (scenarios without loadgen)
@@ -60,7 +63,7 @@ KPS_VERSIONS=(88.4.0 88.5.0 88.5.1 88.5.2 88.5.3)
 NS=bench
 API=/apis/content.stowage.dev/v1alpha1
 
-for part in lib store corpus download unpack api writes many_files replicas; do
+for part in lib store corpus download unpack api writes many_files replicas ingest; do
     # shellcheck source=/dev/null
     source "$repo/bench/$part.sh"
 done
@@ -72,6 +75,7 @@ for s in $SCENARIOS; do
         footprint) scenario_footprint ;;
         churn) scenario_churn ;;
         throughput) scenario_throughput ;;
+        ingest) scenario_ingest ;;
         api) scenario_api ;;
         unpack) scenario_unpack ;;
         corpus) scenario_corpus ;;
@@ -79,7 +83,7 @@ for s in $SCENARIOS; do
         writes) scenario_writes ;;
         many_files) scenario_many_files ;;
         replicas) scenario_replicas ;;
-        *) die "unknown scenario $s (corpus download unpack api footprint churn throughput writes many_files replicas)" ;;
+        *) die "unknown scenario $s (corpus download unpack api footprint churn throughput ingest writes many_files replicas)" ;;
     esac
 done
 log "done in $((SECONDS - started)) s"

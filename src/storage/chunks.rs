@@ -142,6 +142,11 @@ impl BlockBuilder {
     pub fn is_empty(&self) -> bool {
         self.members.is_empty()
     }
+
+    /// The hashes of the chunks in the block.
+    pub fn hashes(&self) -> &HashSet<Hash> {
+        &self.hashes
+    }
 }
 
 /// Recently decompressed blocks, so a sequential read decompresses each block once.
@@ -224,6 +229,11 @@ impl Pins {
 
     pub(super) fn is_pinned(&self, hash: &Hash) -> bool {
         self.counts.contains_key(hash)
+    }
+
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.counts.is_empty()
     }
 }
 

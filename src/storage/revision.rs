@@ -11,14 +11,20 @@
 //!
 //! Every chunk the writer references stays pinned ([`super::chunks::Pins`]) until the manifest is
 //! recorded: until then no collection may take it, whether the writer stored it or found it stored.
+//!
+//! File content is sealed in parallel: full blocks go to the writer's seal workers
+//! ([`super::seal`]) while the writer cuts and hashes the next ones; `finalize` waits for them
+//! before it reads anything back, and dropping the writer stops them before it unpins.
 
 use std::io::Read;
 
 use sha2::{Digest, Sha256};
 
 use super::chunks::{BlockBuilder, ChunkRef, Hash, AVG_CHUNK, MAX_CHUNK, MIN_CHUNK};
+use super::hashing::{Sha, ShaFeed};
 use super::manifest::{chunk_list, ChunkList, ManifestBuilder};
 use super::objects::key_revision;
+use super::seal::SealPipeline;
 use super::staging::Staging;
 use super::tarfmt::{self, padded};
 use super::{
@@ -28,6 +34,8 @@ use super::{
 
 /// Chunk refs buffered per file before they go to the staging file.
 const REF_BUFFER: usize = 256;
+/// A file's bytes hashed (SHA-256) by the writer itself before a thread takes over.
+const INLINE_SHA_BYTES: usize = 128 * 1024;
 
 /// Streams files into a new `Staging` revision. Dropping it without [`RevisionWriter::finalize`]
 /// releases everything written.
@@ -42,6 +50,8 @@ pub struct RevisionWriter {
     pinned: Vec<Hash>,
     /// Replicated: the count of lost leases when the writer began (its pins hold while it stays).
     lease_epoch: u64,
+    /// Seals full blocks of file content on worker threads.
+    seals: SealPipeline,
 }
 
 /// The counter of revision ids in the replicated store's map.
@@ -94,6 +104,7 @@ impl Store {
             staging,
             pinned: Vec::new(),
             lease_epoch: self.remote().map_or(0, |r| r.lease_epoch()),
+            seals: SealPipeline::new(self.clone()),
         })
     }
 
@@ -117,31 +128,38 @@ pub(super) struct WriterChunks<'a> {
 }
 
 impl WriterChunks<'_> {
+    /// Stores a chunk, sealing a full block here and now.
     pub fn put(&mut self, bytes: &[u8]) -> Result<ChunkRef> {
+        let chunk = self.put_unsealed(bytes, None)?;
+        if self.blocks.is_full() {
+            self.store.seal_block(self.blocks)?;
+        }
+        Ok(chunk)
+    }
+
+    /// Pins the chunk and adds it to the block being built unless the store, that block or a block
+    /// `seals` still works on holds it. The caller seals the block once it is full.
+    pub fn put_unsealed(&mut self, bytes: &[u8], seals: Option<&SealPipeline>) -> Result<ChunkRef> {
         let hash = *blake3::hash(bytes).as_bytes();
+        let chunk = ChunkRef { hash, len: bytes.len() as u32 };
+        let in_flight = |hash: &Hash| seals.is_some_and(|s| s.holds(hash));
         if self.store.remote().is_some() {
             // Replicated: pinned here now, in etcd for a whole block at once when it is sealed
             // (where chunks the store already holds are dropped from it): one transaction per
             // block instead of one per chunk.
             self.store.pin_locally(hash);
             self.pinned.push(hash);
-            if !self.blocks.contains(&hash) {
+            if !self.blocks.contains(&hash) && !in_flight(&hash) {
                 self.blocks.push(hash, bytes);
-                if self.blocks.is_full() {
-                    self.store.seal_block(self.blocks)?;
-                }
             }
-            return Ok(ChunkRef { hash, len: bytes.len() as u32 });
+            return Ok(chunk);
         }
         let known = self.store.pin_and_check(hash)?;
         self.pinned.push(hash);
-        if !known && !self.blocks.contains(&hash) {
+        if !known && !self.blocks.contains(&hash) && !in_flight(&hash) {
             self.blocks.push(hash, bytes);
-            if self.blocks.is_full() {
-                self.store.seal_block(self.blocks)?;
-            }
         }
-        Ok(ChunkRef { hash, len: bytes.len() as u32 })
+        Ok(chunk)
     }
 }
 
@@ -155,32 +173,41 @@ impl RevisionWriter {
     pub fn add_file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<()> {
         self.staging.ensure_new(path)?;
         let first_ref = self.staging.refs_written();
-        let mut sha = Sha256::new();
-        let mut size = 0u64;
-        let mut count = 0u64;
-        let mut refs: Vec<ChunkRef> = Vec::with_capacity(REF_BUFFER);
-        let chunker = fastcdc::v2020::StreamCDC::new(data, MIN_CHUNK as usize, AVG_CHUNK as usize, MAX_CHUNK as usize);
-        for chunk in chunker {
-            let chunk = chunk.map_err(|e| StorageError::Io(e.into()))?;
-            sha.update(&chunk.data);
-            size += chunk.length as u64;
-            let mut chunks = WriterChunks { store: &self.store, blocks: &mut self.blocks, pinned: &mut self.pinned };
-            refs.push(chunks.put(&chunk.data)?);
-            if refs.len() == REF_BUFFER {
-                self.staging.push_refs(&refs)?;
-                count += refs.len() as u64;
-                refs.clear();
+        let (size, count, sha) = std::thread::scope(|scope| {
+            // A large file's SHA-256 on a thread of its own, beside the chunking and BLAKE3 here.
+            let mut sha = Sha::new(scope, INLINE_SHA_BYTES);
+            let mut size = 0u64;
+            let mut count = 0u64;
+            let mut refs: Vec<ChunkRef> = Vec::with_capacity(REF_BUFFER);
+            let chunker =
+                fastcdc::v2020::StreamCDC::new(data, MIN_CHUNK as usize, AVG_CHUNK as usize, MAX_CHUNK as usize);
+            for chunk in chunker {
+                let chunk = chunk.map_err(|e| StorageError::Io(e.into()))?;
+                size += chunk.length as u64;
+                let mut chunks =
+                    WriterChunks { store: &self.store, blocks: &mut self.blocks, pinned: &mut self.pinned };
+                refs.push(chunks.put_unsealed(&chunk.data, Some(&self.seals))?);
+                sha.update_owned(chunk.data)?;
+                if self.blocks.is_full() {
+                    self.seals.submit(std::mem::take(&mut self.blocks))?;
+                }
+                if refs.len() == REF_BUFFER {
+                    self.staging.push_refs(&refs)?;
+                    count += refs.len() as u64;
+                    refs.clear();
+                }
             }
-        }
-        self.staging.push_refs(&refs)?;
-        count += refs.len() as u64;
+            self.staging.push_refs(&refs)?;
+            count += refs.len() as u64;
+            Ok::<_, StorageError>((size, count, sha.finish()?))
+        })?;
         self.staging.add(&FileEntry {
             path: path.to_string(),
             kind: EntryKind::File,
             target: None,
             mode: mode & PERMISSION_BITS,
             size,
-            sha256: hex::encode(sha.finalize()),
+            sha256: hex::encode(sha),
             tar_offset: 0,
             chunks: ChunkList::Staged { offset: first_ref, count },
         })
@@ -236,46 +263,51 @@ impl RevisionWriter {
     /// revision ready to attach.
     pub fn finalize(mut self) -> Result<PendingRevision> {
         let store = self.store.clone();
+        // Every block of content sealed (so indexed) before any is read back.
+        self.seals.finish()?;
         store.seal_block(&mut self.blocks)?;
         let id = self.id;
         let mut offset = 0u64;
-        let mut tar_hash = Sha256::new();
         let (mut files, mut size, mut stored) = (0u64, 0u64, 0u64);
         let mut manifest = ManifestBuilder::default();
         let mut meta = WriterChunks { store: &store, blocks: &mut self.blocks, pinned: &mut self.pinned };
         let mut put = |bytes: &[u8]| meta.put(bytes);
-        for item in self.staging.sorted()? {
-            let mut entry = self.staging.read_entry(item?)?;
-            entry.tar_offset = offset;
-            let header = tarfmt::header_bytes(&entry.header_spec());
-            tar_hash.update(&header);
-            if let Some((first, count)) = entry.chunks.staged() {
-                let refs = self.staging.read_refs(first, count)?;
-                let (read, delivered) = store.stream_refs(&refs, 0, 0, entry.size, &mut |bytes| {
-                    tar_hash.update(bytes);
-                    Ok(())
-                })?;
-                if delivered != entry.size {
-                    return Err(StorageError::Corrupt(format!("{}: staged chunks do not add up", entry.path)));
+        let staging = &mut self.staging;
+        let (root, digest) = std::thread::scope(|scope| {
+            // The tar's SHA-256 on a thread of its own, beside reading and verifying the chunks here.
+            let mut tar_hash = ShaFeed::spawn(scope, Sha256::new())?;
+            for item in staging.sorted()? {
+                let mut entry = staging.read_entry(item?)?;
+                entry.tar_offset = offset;
+                let header = tarfmt::header_bytes(&entry.header_spec());
+                tar_hash.update(&header)?;
+                if let Some((first, count)) = entry.chunks.staged() {
+                    let refs = staging.read_refs(first, count)?;
+                    let (read, delivered) =
+                        store.stream_refs(&refs, 0, 0, entry.size, &mut |bytes| tar_hash.update(bytes))?;
+                    if delivered != entry.size {
+                        return Err(StorageError::Corrupt(format!("{}: staged chunks do not add up", entry.path)));
+                    }
+                    stored += read;
+                    let pad = padded(entry.size) - entry.size;
+                    tar_hash.update([0u8; tarfmt::BLOCK as usize].get(..pad as usize).unwrap_or_default())?;
+                    entry.chunks = chunk_list(refs, &mut put)?;
                 }
-                stored += read;
-                let pad = padded(entry.size) - entry.size;
-                tar_hash.update([0u8; tarfmt::BLOCK as usize].get(..pad as usize).unwrap_or_default());
-                entry.chunks = chunk_list(refs, &mut put)?;
+                offset += header.len() as u64 + entry.tar_data_len();
+                // Files and symlinks: what `status.files` counts (directories hold no content).
+                files += u64::from(!entry.is_dir());
+                size += entry.size;
+                manifest.push(&entry, &mut put)?;
             }
-            offset += header.len() as u64 + entry.tar_data_len();
-            // Files and symlinks: what `status.files` counts (directories hold no content).
-            files += u64::from(!entry.is_dir());
-            size += entry.size;
-            manifest.push(&entry, &mut put)?;
-        }
-        let root = manifest.finish(&mut put)?;
+            let root = manifest.finish(&mut put)?;
+            tar_hash.update(&[0u8; tarfmt::TRAILER_LEN as usize])?;
+            Ok::<_, StorageError>((root, tar_hash.finish()?))
+        })?;
         store.seal_block(&mut self.blocks)?;
-        tar_hash.update([0u8; tarfmt::TRAILER_LEN as usize]);
         let record = RevisionRecord {
             id,
             state: RevisionState::Staging,
-            digest: format!("sha256:{}", hex::encode(tar_hash.finalize())),
+            digest: format!("sha256:{}", hex::encode(digest)),
             tar_size: offset + tarfmt::TRAILER_LEN,
             files,
             size,
@@ -294,9 +326,22 @@ impl RevisionWriter {
         Ok(PendingRevision { store, record, armed: true })
     }
 
+    /// Seals with `workers` threads (none: inline, as a serial writer); before anything is written.
+    #[cfg(test)]
+    pub(super) fn set_seal_workers(&mut self, workers: usize) {
+        self.seals = SealPipeline::with_workers(self.store.clone(), workers);
+    }
+
+    /// Alive while any of the writer's seal workers is (tests).
+    #[cfg(test)]
+    pub(super) fn seal_liveness(&self) -> std::sync::Weak<std::sync::atomic::AtomicBool> {
+        self.seals.liveness()
+    }
+
     /// Leaves the revision `Staging` as a crash would (tests of recovery).
     #[cfg(test)]
     pub fn simulate_crash(mut self) {
+        self.seals.shutdown();
         self.open = false;
         self.store.unpin_all(&std::mem::take(&mut self.pinned));
     }
@@ -304,6 +349,8 @@ impl RevisionWriter {
 
 impl Drop for RevisionWriter {
     fn drop(&mut self) {
+        // No worker may index a chunk of this writer once it is unpinned: stop them first.
+        self.seals.shutdown();
         // Unpinned before the release is recorded: the pass the release triggers must find these
         // chunks unpinned, or they would stay until some later pass.
         self.store.unpin_all(&std::mem::take(&mut self.pinned));

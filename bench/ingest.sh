@@ -1,0 +1,75 @@
+# The ingest scenario of scripts/bench.sh (sourced): a 1 GiB YAML-heavy upload (bench/yaml_tar.py:
+# the corpus's text files copied with changes throughout, so chunks do not deduplicate), its MB/s and
+# the server's peak RSS, beside what `zstd -3 -T2` and `b3sum` reach on the same tar in the same run:
+# the work an upload cannot avoid (compress every byte, hash every byte). With BENCH_BEFORE_BIN, the
+# same upload into another stowage binary (an older build), side by side. Both builds must serve the
+# same tar: their status.digest must agree. Each upload twice, over HTTP/2 (curl's default over TLS)
+# and HTTP/1.1, each into a fresh server.
+# shellcheck shell=bash
+
+INGEST_BYTES="${BENCH_INGEST_BYTES:-1073741824}"
+
+scenario_ingest() {
+    local section="Ingest: 1 GiB YAML upload beside zstd -3 -T2 and b3sum"
+    local tarf="$WORK/ingest.tar"
+    log "ingest: building the tar ($INGEST_BYTES bytes of copies of $corpus)"
+    python3 "$repo/bench/yaml_tar.py" "$corpus" "$tarf" "$INGEST_BYTES" >&2
+    local size
+    size="$(stat -c %s "$tarf")"
+    local builds=("this build=$BIN")
+    if [ -n "${BENCH_BEFORE_BIN:-}" ]; then
+        cp "$BENCH_BEFORE_BIN" "$WORK/bench-server-before"
+        builds=("before=$WORK/bench-server-before" "${builds[@]}")
+    fi
+    local run build label bin out code secs t0 t1 digest first_digest=""
+    for run in $(seq 1 "$RUNS"); do
+        cat "$tarf" >/dev/null
+        record "$section" "tar size" bytes "$size"
+        # The limit: compress every byte (zstd's own threads) and hash every byte (b3sum's).
+        t0="$(now)"
+        zstd -q -3 -T2 -c "$tarf" >/dev/null
+        t1="$(now)"
+        local zsecs bsecs
+        zsecs="$(calc "$t1 - $t0")"
+        t0="$(now)"
+        b3sum "$tarf" >/dev/null
+        t1="$(now)"
+        bsecs="$(calc "$t1 - $t0")"
+        record "$section" "zstd -3 -T2 -c tar >/dev/null" MB/s "$(calc "$size / 1e6 / $zsecs")"
+        record "$section" "b3sum tar" MB/s "$(calc "$size / 1e6 / $bsecs")"
+        record "$section" "**limit: zstd -3 -T2, then b3sum (size / sum of both times)**" MB/s \
+            "$(calc "$size / 1e6 / ($zsecs + $bsecs)")"
+        for build in "${builds[@]}"; do
+            # curl's default over TLS is HTTP/2 (as kubectl's client-go); HTTP/1.1 shows what the
+            # store takes when the transport is not the bottleneck (see docs/benchmarks.md).
+            for proto in http2 http1.1; do
+                label="${build%%=*}" bin="${build#*=}"
+                log "ingest: run $run/$RUNS, $label, $proto"
+                local data="$WORK/ingest-$run-${label// /-}-$proto"
+                BIN="$bin" start_server "$data"
+                create_bundle ingest
+                record "$section" "load average before the upload ($label, $proto)" count "$(cut -d' ' -f1 /proc/loadavg)"
+                out="$(api "--$proto" -X PUT -T "$tarf" -H 'Content-Type: application/x-tar' -o "$WORK/put.json" \
+                    -w '%{http_code} %{time_total}' "$API/namespaces/$NS/bundles/ingest/content")"
+                read -r code secs <<<"$out"
+                [ "$code" = 200 ] || die "upload returned $code"
+                record "$section" "**upload ($label, curl -T file, $proto)**" MB/s "$(calc "$size / 1e6 / $secs")"
+                record "$section" "server CPU time of the upload ($label, $proto)" s \
+                    "$(awk '{print ($14 + $15) / 100}' "/proc/$SERVER_PID/stat")"
+                record "$section" "server peak RSS ($label, $proto, VmHWM)" MiB "$(calc "$(peak_rss_kib) / 1024")" "<150"
+                digest="$(json_field status.digest <"$WORK/put.json")"
+                [ -n "$first_digest" ] || first_digest="$digest"
+                [ "$digest" = "$first_digest" ] || die "$label serves $digest, not $first_digest"
+                if [ "$run" = 1 ] && [ "$proto" = http2 ]; then
+                    local sum
+                    sum="$(api "$API/namespaces/$NS/bundles/ingest/content" | sha256sum | cut -d' ' -f1)"
+                    [ "sha256:$sum" = "$digest" ] || die "$label: downloaded tar sha256:$sum != status.digest $digest"
+                fi
+                stop_server
+                record "$section" "store on disk ($label, $proto, du)" bytes "$(alloc_bytes "$data/store")"
+                rm -rf "$data"
+            done
+        done
+    done
+    rm -f "$tarf"
+}
