@@ -2,11 +2,6 @@
 
 use clap::{Parser, Subcommand};
 
-/// Many small allocations from many threads (requests, group commit, TLS): glibc's malloc spent a
-/// fifth of a create in its arena locks and bookkeeping (`docs/benchmarks.md`).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(version, about = "Bundle content served through the Kubernetes API")]
 struct Cli {
@@ -91,14 +86,17 @@ fn certs(options: &stowage::certs::CertsOptions) -> anyhow::Result<()> {
 /// glibc gives every thread that allocates its own arena and keeps each arena's high-water mark:
 /// lists and uploads run on the blocking pool's many threads, so memory freed after a burst of
 /// large lists was never returned (234 MiB retained vs 45 MiB with two arenas, docs/benchmarks.md).
-/// Two arenas are plenty on the small machines this runs on; `MALLOC_ARENA_MAX` still overrides.
+/// Two arenas per core: with two in all, creates spent a fifth of their time waiting on the arena
+/// locks (docs/benchmarks.md, issue 19). `MALLOC_ARENA_MAX` still overrides.
 fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let arenas = i32::try_from(cores.saturating_mul(2)).unwrap_or(i32::MAX).max(2);
         // SAFETY: mallopt only sets an allocator tunable; called first thing in main, before any
         // other thread exists.
         unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 2);
+            libc::mallopt(libc::M_ARENA_MAX, arenas);
         }
     }
 }
