@@ -163,8 +163,9 @@ async fn mark_paused(shared: &Arc<Shared>, expect: &Expect, cancel: &Cancellatio
 /// How often the credentials of a Bundle whose credentials were refused are read again.
 const CREDENTIAL_CHECK: Duration = Duration::from_secs(5);
 
-/// After refused credentials: waits, asking nothing of the source, until the credentials it
-/// would present change (`Some(true)`: a Secret or `--source-credentials` was fixed) or `until`
+/// After refused credentials (`refused`, what the attempt presented): waits, asking nothing of
+/// the source, until the credentials it would present differ (`Some(true)`: a Secret or
+/// `--source-credentials` was fixed) or `until`
 /// passes (`Some(false)`: the poll is due). `None` once cancelled.
 async fn await_new_credentials(
     shared: &Arc<Shared>,
