@@ -46,8 +46,7 @@ impl<'scope> ShaFeed<'scope> {
     pub fn update(&mut self, bytes: &[u8]) -> Result<()> {
         self.pending.extend_from_slice(bytes);
         if self.pending.len() >= BATCH {
-            let batch = std::mem::replace(&mut self.pending, Vec::with_capacity(BATCH));
-            self.send(batch)?;
+            self.send_pending()?;
         }
         Ok(())
     }
@@ -57,11 +56,17 @@ impl<'scope> ShaFeed<'scope> {
         if bytes.len() < BATCH / 8 {
             return self.update(&bytes);
         }
-        if !self.pending.is_empty() {
-            let batch = std::mem::replace(&mut self.pending, Vec::with_capacity(BATCH));
-            self.send(batch)?;
-        }
+        self.send_pending()?;
         self.send(bytes)
+    }
+
+    /// Hands over the bytes batched so far, if any.
+    fn send_pending(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::replace(&mut self.pending, Vec::with_capacity(BATCH));
+        self.send(batch)
     }
 
     fn send(&mut self, batch: Vec<u8>) -> Result<()> {
@@ -71,10 +76,7 @@ impl<'scope> ShaFeed<'scope> {
 
     /// The digest of everything fed.
     pub fn finish(mut self) -> Result<[u8; 32]> {
-        if !self.pending.is_empty() {
-            let batch = std::mem::take(&mut self.pending);
-            self.send(batch)?;
-        }
+        self.send_pending()?;
         self.batches = None;
         let state = self.thread.join().map_err(|_| gone())?;
         Ok(state.finalize().into())

@@ -56,21 +56,13 @@ pub struct StoredObject {
     pub revision: Option<RevisionId>,
 }
 
+/// An object as stored; read with the object owned, written with it borrowed (the same bytes).
 #[derive(Serialize, Deserialize)]
-pub(super) struct Envelope {
+pub(super) struct Envelope<O = Value> {
     pub(super) rv: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     revision: Option<RevisionId>,
-    pub(super) object: Value,
-}
-
-/// An [`Envelope`] as written: the same bytes, the object borrowed.
-#[derive(Serialize)]
-struct EnvelopeRef<'a> {
-    rv: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    revision: Option<RevisionId>,
-    object: &'a Value,
+    pub(super) object: O,
 }
 
 /// What must hold for a write to go ahead.
@@ -424,7 +416,7 @@ impl Store {
                     };
                     index_owners(&mut batch, key, existing.as_ref().map(|e| &e.value), Some(&object));
                     let kind = if existing.is_some() { "MODIFIED" } else { "ADDED" };
-                    batch.insert(key.encode(), encode_json(&EnvelopeRef { rv, revision, object: &object }));
+                    batch.insert(key.encode(), encode_json(&Envelope { rv, revision, object: &object }));
                     let entry = encode_log(&change(kind, key, &object, existing.as_ref().map(|e| &e.value)));
                     log_bytes += entry.len() as u64;
                     batch.insert(log_key, entry);
@@ -700,7 +692,7 @@ mod tests {
         let previous = serde_json::json!({"metadata": {"name": "a"}});
         for revision in [None, Some(3)] {
             let owned = Envelope { rv: 7, revision, object: object.clone() };
-            let borrowed = EnvelopeRef { rv: 7, revision, object: &object };
+            let borrowed = Envelope { rv: 7, revision, object: &object };
             assert_eq!(encode_json(&borrowed), encode_json(&owned));
         }
         let key = ObjectKey::new("bundles", "ns", "a");

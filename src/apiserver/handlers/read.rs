@@ -239,8 +239,7 @@ impl ListBody {
                         return;
                     }
                 };
-                let items = body.take_items();
-                if !items.is_empty() && tx.send(Ok(items)).await.is_err() {
+                if tx.send(Ok(body.take_items())).await.is_err() {
                     return; // the client went away
                 }
             }
