@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::lifecycle::{self, DeleteOptions, FOREGROUND, ORPHAN};
 use crate::api::strategy::{self, ResourceDef};
 use crate::apiserver::lifecycle::str_at;
-use crate::storage::{ChangeEvent, ObjectKey, ObjectWrite, Precondition, StorageError, Store, StoredObject};
+use crate::storage::{ObjectKey, ObjectWrite, Precondition, StorageError, Store, StoredObject};
 
 const FULL_PASS_EVERY: Duration = Duration::from_secs(300);
 const BATCH: usize = 512;
@@ -92,7 +92,7 @@ fn full(store: &Store) -> Result<(), StorageError> {
 /// Handles the changes after `from`; returns how far it got.
 fn follow(store: &Store, mut from: u64) -> Result<u64, StorageError> {
     loop {
-        let changes = store.changes_after(from, BATCH)?;
+        let changes = store.changes_after_as::<Change>(from, BATCH)?;
         let done = changes.len() < BATCH;
         for (rv, change) in changes {
             handle(store, &change)?;
@@ -104,7 +104,19 @@ fn follow(store: &Store, mut from: u64) -> Result<u64, StorageError> {
     }
 }
 
-fn handle(store: &Store, change: &ChangeEvent) -> Result<(), StorageError> {
+/// What the collector reads of a change-log entry: which object changed, and how.
+#[derive(serde::Deserialize)]
+struct Change {
+    #[serde(rename = "type")]
+    kind: String,
+    resource: String,
+    namespace: String,
+    name: String,
+    /// Decoded only for a deletion, the one change whose logged state (uid, owners) matters.
+    object: Box<serde_json::value::RawValue>,
+}
+
+fn handle(store: &Store, change: &Change) -> Result<(), StorageError> {
     let Some(def) = strategy::lookup(&change.resource) else { return Ok(()) };
     if change.kind != "DELETED" {
         // Re-read: the log entry may be stale, and acting on the current state is what counts.
@@ -115,11 +127,13 @@ fn handle(store: &Store, change: &ChangeEvent) -> Result<(), StorageError> {
         return Ok(());
     }
     // Its dependents lost an owner; its owners may be waiting for it to go.
-    let uid = str_at(&change.object, "/metadata/uid");
+    let object: Value = serde_json::from_str(change.object.get())
+        .map_err(|e| StorageError::Corrupt(format!("undecodable change-log entry: {e}")))?;
+    let uid = str_at(&object, "/metadata/uid");
     for (dependent_def, dependent) in dependents(store, &change.namespace, uid)? {
         examine(store, dependent_def, &dependent.value)?;
     }
-    for reference in owner_references(&change.object) {
+    for reference in owner_references(&object) {
         if let Some((owner_def, name, _)) = lifecycle::own_owner(&reference) {
             if let Some(owner) = store.get_object(&ObjectKey::new(owner_def.plural, &change.namespace, name))? {
                 examine(store, owner_def, &owner.value)?;

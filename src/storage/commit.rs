@@ -9,14 +9,15 @@
 //! sled blocks every batch while a flush runs, so writers that arrived during one flush could not
 //! apply before the next one started: each flush would cover one write. The flusher therefore
 //! first lets the writers already between the object lock and their batch apply (for at most as
-//! long as the previous flush took, so a fast disk waits next to nothing), then flushes them all.
+//! long as the previous flush took, so a fast disk waits next to nothing; asleep, woken by the
+//! last of them), then flushes them all.
 //!
 //! Readers see a change only once it is durable ([`Store::durable_resource_version`]): those that
 //! follow the change log (watches, the garbage collector, the unpack reconciler) stop at it, a list
 //! is at it, and a read of one object whose last change is newer waits for the flush covering that
 //! change. No client is shown a write that a crash could still undo.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use std::sync::Arc;
@@ -35,6 +36,10 @@ pub(super) struct Commits {
     durable_rv: AtomicU64,
     /// Writers that entered [`Store::write_objects`] and have not applied their batch yet.
     applying: AtomicUsize,
+    /// A flusher is waiting for `applying` to reach zero; the last writer to apply wakes it.
+    gathering: AtomicBool,
+    gather_lock: std::sync::Mutex<()>,
+    gathered: std::sync::Condvar,
     /// How long the last flush took (nanoseconds): the most worth waiting for more writers.
     last_flush_nanos: AtomicU64,
     /// Flushes made by object writes, and the writes acknowledged (metrics).
@@ -43,11 +48,17 @@ pub(super) struct Commits {
 }
 
 /// A writer on its way to applying its batch; see [`Store::applying`].
-pub(super) struct Applying<'a>(&'a AtomicUsize);
+pub(super) struct Applying<'a>(&'a Commits);
 
 impl Drop for Applying<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        let commits = self.0;
+        // SeqCst with the flusher's store of `gathering` and load of `applying`: either it sees
+        // this decrement or this sees it waiting.
+        if commits.applying.fetch_sub(1, Ordering::SeqCst) == 1 && commits.gathering.load(Ordering::SeqCst) {
+            let _lock = commits.gather_lock.lock().unwrap_or_else(|e| e.into_inner());
+            commits.gathered.notify_one();
+        }
     }
 }
 
@@ -69,8 +80,8 @@ impl Store {
     /// Counts a writer as about to apply a batch until the returned guard is dropped.
     pub(super) fn applying(&self) -> Applying<'_> {
         let commits = &self.inner.commits;
-        commits.applying.fetch_add(1, Ordering::AcqRel);
-        Applying(&commits.applying)
+        commits.applying.fetch_add(1, Ordering::SeqCst);
+        Applying(commits)
     }
 
     /// Returns once every object write up to resourceVersion `rv` is durable, flushing if no
@@ -92,10 +103,12 @@ impl Store {
             return Ok(()); // the flush we queued behind covered it
         }
         let gather = Duration::from_nanos(commits.last_flush_nanos.load(Ordering::Relaxed)).min(MAX_GATHER);
-        let started = Instant::now();
-        while commits.applying.load(Ordering::Acquire) > 0 && started.elapsed() < gather {
-            std::thread::yield_now();
-        }
+        // Asleep, not spinning: on a small machine the writers need the core this would take.
+        commits.gathering.store(true, Ordering::SeqCst);
+        let lock = commits.gather_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let waited = commits.gathered.wait_timeout_while(lock, gather, |_| commits.applying.load(Ordering::SeqCst) > 0);
+        drop(waited);
+        commits.gathering.store(false, Ordering::SeqCst);
         let applied = self.current_resource_version()?;
         let flush_started = Instant::now();
         self.flush()?;

@@ -106,6 +106,17 @@ pub struct ChangeEvent {
     pub previous: Option<Value>,
 }
 
+/// Which object a [`ChangeEvent`] changed, and how, without its contents: for followers of the
+/// log that act on current state, which would otherwise build two object trees per entry.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChangedObject {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub resource: String,
+    pub namespace: String,
+    pub name: String,
+}
+
 /// A [`ChangeEvent`] as written: the same bytes, everything borrowed.
 #[derive(Serialize)]
 struct ChangeEventRef<'a> {
@@ -449,6 +460,15 @@ impl Store {
 
     /// Durable change-log entries after `after` (exclusive), oldest first.
     pub fn changes_since(&self, after: u64) -> impl Iterator<Item = Result<(u64, ChangeEvent)>> + '_ {
+        self.changes_since_as(after)
+    }
+
+    /// [`Store::changes_since`], each entry decoded as `T`: a view of [`ChangeEvent`]'s fields
+    /// (fields it leaves out are skipped, not built), such as [`ChangedObject`].
+    pub fn changes_since_as<T: serde::de::DeserializeOwned>(
+        &self,
+        after: u64,
+    ) -> impl Iterator<Item = Result<(u64, T)>> + '_ {
         // A reader may already be past the durable end (it listed a write still being flushed).
         let durable = self.durable_resource_version().max(after);
         let end = key_log(durable.saturating_add(1));
@@ -462,8 +482,13 @@ impl Store {
     /// At least `limit` changes after `after` (fewer at the end of the log), never splitting the
     /// changes of one resourceVersion, so a reader can resume from the last one it got.
     pub fn changes_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, ChangeEvent)>> {
-        let mut out: Vec<(u64, ChangeEvent)> = Vec::new();
-        for item in self.changes_since(after) {
+        self.changes_after_as(after, limit)
+    }
+
+    /// [`Store::changes_after`], each entry decoded as `T` (see [`Store::changes_since_as`]).
+    pub fn changes_after_as<T: serde::de::DeserializeOwned>(&self, after: u64, limit: usize) -> Result<Vec<(u64, T)>> {
+        let mut out: Vec<(u64, T)> = Vec::new();
+        for item in self.changes_since_as(after) {
             let (rv, event) = item?;
             if out.len() >= limit && out.last().is_some_and(|(last, _)| *last != rv) {
                 break;
@@ -559,8 +584,25 @@ fn encode_log(event: &ChangeEventRef<'_>) -> Vec<u8> {
 }
 
 pub(super) fn decode_log<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    thread_local! {
+        // Every follower of the log (watch cache, collector, reconciler) decodes every entry: a
+        // context per entry cost more than the decompression.
+        static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+            std::cell::RefCell::new(zstd::bulk::Decompressor::new().ok());
+    }
     if bytes.starts_with(&ZSTD_MAGIC) {
-        let json = zstd::bulk::decompress(bytes, MAX_LOG_ENTRY)
+        // The frame records its size (written by `encode_log`): allocating the bound instead
+        // mapped and unmapped 64 MiB per entry.
+        let size = zstd::zstd_safe::get_frame_content_size(bytes)
+            .ok()
+            .flatten()
+            .and_then(|size| usize::try_from(size).ok())
+            .map_or(MAX_LOG_ENTRY, |size| size.min(MAX_LOG_ENTRY));
+        let json = DECOMPRESSOR
+            .with(|d| match d.borrow_mut().as_mut() {
+                Some(decompressor) => decompressor.decompress(bytes, size),
+                None => zstd::bulk::decompress(bytes, size),
+            })
             .map_err(|e| StorageError::Corrupt(format!("undecodable change-log entry: {e}")))?;
         return decode_json(&json);
     }

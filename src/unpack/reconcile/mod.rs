@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use super::download_spool::Downloads;
 use super::secrets::CredentialSource;
 use super::source::{NetworkPolicy, UnpackLimits};
-use crate::storage::{ObjectKey, StorageError, Store};
+use crate::storage::{ChangedObject, ObjectKey, StorageError, Store};
 
 pub use plan::{plan, Plan};
 
@@ -161,7 +161,7 @@ async fn follow(shared: &Arc<Shared>, from: u64) -> Result<u64, StorageError> {
         let mut seen: HashSet<Key> = HashSet::new();
         let mut after = from;
         loop {
-            let batch = store.changes_after(after, 512)?;
+            let batch = store.changes_after_as::<ChangedObject>(after, 512)?;
             let done = batch.len() < 512;
             after = batch.last().map_or(after, |(rv, _)| *rv);
             for (_, change) in batch.into_iter().filter(|(_, c)| c.resource == "bundles") {
