@@ -122,6 +122,16 @@ where
     tokio::task::spawn_blocking(move || f(&store)).await?.map_err(ApiError::from)
 }
 
+/// Writes objects: applied on the blocking pool, acknowledged once durable without holding a
+/// thread while the flush they share with concurrent writes runs.
+async fn write_objects(
+    app: &AppState,
+    writes: Vec<crate::storage::ObjectWrite>,
+) -> ApiResult<crate::storage::WriteOutcome> {
+    let pending = blocking(app, move |store| store.apply_objects(writes)).await?;
+    app.store.acknowledge(pending).await.map_err(ApiError::from)
+}
+
 /// The whole HTTP API; `/metrics` serves `registry` once the API's own metrics joined it.
 pub fn router(state: AppState, registry: prometheus_client::registry::Registry) -> Router {
     let object_limit = state.limits.max_object_bytes;

@@ -56,7 +56,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-pub use commit::CommitCounts;
+pub use commit::{CommitCounts, PendingWrite};
 pub use counters::StoreCounts;
 pub use entry::{EntryKind, FileEntry, PERMISSION_BITS};
 pub use gc::GcReport;

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use super::commit::PendingWrite;
 use super::meta::Batch;
 use super::{
     be, decode_json, encode_json, key, read_be, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store,
@@ -363,6 +364,13 @@ impl Store {
 
     /// Applies `writes` atomically (all or nothing), durably, at one new resourceVersion.
     pub fn write_objects(&self, writes: Vec<ObjectWrite>) -> Result<WriteOutcome> {
+        let pending = self.apply_objects(writes)?;
+        self.make_durable(pending)
+    }
+
+    /// Applies `writes` atomically at one new resourceVersion; they are acknowledged once
+    /// durable, by [`Store::acknowledge`].
+    pub fn apply_objects(&self, writes: Vec<ObjectWrite>) -> Result<PendingWrite> {
         // Refused only at the floor: deletes and status updates must work while content is refused.
         self.ensure_space(super::WriteKind::Metadata)?;
         let applying = self.applying();
@@ -383,16 +391,14 @@ impl Store {
         let logged = self.inner.log_bytes.fetch_add(log_bytes, Ordering::AcqRel) + log_bytes;
         drop(guard);
         drop(applying);
-        self.make_durable(rv)?;
         // Trim in steps (each is a range delete), often enough that the log stays near its bounds.
+        // Only durable entries go (a follower of the log has not read the others yet), so trimming
+        // need not wait for this write's flush.
         let trim_every = (self.inner.options.change_log_len / 4).clamp(1, 1024);
         if rv % trim_every == 0 || logged > self.inner.options.change_log_bytes {
-            self.trim_change_log(rv)?;
+            self.trim_change_log(rv.min(self.durable_resource_version().saturating_add(1)))?;
         }
-        if collect {
-            self.request_gc();
-        }
-        Ok(WriteOutcome { resource_version: rv, objects })
+        Ok(PendingWrite { outcome: WriteOutcome { resource_version: rv, objects }, collect })
     }
 
     /// The batch of one write at resourceVersion `rv`, its objects as written, whether a revision

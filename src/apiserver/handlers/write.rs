@@ -18,7 +18,7 @@ use crate::api::strategy::{self, ResourceDef};
 use crate::apiserver::access::{check_secret_access, Identity};
 use crate::apiserver::schema::set_field;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
-use crate::apiserver::{blocking, fieldmanager, lifecycle, AppState};
+use crate::apiserver::{blocking, fieldmanager, lifecycle, write_objects, AppState};
 use crate::auth::UserInfo;
 use crate::storage::{ObjectKey, ObjectWrite, Precondition, StoredObject};
 
@@ -152,8 +152,7 @@ pub(in crate::apiserver) async fn create_object(
     }
     let key = ObjectKey::new(def.plural, namespace, &name);
     let write = ObjectWrite::Put { key, object: obj, precondition: Precondition::MustNotExist, revision: None };
-    let outcome =
-        blocking(app, move |store| store.write_objects(vec![write])).await.map_err(|e| relabel(e, def, &name))?;
+    let outcome = write_objects(app, vec![write]).await.map_err(|e| relabel(e, def, &name))?;
     Ok(outcome.objects.into_iter().next().unwrap_or(Value::Null))
 }
 
@@ -270,8 +269,7 @@ pub(in crate::apiserver) async fn replace(
         return Ok(old.clone());
     }
     let write = ObjectWrite::Put { key, object: obj, precondition: Precondition::ResourceVersion(rv), revision: None };
-    let outcome =
-        blocking(app, move |store| store.write_objects(vec![write])).await.map_err(|e| relabel(e, def, name))?;
+    let outcome = write_objects(app, vec![write]).await.map_err(|e| relabel(e, def, name))?;
     Ok(outcome.objects.into_iter().next().unwrap_or(Value::Null))
 }
 
