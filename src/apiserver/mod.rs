@@ -84,9 +84,27 @@ impl Default for Limits {
     }
 }
 
-/// Shared state of every handler.
+/// Shared state of every handler. Every middleware layer and handler clones it per request, so it
+/// is one reference count rather than one per field (their atomic updates, shared by the worker
+/// threads, showed in the profile of GETs).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<SharedState>);
+
+impl AppState {
+    pub fn new(shared: SharedState) -> Self {
+        Self(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = SharedState;
+    fn deref(&self) -> &SharedState {
+        &self.0
+    }
+}
+
+/// What [`AppState`] holds.
+pub struct SharedState {
     pub store: Store,
     /// Authentication and authorization.
     pub access: Arc<crate::auth::Access>,

@@ -19,7 +19,7 @@ use anyhow::Context;
 
 use crate::apiserver::content::upload_spool::{self, Spool};
 use crate::apiserver::listener::ListenerLimits;
-use crate::apiserver::{self, AppState, Limits};
+use crate::apiserver::{self, AppState, Limits, SharedState};
 use crate::auth::pki;
 use crate::storage::StoreOptions;
 use crate::unpack::metrics::UnpackMetrics;
@@ -153,7 +153,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     tls_setup.serving.clone().watch(shutdown.clone());
     let sweeper = upload_spool::spawn_sweeper(uploads.clone(), shutdown.clone());
     let remote = store.remote().cloned();
-    let state = AppState {
+    let state = AppState::new(SharedState {
         store,
         access,
         shutdown: shutdown.clone(),
@@ -167,7 +167,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
             stream_stall_timeout: options.admission.stream_stall_timeout,
             ..Limits::default()
         }),
-    };
+    });
     match &kubeconfig {
         Some(path) => tracing::info!("stowage ready on {url} (kubectl --kubeconfig {})", path.display()),
         None => tracing::info!("stowage ready on {url} (authentication and authorization delegated to the cluster)"),
