@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::lifecycle::{self, DeleteOptions, FOREGROUND, ORPHAN};
 use crate::api::strategy::{self, ResourceDef};
 use crate::apiserver::lifecycle::str_at;
-use crate::storage::{ObjectKey, ObjectWrite, Precondition, StorageError, Store, StoredObject};
+use crate::storage::{ChangedObject, ObjectKey, ObjectWrite, Precondition, StorageError, Store, StoredObject};
 
 const FULL_PASS_EVERY: Duration = Duration::from_secs(300);
 const BATCH: usize = 512;
@@ -104,17 +104,9 @@ fn follow(store: &Store, mut from: u64) -> Result<u64, StorageError> {
     }
 }
 
-/// What the collector reads of a change-log entry: which object changed, and how.
-#[derive(serde::Deserialize)]
-struct Change {
-    #[serde(rename = "type")]
-    kind: String,
-    resource: String,
-    namespace: String,
-    name: String,
-    /// Decoded only for a deletion, the one change whose logged state (uid, owners) matters.
-    object: Box<serde_json::value::RawValue>,
-}
+/// What the collector reads of a change-log entry: which object changed, and how; the logged
+/// object is decoded only for a deletion, the one change whose logged state (uid, owners) matters.
+type Change = ChangedObject<Box<serde_json::value::RawValue>>;
 
 fn handle(store: &Store, change: &Change) -> Result<(), StorageError> {
     let Some(def) = strategy::lookup(&change.resource) else { return Ok(()) };

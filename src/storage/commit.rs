@@ -130,7 +130,7 @@ impl Store {
                 let store = self.clone();
                 tokio::task::spawn_blocking(move || store.flush_covering(rv))
                     .await
-                    .map_err(|e| super::StorageError::Corrupt(format!("the flush task failed: {e}")))??;
+                    .map_err(|e| super::StorageError::Io(std::io::Error::other(e)))??;
                 break;
             }
             // The sender lives as long as the store, which `self` holds.

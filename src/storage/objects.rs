@@ -107,15 +107,17 @@ pub struct ChangeEvent {
     pub previous: Option<Value>,
 }
 
-/// Which object a [`ChangeEvent`] changed, and how, without its contents: for followers of the
-/// log that act on current state, which would otherwise build two object trees per entry.
+/// Which object a [`ChangeEvent`] changed, and how, without building its contents: for followers
+/// of the log that act on current state, which would otherwise build two object trees per entry.
+/// `O` is what they keep of the logged object: by default nothing (it is skipped).
 #[derive(Clone, Debug, Deserialize)]
-pub struct ChangedObject {
+pub struct ChangedObject<O = serde::de::IgnoredAny> {
     #[serde(rename = "type")]
     pub kind: String,
     pub resource: String,
     pub namespace: String,
     pub name: String,
+    pub object: O,
 }
 
 /// A [`ChangeEvent`] as written: the same bytes, everything borrowed.

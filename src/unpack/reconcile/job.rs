@@ -165,8 +165,8 @@ const CREDENTIAL_CHECK: Duration = Duration::from_secs(5);
 
 /// After refused credentials (`refused`, what the attempt presented): waits, asking nothing of
 /// the source, until the credentials it would present differ (`Some(true)`: a Secret or
-/// `--source-credentials` was fixed) or `until`
-/// passes (`Some(false)`: the poll is due). `None` once cancelled.
+/// `--source-credentials` was fixed) or `until` passes (`Some(false)`: the poll is due). `None`
+/// once cancelled.
 async fn await_new_credentials(
     shared: &Arc<Shared>,
     bundle: &Bundle,
