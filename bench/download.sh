@@ -48,25 +48,52 @@ download_tree() {
         record "$section" "stowage, Accept-Encoding: zstd (tar MB/s)" MB/s "$(calc "$times * $tar_bytes / 1e6 / $sz")"
         record "$section" "nginx, the .tar.zst file (tar MB/s)" MB/s "$(calc "$times * $tar_bytes / 1e6 / $nz")"
         record "$section" "**ratio stowage / nginx, zstd** (throughput)" x "$(calc "$nz / $sz")"
-        record "$section" "bytes on the wire, stowage zstd (level 1, on the fly)" bytes:"$tar_bytes" "$sbytes"
+        record "$section" "bytes on the wire, stowage zstd (stored frames, level 1 between)" bytes:"$tar_bytes" "$sbytes"
         record "$section" "bytes on the wire, nginx .tar.zst (level 3, precompressed)" bytes:"$tar_bytes" "$nbytes"
     done
     record "$section" "stowage peak RSS (VmHWM)" MiB "$(calc "$(peak_rss_kib) / 1024")"
-    stop_nginx
     stop_server
+    if [ -n "${BENCH_BEFORE_BIN:-}" ]; then
+        # The same figures from an earlier binary, in the same run (same load, same nginx).
+        local now_bin="$BIN"
+        cp "$BENCH_BEFORE_BIN" "$WORK/bench-server-before"
+        BIN="$WORK/bench-server-before"
+        start_server "$data-before"
+        # That server made its own CA and admin certificate.
+        admin=(--cert "$SERVER_DIR/pki/admin.crt" --key "$SERVER_DIR/pki/admin.key")
+        upload_dir "$name" "$src"
+        for run in $(seq "$RUNS"); do
+            log "download $name, before: run $run/$RUNS"
+            read -r s _ < <(timed_gets "$times" "$URL$path" "${admin[@]}")
+            record "$section" "before: stowage, identity" MB/s "$(calc "$times * $tar_bytes / 1e6 / $s")"
+            read -r sz sbytes < <(timed_gets "$times" "$URL$path" "${admin[@]}" -H 'Accept-Encoding: zstd')
+            record "$section" "before: stowage, Accept-Encoding: zstd (tar MB/s)" MB/s "$(calc "$times * $tar_bytes / 1e6 / $sz")"
+            record "$section" "before: bytes on the wire, stowage zstd" bytes:"$tar_bytes" "$sbytes"
+        done
+        record "$section" "before: stowage peak RSS (VmHWM)" MiB "$(calc "$(peak_rss_kib) / 1024")"
+        stop_server
+        rm -rf "$data-before"
+        BIN="$now_bin"
+    fi
+    stop_nginx
     rm -rf "$data" "$web"
 }
 
 scenario_download() {
+    local trees=" ${BENCH_DOWNLOAD_TREES:-corpus gib} " tree
     # The whole corpus as one tree: YAML, charts and bundles, compressible.
-    local tree="$WORK/corpus-tree"
-    mkdir -p "$tree"
-    cp -r "$corpus"/kube-prometheus-stack "$corpus"/operator-registry "$corpus"/rukpak-testdata "$tree"/
-    download_tree corpus "$tree" 10
-    rm -rf "$tree"
+    if [[ "$trees" == *" corpus "* ]]; then
+        tree="$WORK/corpus-tree"
+        mkdir -p "$tree"
+        cp -r "$corpus"/kube-prometheus-stack "$corpus"/operator-registry "$corpus"/rukpak-testdata "$tree"/
+        download_tree corpus "$tree" 10
+        rm -rf "$tree"
+    fi
     # 1 GiB, mostly incompressible (four random files and 5000 small text files).
-    tree="$WORK/gib-tree"
-    gib_tree "$tree"
-    download_tree gib "$tree" 2
-    rm -rf "$tree"
+    if [[ "$trees" == *" gib "* ]]; then
+        tree="$WORK/gib-tree"
+        gib_tree "$tree"
+        download_tree gib "$tree" 2
+        rm -rf "$tree"
+    fi
 }

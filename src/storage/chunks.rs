@@ -74,13 +74,23 @@ pub struct Location {
     pub block: BlockAt,
     pub offset: u32,
     pub len: u32,
+    /// The raw bytes of the block's chunks: less than the block's raw bytes when it also holds tar
+    /// bytes in no chunk (filler, [`BlockBuilder::filler`]), which its chunks' shares then carry.
+    pub members_len: u32,
 }
 
 const LOCATION_LEN: usize = 8 + 8 + 4 + 1 + 4 + 4 + 4;
+/// With `members_len` (written only when it differs from the block's raw length, so an entry of a
+/// block without filler keeps the older, shorter form).
+const LOCATION_FILLED_LEN: usize = LOCATION_LEN + 4;
 
 impl Location {
+    pub fn new(block: BlockAt, member: &Member, members_len: u32) -> Location {
+        Location { block, offset: member.offset, len: member.len, members_len }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(LOCATION_LEN);
+        let mut out = Vec::with_capacity(LOCATION_FILLED_LEN);
         out.extend_from_slice(&self.block.pack.to_be_bytes());
         out.extend_from_slice(&self.block.payload_offset.to_be_bytes());
         out.extend_from_slice(&self.block.stored_len.to_le_bytes());
@@ -88,12 +98,17 @@ impl Location {
         out.extend_from_slice(&self.block.raw_len.to_le_bytes());
         out.extend_from_slice(&self.offset.to_le_bytes());
         out.extend_from_slice(&self.len.to_le_bytes());
+        if self.members_len != self.block.raw_len {
+            out.extend_from_slice(&self.members_len.to_le_bytes());
+        }
         out
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Location> {
-        let b: &[u8; LOCATION_LEN] =
-            bytes.try_into().map_err(|_| StorageError::Corrupt("chunk index entry has the wrong size".into()))?;
+        if bytes.len() != LOCATION_LEN && bytes.len() != LOCATION_FILLED_LEN {
+            return Err(StorageError::Corrupt("chunk index entry has the wrong size".into()));
+        }
+        let b = bytes;
         // Offsets within the fixed-size entry; `get` keeps the decoder free of panics.
         let u64_at = |i: usize| b.get(i..).and_then(<[u8]>::first_chunk::<8>).map_or(0, |v| u64::from_be_bytes(*v));
         let u32_at = |i: usize| b.get(i..).and_then(<[u8]>::first_chunk::<4>).map_or(0, |v| u32::from_le_bytes(*v));
@@ -107,24 +122,56 @@ impl Location {
             },
             offset: u32_at(25),
             len: u32_at(29),
+            members_len: if b.len() == LOCATION_FILLED_LEN { u32_at(33) } else { u32_at(21) },
         })
     }
 
-    /// The chunk's share of its block's stored bytes.
+    /// The chunk's share of its block's stored bytes (filler included: a block whose chunks all
+    /// live is all live, for compaction).
     pub fn stored_share(&self) -> u64 {
-        (self.len as u64 * self.block.stored_len as u64).div_ceil(self.block.raw_len.max(1) as u64)
+        (self.len as u64 * self.block.stored_len as u64).div_ceil(self.members_len.max(1) as u64)
     }
 }
 
-/// New chunks of one writer, waiting to be sealed into a block.
+/// New chunks of one writer, waiting to be sealed into a block. A revision's content blocks also
+/// hold the tar bytes between and around its chunks (headers, padding, a chunk met twice: *filler*,
+/// in no member), so that such a block is a stretch of the served tar, which a zstd download sends
+/// as it is stored ([`super::frames`]).
 #[derive(Default)]
 pub struct BlockBuilder {
     raw: Vec<u8>,
     members: Vec<Member>,
     hashes: HashSet<Hash>,
+    /// A stretch of tar: written even with filler only (a revision's plan names it).
+    stretch: bool,
+}
+
+/// A block written: where, and the BLAKE3 of its stored payload (what a download that sends the
+/// payload as it is verifies it against).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SealedBlock {
+    pub at: BlockAt,
+    pub payload_hash: Hash,
+    /// Raw bytes of its indexed chunks; 0: filler only, live only through a revision's plan.
+    pub members_len: u32,
 }
 
 impl BlockBuilder {
+    /// Appends bytes that belong to no chunk; the block is then a stretch of tar, written even
+    /// if no chunk is left in it.
+    pub fn filler(&mut self, bytes: &[u8]) {
+        self.stretch = true;
+        self.raw.extend_from_slice(bytes);
+    }
+
+    pub fn raw_len(&self) -> usize {
+        self.raw.len()
+    }
+
+    fn members_len(&self) -> u32 {
+        self.members.iter().map(|m| m.len).sum()
+    }
+
     pub fn contains(&self, hash: &Hash) -> bool {
         self.hashes.contains(hash)
     }
@@ -319,29 +366,34 @@ impl Store {
         let probes: Vec<Vec<u8>> = builder.members.iter().map(|m| chunk_key(&m.hash)).collect();
         let known = etcd.put_leased_and_probe_many(&keys, remote.lease(), &probes)?;
         if known.iter().any(|k| *k) {
-            let old = std::mem::take(builder);
-            for (member, known) in old.members.iter().zip(known) {
-                let range = member.offset as usize..(member.offset + member.len) as usize;
-                if let (false, Some(data)) = (known, old.raw.get(range)) {
-                    builder.push(member.hash, data);
-                }
-            }
+            // Their bytes stay, as filler: the block remains the stretch of tar it was built as.
+            let mut known = known.into_iter();
+            builder.members.retain(|_| !known.next().unwrap_or(false));
+            builder.hashes = builder.members.iter().map(|m| m.hash).collect();
         }
         Ok(())
     }
 
-    /// Compresses and appends the builder's chunks as one block and indexes those not indexed yet.
-    pub(super) fn seal_block(&self, builder: &mut BlockBuilder) -> Result<()> {
-        if builder.is_empty() {
-            return Ok(());
+    /// Compresses and appends the builder's chunks (and filler) as one block and indexes the chunks
+    /// not indexed yet; `None` if no chunk was left to store (nothing is written then).
+    pub(super) fn seal_block(&self, builder: &mut BlockBuilder) -> Result<Option<SealedBlock>> {
+        let worth_writing = |b: &BlockBuilder| !b.is_empty() || (b.stretch && !b.raw.is_empty());
+        if !worth_writing(builder) {
+            *builder = BlockBuilder::default();
+            return Ok(None);
         }
-        self.pin_shared_and_drop_known(builder)?;
-        if builder.is_empty() {
-            return Ok(());
+        if !builder.is_empty() {
+            self.pin_shared_and_drop_known(builder)?;
+        }
+        if !worth_writing(builder) {
+            *builder = BlockBuilder::default();
+            return Ok(None);
         }
         // Checked per block: an upload that crosses the reserve stops here, one block past it.
         self.ensure_space(super::WriteKind::Content)?;
         let (codec, payload) = encode(&builder.raw, self.inner.options.zstd_level);
+        let payload_hash = *blake3::hash(&payload).as_bytes();
+        let members_len = builder.members_len();
         let _sealing = self.inner.sealing.read().unwrap_or_else(|e| e.into_inner());
         let appending = std::time::Instant::now();
         let block = self.inner.packs.append(codec, builder.raw.len() as u32, &builder.members, &payload)?;
@@ -356,18 +408,20 @@ impl Store {
             // Every member was absent when pinned; one written meanwhile by another replica is
             // simply pointed at this copy (both hold the same verified bytes).
             for m in &builder.members {
-                batch.insert(chunk_key(&m.hash), Location { block, offset: m.offset, len: m.len }.encode());
+                batch.insert(chunk_key(&m.hash), Location::new(block, m, members_len).encode());
             }
         } else {
+            // One already indexed (met twice in one revision) keeps its first copy; this one
+            // becomes filler.
             for m in &builder.members {
                 if !self.tree().contains_key(chunk_key(&m.hash))? {
-                    batch.insert(chunk_key(&m.hash), Location { block, offset: m.offset, len: m.len }.encode());
+                    batch.insert(chunk_key(&m.hash), Location::new(block, m, members_len).encode());
                 }
             }
         }
         self.tree().apply_batch(batch)?;
         *builder = BlockBuilder::default();
-        Ok(())
+        Ok(Some(SealedBlock { at: block, payload_hash, members_len }))
     }
 
     /// Compaction: appends the builder's chunks as a new block, makes it durable, then moves each
@@ -380,7 +434,7 @@ impl Store {
         let block = self.inner.packs.append(codec, builder.raw.len() as u32, &builder.members, &payload)?;
         self.inner.packs.sync()?;
         for (m, old) in builder.members.iter().zip(olds.iter()) {
-            self.relocate_chunk(&m.hash, old, &Location { block, offset: m.offset, len: m.len })?;
+            self.relocate_chunk(&m.hash, old, &Location::new(block, m, block.raw_len))?;
         }
         *builder = BlockBuilder::default();
         olds.clear();
@@ -506,7 +560,7 @@ mod tests {
         let block = decode_block(&block_at(codec, data.len()), payload).unwrap();
         assert_eq!(block, data);
         let hash = *blake3::hash(&data[100..200]).as_bytes();
-        let at = Location { block: block_at(codec, data.len()), offset: 100, len: 100 };
+        let at = Location { block: block_at(codec, data.len()), offset: 100, len: 100, members_len: data.len() as u32 };
         assert_eq!(slice_verified(&hash, &at, &block).unwrap(), &data[100..200]);
         let shifted = Location { offset: 101, ..at };
         assert!(slice_verified(&hash, &shifted, &block).is_err());
@@ -536,8 +590,13 @@ mod tests {
             block: BlockAt { pack: 7, payload_offset: 123_456, stored_len: 999, codec: CODEC_ZSTD, raw_len: 262_144 },
             offset: 65_536,
             len: 4_000,
+            members_len: 262_144,
         };
+        assert_eq!(at.encode().len(), LOCATION_LEN, "a block without filler keeps the older form");
         assert_eq!(Location::decode(&at.encode()).unwrap(), at);
         assert!(Location::decode(&at.encode()[1..]).is_err());
+        let filled = Location { members_len: 131_072, ..at };
+        assert_eq!(Location::decode(&filled.encode()).unwrap(), filled);
+        assert_eq!(filled.stored_share(), 2 * at.stored_share() - 1, "filler is carried by the chunks' shares");
     }
 }

@@ -167,6 +167,8 @@ mod tests {
             writer: String::new(),
             manifest: String::new(),
             manifest_len: 0,
+            frames: String::new(),
+            frames_len: 0,
         };
         tree.insert(key_revision(id), encode_json(&record)).unwrap();
         let attach = ObjectWrite::Put {

@@ -34,6 +34,7 @@ mod commit;
 mod counters;
 mod durability;
 mod entry;
+mod frames;
 mod gc;
 mod gc_shared;
 mod hashing;
@@ -49,6 +50,7 @@ mod revision;
 mod seal;
 mod space;
 mod staging;
+mod tar_blocks;
 pub mod tarfmt;
 
 use std::path::Path;
@@ -59,6 +61,7 @@ use serde::{Deserialize, Serialize};
 pub use commit::{CommitCounts, PendingWrite};
 pub use counters::StoreCounts;
 pub use entry::{EntryKind, FileEntry, PERMISSION_BITS};
+pub use frames::{FrameStats, ZstdDownload};
 pub use gc::GcReport;
 pub use listing::{ListCursor, ListFilter, ListPage, ListQuery, ListSink, Listed};
 pub use objects::{ChangeEvent, ChangedObject, ObjectKey, ObjectWrite, Precondition, StoredObject, WriteOutcome};
@@ -168,6 +171,12 @@ pub struct RevisionRecord {
     pub manifest: String,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub manifest_len: u32,
+    /// Hex BLAKE3 of the root chunk of the revision's frame plan ([`frames`]); empty for a
+    /// revision finalized before plans (its zstd downloads are compressed afresh).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub frames: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub frames_len: u32,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -187,6 +196,17 @@ impl RevisionRecord {
         hex::decode_to_slice(&self.manifest, &mut hash)
             .map_err(|_| StorageError::Corrupt(format!("revision {} has no manifest", self.id)))?;
         Ok(chunks::ChunkRef { hash, len: self.manifest_len })
+    }
+
+    /// The frame plan's root chunk, if the revision has one.
+    pub(crate) fn frames_root(&self) -> Result<Option<chunks::ChunkRef>> {
+        if self.frames.is_empty() {
+            return Ok(None);
+        }
+        let mut hash = [0u8; 32];
+        hex::decode_to_slice(&self.frames, &mut hash)
+            .map_err(|_| StorageError::Corrupt(format!("revision {} has a malformed frame plan", self.id)))?;
+        Ok(Some(chunks::ChunkRef { hash, len: self.frames_len }))
     }
 }
 
@@ -537,6 +557,8 @@ fn read_be(bytes: &[u8]) -> Result<u64> {
 
 #[cfg(test)]
 mod fidelity_tests;
+#[cfg(test)]
+mod frames_tests;
 #[cfg(test)]
 mod remote_tests;
 #[cfg(test)]

@@ -2,30 +2,36 @@
 //!
 //! A revision is `Staging` while written. Entries (files, symlinks, directories) arrive in any
 //! order; a file is chunked with FastCDC (content-defined, so an edit moves few cut points); all
-//! are staged outside sled ([`super::staging`]).
+//! are staged outside sled ([`super::staging`]), and so are the bytes of the chunks the store does
+//! not hold yet (the spool).
 //! `finalize` walks the entries in path order, assigns each its offset in the deterministic tar,
-//! hashes that tar by reading every chunk back (which also verifies them) — the digest — and writes
-//! the manifest ([`super::manifest`]) as chunks; the revision record then names the manifest's root.
-//! The revision becomes visible only when an API object attaches it ([`PendingRevision::commit`]),
-//! after everything was flushed.
+//! hashes that tar — the digest — from the spooled bytes (each checked against its hash) and the
+//! stored ones (verified as every read is), and packs the new chunks into blocks *in tar order*,
+//! headers and padding included ([`super::tar_blocks`]), recording which block holds which
+//! stretch of the tar (the frame plan, [`super::frames`]); then it writes the manifest
+//! ([`super::manifest`]) as chunks, and the revision record names the manifest's and the plan's
+//! roots. The revision becomes visible only when an API object attaches it
+//! ([`PendingRevision::commit`]), after everything was flushed.
 //!
 //! Every chunk the writer references stays pinned ([`super::chunks::Pins`]) until the manifest is
 //! recorded: until then no collection may take it, whether the writer stored it or found it stored.
 //!
-//! File content is sealed in parallel: full blocks go to the writer's seal workers
-//! ([`super::seal`]) while the writer cuts and hashes the next ones; `finalize` waits for them
-//! before it reads anything back, and dropping the writer stops them before it unpins.
+//! Blocks are sealed in parallel: finalize hands each full block to the writer's seal workers
+//! ([`super::seal`]) while it reads and hashes the next; it waits for them before it records the
+//! plan, and dropping the writer stops them before it unpins.
 
 use std::io::Read;
 
 use sha2::{Digest, Sha256};
 
-use super::chunks::{BlockBuilder, ChunkRef, Hash, AVG_CHUNK, MAX_CHUNK, MIN_CHUNK};
+use super::chunks::{BlockBuilder, ChunkRef, Hash, AVG_CHUNK, BLOCK_TARGET, MAX_CHUNK, MIN_CHUNK};
+use super::frames::store_plan;
 use super::hashing::{Sha, ShaFeed};
 use super::manifest::{chunk_list, ChunkList, ManifestBuilder};
 use super::objects::key_revision;
 use super::seal::SealPipeline;
-use super::staging::Staging;
+use super::staging::{StagedRef, Staging};
+use super::tar_blocks::TarBlocks;
 use super::tarfmt::{self, padded};
 use super::{
     encode_json, EntryKind, FileEntry, ObjectWrite, Result, RevisionId, RevisionRecord, RevisionState, StorageError,
@@ -36,6 +42,8 @@ use super::{
 const REF_BUFFER: usize = 256;
 /// A file's bytes hashed (SHA-256) by the writer itself before a thread takes over.
 const INLINE_SHA_BYTES: usize = 128 * 1024;
+/// Free space is checked each time this much more was spooled.
+const SPOOL_SPACE_CHECK: u64 = 1 << 20;
 
 /// Streams files into a new `Staging` revision. Dropping it without [`RevisionWriter::finalize`]
 /// releases everything written.
@@ -43,9 +51,11 @@ pub struct RevisionWriter {
     store: Store,
     id: RevisionId,
     open: bool,
-    /// New chunks not yet sealed into a block.
+    /// New manifest and plan chunks not yet sealed into a block.
     blocks: BlockBuilder,
     staging: Staging,
+    /// Spooled bytes when free space was last checked.
+    space_checked: u64,
     /// Every chunk this writer pinned, once per pin.
     pinned: Vec<Hash>,
     /// Replicated: the count of lost leases when the writer began (its pins hold while it stays).
@@ -87,6 +97,8 @@ impl Store {
             writer: self.remote().map(|r| r.replica_id().to_string()).unwrap_or_default(),
             manifest: String::new(),
             manifest_len: 0,
+            frames: String::new(),
+            frames_len: 0,
         };
         self.tree().insert(key_revision(id), encode_json(&record))?;
         let staging = match Staging::create(self.staging_dir(id)) {
@@ -102,6 +114,7 @@ impl Store {
             open: true,
             blocks: BlockBuilder::default(),
             staging,
+            space_checked: 0,
             pinned: Vec::new(),
             lease_epoch: self.remote().map_or(0, |r| r.lease_epoch()),
             seals: SealPipeline::new(self.clone()),
@@ -130,33 +143,32 @@ pub(super) struct WriterChunks<'a> {
 impl WriterChunks<'_> {
     /// Stores a chunk, sealing a full block here and now.
     pub fn put(&mut self, bytes: &[u8]) -> Result<ChunkRef> {
-        let chunk = self.put_unsealed(bytes, None)?;
+        let chunk = self.put_unsealed(bytes)?;
         if self.blocks.is_full() {
             self.store.seal_block(self.blocks)?;
         }
         Ok(chunk)
     }
 
-    /// Pins the chunk and adds it to the block being built unless the store, that block or a block
-    /// `seals` still works on holds it. The caller seals the block once it is full.
-    pub fn put_unsealed(&mut self, bytes: &[u8], seals: Option<&SealPipeline>) -> Result<ChunkRef> {
+    /// Pins the chunk and adds it to the block being built unless the store or that block holds
+    /// it. The caller seals the block once it is full.
+    fn put_unsealed(&mut self, bytes: &[u8]) -> Result<ChunkRef> {
         let hash = *blake3::hash(bytes).as_bytes();
         let chunk = ChunkRef { hash, len: bytes.len() as u32 };
-        let in_flight = |hash: &Hash| seals.is_some_and(|s| s.holds(hash));
         if self.store.remote().is_some() {
             // Replicated: pinned here now, in etcd for a whole block at once when it is sealed
             // (where chunks the store already holds are dropped from it): one transaction per
             // block instead of one per chunk.
             self.store.pin_locally(hash);
             self.pinned.push(hash);
-            if !self.blocks.contains(&hash) && !in_flight(&hash) {
+            if !self.blocks.contains(&hash) {
                 self.blocks.push(hash, bytes);
             }
             return Ok(chunk);
         }
         let known = self.store.pin_and_check(hash)?;
         self.pinned.push(hash);
-        if !known && !self.blocks.contains(&hash) && !in_flight(&hash) {
+        if !known && !self.blocks.contains(&hash) {
             self.blocks.push(hash, bytes);
         }
         Ok(chunk)
@@ -166,6 +178,29 @@ impl WriterChunks<'_> {
 impl RevisionWriter {
     pub fn id(&self) -> RevisionId {
         self.id
+    }
+
+    /// Pins a content chunk and spools its bytes unless the store holds it (replicated: which it
+    /// holds is found out when its block is sealed, so every chunk is spooled).
+    fn stage_chunk(&mut self, bytes: &[u8]) -> Result<StagedRef> {
+        let hash = *blake3::hash(bytes).as_bytes();
+        let known = if self.store.remote().is_some() {
+            self.store.pin_locally(hash);
+            false
+        } else {
+            self.store.pin_and_check(hash)?
+        };
+        self.pinned.push(hash);
+        let chunk = ChunkRef { hash, len: bytes.len() as u32 };
+        if known {
+            return Ok(StagedRef { chunk, spooled: None });
+        }
+        // Checked as the spool grows: an upload that crosses the reserve stops within a MiB of it.
+        if self.staging.spooled_bytes() >= self.space_checked + SPOOL_SPACE_CHECK {
+            self.store.ensure_space(super::WriteKind::Content)?;
+            self.space_checked = self.staging.spooled_bytes();
+        }
+        Ok(StagedRef { chunk, spooled: Some(self.staging.spool(bytes)?) })
     }
 
     /// Adds a regular file with permission bits `mode` (masked to 0o777), streaming `data`
@@ -178,19 +213,14 @@ impl RevisionWriter {
             let mut sha = Sha::new(scope, INLINE_SHA_BYTES);
             let mut size = 0u64;
             let mut count = 0u64;
-            let mut refs: Vec<ChunkRef> = Vec::with_capacity(REF_BUFFER);
+            let mut refs: Vec<StagedRef> = Vec::with_capacity(REF_BUFFER);
             let chunker =
                 fastcdc::v2020::StreamCDC::new(data, MIN_CHUNK as usize, AVG_CHUNK as usize, MAX_CHUNK as usize);
             for chunk in chunker {
                 let chunk = chunk.map_err(|e| StorageError::Io(e.into()))?;
                 size += chunk.length as u64;
-                let mut chunks =
-                    WriterChunks { store: &self.store, blocks: &mut self.blocks, pinned: &mut self.pinned };
-                refs.push(chunks.put_unsealed(&chunk.data, Some(&self.seals))?);
+                refs.push(self.stage_chunk(&chunk.data)?);
                 sha.update_owned(chunk.data)?;
-                if self.blocks.is_full() {
-                    self.seals.submit(std::mem::take(&mut self.blocks))?;
-                }
                 if refs.len() == REF_BUFFER {
                     self.staging.push_refs(&refs)?;
                     count += refs.len() as u64;
@@ -259,39 +289,65 @@ impl RevisionWriter {
         Ok(entry.size)
     }
 
-    /// Computes tar offsets and the digest, writes the manifest, flushes, and hands back the
-    /// revision ready to attach.
+    /// Computes tar offsets and the digest, packs the new chunks in tar order, writes the frame
+    /// plan and the manifest, flushes, and hands back the revision ready to attach.
     pub fn finalize(mut self) -> Result<PendingRevision> {
         let store = self.store.clone();
-        // Every block of content sealed (so indexed) before any is read back.
-        self.seals.finish()?;
-        store.seal_block(&mut self.blocks)?;
         let id = self.id;
         let mut offset = 0u64;
         let (mut files, mut size, mut stored) = (0u64, 0u64, 0u64);
         let mut manifest = ManifestBuilder::default();
+        let mut content = TarBlocks::default();
         let mut meta = WriterChunks { store: &store, blocks: &mut self.blocks, pinned: &mut self.pinned };
         let mut put = |bytes: &[u8]| meta.put(bytes);
-        let staging = &mut self.staging;
-        let (root, digest) = std::thread::scope(|scope| {
-            // The tar's SHA-256 on a thread of its own, beside reading and verifying the chunks here.
+        let (staging, seals) = (&mut self.staging, &mut self.seals);
+        let (root, plan, digest) = std::thread::scope(|scope| {
+            // The tar's SHA-256 on a thread of its own, beside reading and packing the chunks here.
             let mut tar_hash = ShaFeed::spawn(scope, Sha256::new())?;
             for item in staging.sorted()? {
                 let mut entry = staging.read_entry(item?)?;
                 entry.tar_offset = offset;
                 let header = tarfmt::header_bytes(&entry.header_spec());
                 tar_hash.update(&header)?;
+                content.filler(seals, offset, &header)?;
                 if let Some((first, count)) = entry.chunks.staged() {
-                    let refs = staging.read_refs(first, count)?;
-                    let (read, delivered) =
-                        store.stream_refs(&refs, 0, 0, entry.size, &mut |bytes| tar_hash.update(bytes))?;
-                    if delivered != entry.size {
+                    if entry.size >= BLOCK_TARGET as u64 {
+                        content.cut(seals)?;
+                    }
+                    let staged = staging.read_refs(first, count)?;
+                    let mut pos = offset + header.len() as u64;
+                    for r in &staged {
+                        let data = match r.spooled {
+                            Some(at) => {
+                                let data = staging.read_spooled(&r.chunk, at)?;
+                                content.chunk(&store, seals, pos, r.chunk.hash, &data)?;
+                                data
+                            }
+                            None => {
+                                let (data, share) = store.get_chunk(&r.chunk)?;
+                                stored += share;
+                                content.gap(seals)?;
+                                data
+                            }
+                        };
+                        if data.len() != r.chunk.len as usize {
+                            return Err(StorageError::Corrupt(format!(
+                                "{}: a staged chunk has the wrong length",
+                                entry.path
+                            )));
+                        }
+                        tar_hash.update(&data)?;
+                        pos += data.len() as u64;
+                    }
+                    if pos - offset - header.len() as u64 != entry.size {
                         return Err(StorageError::Corrupt(format!("{}: staged chunks do not add up", entry.path)));
                     }
-                    stored += read;
                     let pad = padded(entry.size) - entry.size;
-                    tar_hash.update([0u8; tarfmt::BLOCK as usize].get(..pad as usize).unwrap_or_default())?;
-                    entry.chunks = chunk_list(refs, &mut put)?;
+                    let padding = [0u8; tarfmt::BLOCK as usize];
+                    let padding = padding.get(..pad as usize).unwrap_or_default();
+                    tar_hash.update(padding)?;
+                    content.filler(seals, pos, padding)?;
+                    entry.chunks = chunk_list(staged.iter().map(|r| r.chunk).collect(), &mut put)?;
                 }
                 offset += header.len() as u64 + entry.tar_data_len();
                 // Files and symlinks: what `status.files` counts (directories hold no content).
@@ -299,9 +355,17 @@ impl RevisionWriter {
                 size += entry.size;
                 manifest.push(&entry, &mut put)?;
             }
+            let trailer = [0u8; tarfmt::TRAILER_LEN as usize];
+            tar_hash.update(&trailer)?;
+            content.filler(seals, offset, &trailer)?;
+            content.cut(seals)?;
+            // Every content block sealed (so indexed) before the plan names them.
+            seals.finish()?;
+            let sealed = seals.take_sealed();
+            stored += sealed.iter().map(|(_, b)| b.at.stored_len as u64).sum::<u64>();
+            let plan = store_plan(&content.plan(sealed), &mut put)?;
             let root = manifest.finish(&mut put)?;
-            tar_hash.update(&[0u8; tarfmt::TRAILER_LEN as usize])?;
-            Ok::<_, StorageError>((root, tar_hash.finish()?))
+            Ok::<_, StorageError>((root, plan, tar_hash.finish()?))
         })?;
         store.seal_block(&mut self.blocks)?;
         let record = RevisionRecord {
@@ -315,6 +379,8 @@ impl RevisionWriter {
             writer: store.remote().map(|r| r.replica_id().to_string()).unwrap_or_default(),
             manifest: hex::encode(root.hash),
             manifest_len: root.len,
+            frames: plan.map(|p| hex::encode(p.hash)).unwrap_or_default(),
+            frames_len: plan.map_or(0, |p| p.len),
         };
         store.record_while_pinned(&key_revision(id), &encode_json(&record), self.lease_epoch)?;
         store.flush()?;

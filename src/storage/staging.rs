@@ -8,6 +8,11 @@
 //! runs. The only per-entry memory is a 64-bit path hash → entry offset map (duplicate paths and
 //! hard link targets are found through it), about 30 bytes an entry, which the file-count limit
 //! bounds. A crash leaves the directory behind; the next open removes every staging directory.
+//!
+//! The bytes of chunks the store did not hold when they arrived go to the *spool*, a third file,
+//! until finalize packs them in tar order; each staged chunk ref says where its bytes are spooled
+//! (or that the store holds them). A chunk met twice is spooled twice: no per-chunk memory, and
+//! finalize keeps the second copy as filler of its tar-ordered block anyway.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -18,6 +23,17 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::chunks::{ChunkRef, CHUNK_REF_LEN};
+
+/// A staged ref: the chunk, and where its bytes are in the spool (`None`: the store holds them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StagedRef {
+    pub chunk: ChunkRef,
+    pub spooled: Option<u64>,
+}
+
+const STAGED_REF_LEN: usize = CHUNK_REF_LEN + 8;
+/// The spool offset of a ref whose chunk the store holds.
+const IN_STORE: u64 = u64::MAX;
 use super::manifest::{decode_entry, encode_entry, ChunkList, Cursor};
 use super::{EntryKind, FileEntry, Result, RevisionId, StorageError};
 
@@ -31,6 +47,8 @@ pub struct Staging {
     entries_len: u64,
     refs: BufWriter<File>,
     refs_len: u64,
+    spool: BufWriter<File>,
+    spool_len: u64,
     by_hash: HashMap<u64, u64>,
     /// Paths whose hash another path already has (practically never).
     collisions: HashMap<String, u64>,
@@ -58,16 +76,19 @@ impl Staging {
         // never reused), but an empty start is cheap to guarantee.
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let open = |name: &str| -> Result<BufWriter<File>> {
+        let open_with = |name: &str, buffer: usize| -> Result<BufWriter<File>> {
             let file = std::fs::OpenOptions::new().create_new(true).read(true).append(true).open(dir.join(name))?;
-            Ok(BufWriter::with_capacity(64 << 10, file))
+            Ok(BufWriter::with_capacity(buffer, file))
         };
+        let open = |name: &str| open_with(name, 64 << 10);
         Ok(Staging {
             entries: open("entries")?,
             refs: open("refs")?,
+            spool: open_with("spool", 256 << 10)?,
             dir,
             entries_len: 0,
             refs_len: 0,
+            spool_len: 0,
             by_hash: HashMap::new(),
             collisions: HashMap::new(),
             run: Vec::new(),
@@ -101,11 +122,12 @@ impl Staging {
         Ok(())
     }
 
-    /// Appends chunk refs of the file being written; returns their index in the refs file.
-    pub fn push_refs(&mut self, refs: &[ChunkRef]) -> Result<()> {
-        let mut bytes = Vec::with_capacity(refs.len() * CHUNK_REF_LEN);
+    /// Appends chunk refs of the file being written.
+    pub fn push_refs(&mut self, refs: &[StagedRef]) -> Result<()> {
+        let mut bytes = Vec::with_capacity(refs.len() * STAGED_REF_LEN);
         for r in refs {
-            r.encode_into(&mut bytes);
+            r.chunk.encode_into(&mut bytes);
+            bytes.extend_from_slice(&r.spooled.unwrap_or(IN_STORE).to_le_bytes());
         }
         self.refs.write_all(&bytes)?;
         self.refs_len += bytes.len() as u64;
@@ -114,7 +136,34 @@ impl Staging {
 
     /// Refs written so far (the start of the next file's list).
     pub fn refs_written(&self) -> u64 {
-        self.refs_len / CHUNK_REF_LEN as u64
+        self.refs_len / STAGED_REF_LEN as u64
+    }
+
+    /// Appends a chunk's bytes to the spool; returns where they are.
+    pub fn spool(&mut self, bytes: &[u8]) -> Result<u64> {
+        let at = self.spool_len;
+        self.spool.write_all(bytes)?;
+        self.spool_len += bytes.len() as u64;
+        Ok(at)
+    }
+
+    /// Bytes spooled so far.
+    pub fn spooled_bytes(&self) -> u64 {
+        self.spool_len
+    }
+
+    /// A spooled chunk's bytes, checked against its hash.
+    pub fn read_spooled(&mut self, chunk: &ChunkRef, at: u64) -> Result<Vec<u8>> {
+        self.spool.flush()?;
+        let mut data = vec![0u8; chunk.len as usize];
+        self.spool.get_ref().read_exact_at(&mut data, at)?;
+        if blake3::hash(&data).as_bytes() != &chunk.hash {
+            return Err(StorageError::Corrupt(format!(
+                "spooled chunk {} does not match its hash",
+                hex::encode(chunk.hash)
+            )));
+        }
+        Ok(data)
     }
 
     /// Stages an entry (whose chunks, for a file, are `ChunkList::Staged`).
@@ -176,11 +225,18 @@ impl Staging {
     }
 
     /// Reads `count` refs starting at ref index `first`.
-    pub fn read_refs(&mut self, first: u64, count: u64) -> Result<Vec<ChunkRef>> {
+    pub fn read_refs(&mut self, first: u64, count: u64) -> Result<Vec<StagedRef>> {
         self.refs.flush()?;
-        let mut bytes = vec![0u8; usize::try_from(count).unwrap_or(usize::MAX).saturating_mul(CHUNK_REF_LEN)];
-        self.refs.get_ref().read_exact_at(&mut bytes, first * CHUNK_REF_LEN as u64)?;
-        ChunkRef::decode_all(&bytes)
+        let mut bytes = vec![0u8; usize::try_from(count).unwrap_or(usize::MAX).saturating_mul(STAGED_REF_LEN)];
+        self.refs.get_ref().read_exact_at(&mut bytes, first * STAGED_REF_LEN as u64)?;
+        let mut refs = Vec::with_capacity(bytes.len() / STAGED_REF_LEN);
+        for record in bytes.chunks_exact(STAGED_REF_LEN) {
+            let (chunk, spooled) = record.split_at(CHUNK_REF_LEN);
+            let chunk = ChunkRef::decode_all(chunk)?.pop().ok_or_else(|| StorageError::Corrupt("staged ref".into()))?;
+            let spooled = spooled.first_chunk::<8>().map_or(IN_STORE, |b| u64::from_le_bytes(*b));
+            refs.push(StagedRef { chunk, spooled: (spooled != IN_STORE).then_some(spooled) });
+        }
+        Ok(refs)
     }
 
     /// Entry offsets in path order.

@@ -249,6 +249,33 @@ async fn downloads_honour_accept_encoding() {
         );
         assert_eq!(digest_of(&plain), digest, "{encoding}");
     }
+    // The zstd representation has an ETag of its own (weak: its frames depend on how the store
+    // laid the content out), answers If-None-Match with it, and says it varies with Accept-Encoding.
+    let identity = server.client().get(&url).send().await.unwrap();
+    let identity_etag = header(identity.headers(), "etag").unwrap().to_owned();
+    let zstd = server.client().get(&url).header("accept-encoding", "gzip, zstd").send().await.unwrap();
+    assert_eq!(header(zstd.headers(), "content-encoding"), Some("zstd"));
+    assert_eq!(header(zstd.headers(), "vary"), Some("accept-encoding"));
+    let zstd_etag = header(zstd.headers(), "etag").unwrap().to_owned();
+    assert!(zstd_etag.starts_with("W/") && zstd_etag != identity_etag, "{zstd_etag} vs {identity_etag}");
+    let not_modified = server
+        .client()
+        .get(&url)
+        .header("accept-encoding", "zstd")
+        .header("if-none-match", &zstd_etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(not_modified.status(), StatusCode::NOT_MODIFIED);
+    // One file (`?path=`), as zstd, decodes to its bytes.
+    let crd = "charts/crds/crds/crd-prometheuses.yaml";
+    let resp = server.client().get(format!("{url}?path={crd}")).header("accept-encoding", "zstd").send().await.unwrap();
+    assert_eq!(header(resp.headers(), "content-encoding"), Some("zstd"));
+    let body = resp.bytes().await.unwrap();
+    let plain = zstd::stream::decode_all(&body[..]).unwrap();
+    assert!(plain == std::fs::read(kps.join(crd)).unwrap(), "the file's bytes");
+    assert!(body.len() * 4 < plain.len(), "{} -> {} bytes is hardly compressed", plain.len(), body.len());
+
     let ranged = server
         .client()
         .get(&url)

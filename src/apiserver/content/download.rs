@@ -19,7 +19,7 @@ use crate::apiserver::range::{self, RangeRequest};
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::{blocking, AppState, API_VERSION};
 use crate::storage::{
-    tarfmt, EntryKind, FileEntry, ObjectKey, RangeSpec, RevisionId, RevisionRecord, StorageError, Store,
+    tarfmt, EntryKind, FileEntry, ObjectKey, RangeSpec, RevisionId, RevisionRecord, StorageError, Store, ZstdDownload,
 };
 
 use super::stream::{self, Producer};
@@ -59,8 +59,12 @@ pub async fn get_content(
         return Ok(listing(&streaming, revision, record, path));
     }
     let incompressible = record.compresses_poorly();
+    let zstd = !incompressible && accepts_zstd(&headers);
     let mut response = if path.is_empty() {
         let tar_size = record.tar_size;
+        if zstd && whole_requested(&headers, &record.digest, tar_size) {
+            return serve_zstd(&streaming, &headers, &record.digest, "application/x-tar", ZstdDownload::tar(&record));
+        }
         serve_ranged(&streaming, &headers, &record.digest, tar_size, "application/x-tar", move |store, range, out| {
             store.read_tar(revision, tar_size, range, &mut |bytes| {
                 out.extend_from_slice(bytes);
@@ -76,6 +80,10 @@ pub async fn get_content(
             Some(entry) => {
                 let etag = format!("sha256:{}", entry.sha256);
                 let size = entry.size;
+                if zstd && whole_requested(&headers, &etag, size) {
+                    let download = ZstdDownload::file(&record, entry);
+                    return serve_zstd(&streaming, &headers, &etag, "application/octet-stream", download);
+                }
                 serve_ranged(
                     &streaming,
                     &headers,
@@ -258,6 +266,66 @@ fn listing(streaming: &Streaming, revision: RevisionId, record: RevisionRecord, 
     ([(header::CONTENT_TYPE, "application/json")], streaming.body(producer)).into_response()
 }
 
+/// Whether `Accept-Encoding` takes zstd (with a non-zero weight, or through `*`).
+fn accepts_zstd(headers: &HeaderMap) -> bool {
+    let mut star = false;
+    for item in
+        headers.get_all(header::ACCEPT_ENCODING).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(','))
+    {
+        let mut parts = item.split(';');
+        let coding = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+        let weight = parts
+            .filter_map(|p| p.trim().strip_prefix("q=").or_else(|| p.trim().strip_prefix("Q=")))
+            .find_map(|q| q.trim().parse::<f32>().ok())
+            .unwrap_or(1.0);
+        match coding.as_str() {
+            "zstd" => return weight > 0.0,
+            "*" => star = weight > 0.0,
+            _ => {}
+        }
+    }
+    star
+}
+
+/// Whether the request asks for the whole representation (no `Range`, or one that does not apply):
+/// ranges are served on the identity bytes only.
+fn whole_requested(headers: &HeaderMap, etag: &str, size: u64) -> bool {
+    headers.get(header::RANGE).is_none() || range::parse(headers, &format!("\"{etag}\""), size) == RangeRequest::Full
+}
+
+/// The ETag of the zstd-encoded representation of what `etag` names: a different one, as HTTP
+/// wants for a different content coding. Weak, since its bytes depend on how the store laid the
+/// content out (compaction may change them) while what they decode to never changes.
+fn zstd_etag(etag: &str) -> String {
+    format!("W/\"{etag}-zstd\"")
+}
+
+/// Serves `download` as `Content-Encoding: zstd`, made of stored frames where the store has them
+/// ([`crate::storage::ZstdDownload`]), honouring `If-None-Match` against its own ETag.
+fn serve_zstd(
+    streaming: &Streaming,
+    headers: &HeaderMap,
+    etag: &str,
+    content_type: &'static str,
+    download: ZstdDownload,
+) -> ApiResult<Response> {
+    let weak = zstd_etag(etag);
+    let etag_value = HeaderValue::from_str(&weak).map_err(|e| ApiError::internal(e.to_string()))?;
+    let vary = (header::VARY, HeaderValue::from_static("accept-encoding"));
+    if range::if_none_match(headers, weak.trim_start_matches("W/")) {
+        return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag_value), vary]).into_response());
+    }
+    let mut download = download;
+    let body = streaming.body(move |store: &Store, out: &mut Vec<u8>| store.zstd_step(&mut download, out));
+    let mut response = Response::new(body);
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("zstd"));
+    h.insert(header::ETAG, etag_value);
+    h.insert(vary.0, vary.1);
+    Ok(response)
+}
+
 /// Serves a representation of `size` bytes identified by `etag`, honouring `If-None-Match`,
 /// `Range` and `If-Range`; `read` streams the chosen byte range.
 fn serve_ranged<F>(
@@ -299,6 +367,7 @@ where
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::ETAG, etag_value);
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    h.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(spec.end - spec.start));
     if code == StatusCode::PARTIAL_CONTENT {
         if let Ok(v) = HeaderValue::from_str(&format!("bytes {}-{}/{size}", spec.start, spec.end - 1)) {

@@ -1,0 +1,351 @@
+//! zstd downloads made of the stored frames.
+//!
+//! Blocks are stored as zstd frames, and zstd frames concatenate into one valid stream. Finalize
+//! packs a revision's new chunks in tar order, with the tar's headers, padding and repeated chunks
+//! as filler between them ([`super::revision`]), so such a block's raw bytes *are* a stretch of the
+//! served tar. Finalize records which: the revision's *frame plan*, a list of (tar offset, block,
+//! BLAKE3 of the block's stored payload), in chunks named by the revision record.
+//!
+//! A zstd download walks the plan. A block that lies wholly in the range asked for goes out as it
+//! is stored — read from its pack, its payload's BLAKE3 compared with the plan's, no decompression;
+//! a block stored raw (it did not compress) is wrapped in a zstd frame of raw blocks. Everything
+//! else (chunks shared with other revisions, a block only partly asked for, a block compaction
+//! moved or that no longer matches) is read as an identity download reads it, every chunk verified,
+//! and compressed afresh at level [`FRESH_LEVEL`] in frames of at most [`STEP_INPUT`] bytes.
+//!
+//! Integrity: a stored frame is sent only if its payload's hash is the one recorded when the block
+//! was written from bytes checked against their chunk hashes; otherwise the bytes are rebuilt from
+//! verified chunks. Memory per download: one block's payload or one step's identity bytes, plus
+//! one page of the plan.
+
+use super::chunks::{ChunkRef, Hash, SealedBlock, CHUNK_REF_LEN};
+use super::packs::BlockAt;
+use super::read::RangeSpec;
+use super::{FileEntry, Result, RevisionId, RevisionRecord, StorageError, Store};
+
+/// Identity bytes compressed afresh per step, at most.
+const STEP_INPUT: u64 = 1 << 20;
+/// Level of the freshly compressed frames: the fastest, as they are compressed per download.
+pub const FRESH_LEVEL: i32 = 1;
+/// Plan entries per stored page (69 bytes each: a page stays under a chunk's 64 KiB).
+const PAGE_ENTRIES: usize = 900;
+const ENTRY_LEN: usize = 8 + 8 + 8 + 4 + 1 + 4 + 32 + 4;
+const ROOT_ENTRY_LEN: usize = 8 + CHUNK_REF_LEN;
+/// Pages a plan names at most (its root stays one chunk): about 1.4 TiB of tar; past that the
+/// tar is compressed afresh.
+const MAX_PAGES: usize = 64 * 1024 / ROOT_ENTRY_LEN;
+const CODEC_RAW: u8 = 0;
+
+/// A stretch of a revision's tar that a stored block holds exactly: `[tar_start, tar_start +
+/// block.at.raw_len)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanEntry {
+    pub tar_start: u64,
+    pub block: SealedBlock,
+}
+
+fn encode_entry(e: &PlanEntry, out: &mut Vec<u8>) {
+    let at = &e.block.at;
+    out.extend_from_slice(&e.tar_start.to_le_bytes());
+    out.extend_from_slice(&at.pack.to_le_bytes());
+    out.extend_from_slice(&at.payload_offset.to_le_bytes());
+    out.extend_from_slice(&at.stored_len.to_le_bytes());
+    out.push(at.codec);
+    out.extend_from_slice(&at.raw_len.to_le_bytes());
+    out.extend_from_slice(&e.block.payload_hash);
+    out.extend_from_slice(&e.block.members_len.to_le_bytes());
+}
+
+fn decode_entries(bytes: &[u8]) -> Result<Vec<PlanEntry>> {
+    if !bytes.len().is_multiple_of(ENTRY_LEN) {
+        return Err(StorageError::Corrupt("frame plan page has the wrong length".into()));
+    }
+    let entry = |b: &[u8]| -> Option<PlanEntry> {
+        let u64_at = |i: usize| b.get(i..)?.first_chunk::<8>().map(|v| u64::from_le_bytes(*v));
+        let u32_at = |i: usize| b.get(i..)?.first_chunk::<4>().map(|v| u32::from_le_bytes(*v));
+        let at = BlockAt {
+            pack: u64_at(8)?,
+            payload_offset: u64_at(16)?,
+            stored_len: u32_at(24)?,
+            codec: *b.get(28)?,
+            raw_len: u32_at(29)?,
+        };
+        let block = SealedBlock { at, payload_hash: *b.get(33..)?.first_chunk()?, members_len: u32_at(65)? };
+        Some(PlanEntry { tar_start: u64_at(0)?, block })
+    };
+    bytes
+        .chunks_exact(ENTRY_LEN)
+        .map(|b| entry(b).ok_or_else(|| StorageError::Corrupt("frame plan entry".into())))
+        .collect()
+}
+
+/// Stores a plan (entries in tar order) as pages and a root naming them; returns the root (`None`
+/// for an empty plan).
+pub(super) fn store_plan(
+    entries: &[PlanEntry],
+    put: &mut dyn FnMut(&[u8]) -> Result<ChunkRef>,
+) -> Result<Option<ChunkRef>> {
+    if entries.is_empty() {
+        return Ok(None);
+    }
+    let mut root = Vec::new();
+    for page in entries.chunks(PAGE_ENTRIES).take(MAX_PAGES) {
+        let mut bytes = Vec::with_capacity(page.len() * ENTRY_LEN);
+        page.iter().for_each(|e| encode_entry(e, &mut bytes));
+        let chunk = put(&bytes)?;
+        root.extend_from_slice(&page.first().map_or(0, |e| e.tar_start).to_le_bytes());
+        chunk.encode_into(&mut root);
+    }
+    put(&root).map(Some)
+}
+
+/// A plan's pages: (tar offset of the first entry, the page's chunk).
+fn decode_root(bytes: &[u8]) -> Result<Vec<(u64, ChunkRef)>> {
+    if !bytes.len().is_multiple_of(ROOT_ENTRY_LEN) {
+        return Err(StorageError::Corrupt("frame plan root has the wrong length".into()));
+    }
+    let mut pages = Vec::with_capacity(bytes.len() / ROOT_ENTRY_LEN);
+    for b in bytes.chunks_exact(ROOT_ENTRY_LEN) {
+        let (start, chunk) = b.split_at(8);
+        let start = start.first_chunk::<8>().map_or(0, |v| u64::from_le_bytes(*v));
+        let chunk =
+            ChunkRef::decode_all(chunk)?.pop().ok_or_else(|| StorageError::Corrupt("frame plan root".into()))?;
+        pages.push((start, chunk));
+    }
+    Ok(pages)
+}
+
+impl Store {
+    /// The blocks of a revision's plan that hold filler only (no chunk's index entry keeps them:
+    /// the collector counts them live for the revision).
+    pub(super) fn filler_only_blocks(&self, record: &RevisionRecord) -> Result<Vec<BlockAt>> {
+        let Some(root) = record.frames_root()? else { return Ok(Vec::new()) };
+        let mut blocks = Vec::new();
+        for (_, page) in decode_root(&self.get_chunk(&root)?.0)? {
+            let entries = decode_entries(&self.get_chunk(&page)?.0)?;
+            blocks.extend(entries.iter().filter(|e| e.block.members_len == 0).map(|e| e.block.at));
+        }
+        Ok(blocks)
+    }
+
+    /// The chunks of a revision's frame plan (root first), for the collector's mark.
+    pub(super) fn plan_chunks(&self, record: &RevisionRecord) -> Result<Vec<Hash>> {
+        let Some(root) = record.frames_root()? else { return Ok(Vec::new()) };
+        let pages = decode_root(&self.get_chunk(&root)?.0)?;
+        Ok(std::iter::once(root.hash).chain(pages.iter().map(|(_, c)| c.hash)).collect())
+    }
+}
+
+/// What a zstd download serves.
+enum Source {
+    Tar,
+    /// One regular file, whose bytes start at `data_start` in the tar.
+    File {
+        entry: Box<FileEntry>,
+        data_start: u64,
+    },
+}
+
+/// Bytes sent as stored frames and as fresh ones (identity bytes they stand for).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrameStats {
+    pub stored: u64,
+    pub fresh: u64,
+}
+
+/// A zstd download in progress: call [`Store::zstd_step`] until it returns `false`.
+pub struct ZstdDownload {
+    rev: RevisionId,
+    tar_size: u64,
+    source: Source,
+    /// Tar offsets: the next byte to send, and the end.
+    pos: u64,
+    end: u64,
+    plan: Option<PlanCursor>,
+    compressor: Option<zstd::bulk::Compressor<'static>>,
+    stats: FrameStats,
+}
+
+/// Where a download is in the plan: the pages, and the page loaded.
+struct PlanCursor {
+    pages: Vec<(u64, ChunkRef)>,
+    /// The next page to load.
+    next_page: usize,
+    entries: std::vec::IntoIter<PlanEntry>,
+    /// The first entry starting at or after the download's position, if any is loaded.
+    ahead: Option<PlanEntry>,
+}
+
+impl PlanCursor {
+    /// The first entry that starts at or after `pos`.
+    fn next_from(&mut self, store: &Store, pos: u64) -> Result<Option<PlanEntry>> {
+        loop {
+            if let Some(e) = self.ahead.filter(|e| e.tar_start >= pos) {
+                return Ok(Some(e));
+            }
+            self.ahead = self.entries.next();
+            if self.ahead.is_some() {
+                continue;
+            }
+            // Skip pages that end before `pos` without reading them.
+            while self.pages.get(self.next_page + 1).is_some_and(|(start, _)| *start <= pos) {
+                self.next_page += 1;
+            }
+            let Some((_, page)) = self.pages.get(self.next_page) else { return Ok(None) };
+            self.entries = decode_entries(&store.get_chunk(page)?.0)?.into_iter();
+            self.next_page += 1;
+        }
+    }
+}
+
+impl ZstdDownload {
+    /// The revision's whole tar.
+    pub fn tar(record: &RevisionRecord) -> ZstdDownload {
+        ZstdDownload::new(record, Source::Tar, 0, record.tar_size)
+    }
+
+    /// One regular file's bytes.
+    pub fn file(record: &RevisionRecord, entry: FileEntry) -> ZstdDownload {
+        let data_start = entry.tar_offset + super::tarfmt::header_bytes(&entry.header_spec()).len() as u64;
+        let end = data_start + entry.size;
+        ZstdDownload::new(record, Source::File { entry: Box::new(entry), data_start }, data_start, end)
+    }
+
+    fn new(record: &RevisionRecord, source: Source, pos: u64, end: u64) -> ZstdDownload {
+        ZstdDownload {
+            rev: record.id,
+            tar_size: record.tar_size,
+            source,
+            pos,
+            end,
+            plan: None,
+            compressor: None,
+            stats: FrameStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> FrameStats {
+        self.stats
+    }
+}
+
+impl Store {
+    /// One step of a zstd download: appends the next frames to `out`; returns whether more follow.
+    pub fn zstd_step(&self, download: &mut ZstdDownload, out: &mut Vec<u8>) -> Result<bool> {
+        if download.pos >= download.end {
+            return Ok(false);
+        }
+        if download.plan.is_none() {
+            let record = self.revision_record(download.rev)?;
+            let pages = match record.frames_root()? {
+                Some(root) => decode_root(&self.get_chunk(&root)?.0)?,
+                None => Vec::new(),
+            };
+            download.plan = Some(PlanCursor { pages, next_page: 0, entries: Vec::new().into_iter(), ahead: None });
+        }
+        let pos = download.pos;
+        let next = match download.plan.as_mut() {
+            Some(plan) => plan.next_from(self, pos)?,
+            None => None,
+        };
+        if let Some(entry) = next.filter(|e| e.tar_start == pos && pos + e.block.at.raw_len as u64 <= download.end) {
+            let raw_len = entry.block.at.raw_len as u64;
+            if self.send_stored(&entry.block, out)? {
+                download.pos += raw_len;
+                download.stats.stored += raw_len;
+                return Ok(download.pos < download.end);
+            }
+            // Moved or not what was recorded: rebuilt from verified chunks.
+            self.send_fresh(download, pos + raw_len, out)?;
+            return Ok(download.pos < download.end);
+        }
+        // Up to the next stored block (one starting here that was not usable is passed by).
+        let until = match next {
+            Some(e) if e.tar_start > pos => e.tar_start.min(download.end),
+            _ => download.end,
+        };
+        self.send_fresh(download, until.min(pos + STEP_INPUT), out)?;
+        Ok(download.pos < download.end)
+    }
+
+    /// Appends a block's stored payload as a frame if it is still the one the plan recorded.
+    fn send_stored(&self, block: &SealedBlock, out: &mut Vec<u8>) -> Result<bool> {
+        let Ok(payload) = self.inner.packs.read_payload(&block.at) else { return Ok(false) };
+        if blake3::hash(&payload).as_bytes() != &block.payload_hash {
+            tracing::debug!(
+                pack = block.at.pack,
+                offset = block.at.payload_offset,
+                "stored frame changed; compressing afresh"
+            );
+            return Ok(false);
+        }
+        if block.at.codec == CODEC_RAW {
+            raw_frame(&payload, out);
+        } else {
+            out.extend_from_slice(&payload);
+        }
+        Ok(true)
+    }
+
+    /// Reads the identity bytes `[download.pos, until)` (verified) and appends them compressed.
+    fn send_fresh(&self, download: &mut ZstdDownload, until: u64, out: &mut Vec<u8>) -> Result<()> {
+        let until = until.min(download.end);
+        let mut identity = Vec::with_capacity((until - download.pos) as usize);
+        let mut sink = |bytes: &[u8]| -> Result<()> {
+            identity.extend_from_slice(bytes);
+            Ok(())
+        };
+        match &download.source {
+            Source::Tar => {
+                let range = RangeSpec { start: download.pos, end: until };
+                self.read_tar(download.rev, download.tar_size, range, &mut sink)?
+            }
+            Source::File { entry, data_start } => {
+                let range = RangeSpec { start: download.pos - data_start, end: until - data_start };
+                self.read_file(download.rev, entry, range, &mut sink)?
+            }
+        }
+        if identity.len() as u64 != until - download.pos {
+            return Err(StorageError::Corrupt("zstd download: the content is shorter than recorded".into()));
+        }
+        let compressor = match &mut download.compressor {
+            Some(c) => c,
+            None => download.compressor.insert(zstd::bulk::Compressor::new(FRESH_LEVEL)?),
+        };
+        out.extend_from_slice(&compressor.compress(&identity)?);
+        download.stats.fresh += until - download.pos;
+        download.pos = until;
+        Ok(())
+    }
+}
+
+/// Largest block of a zstd frame (RFC 8878: min(window, 128 KiB)).
+const MAX_ZSTD_BLOCK: usize = 128 * 1024;
+
+/// Appends `data` as one zstd frame of raw (stored, uncompressed) blocks: a block that did not
+/// compress costs a copy, not a compression attempt per download.
+fn raw_frame(data: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&0xFD2F_B528u32.to_le_bytes());
+    // Frame header descriptor: single segment (the content size is the window), 8-byte size.
+    out.push(0b1110_0000);
+    out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    let mut blocks = data.chunks(MAX_ZSTD_BLOCK).peekable();
+    if blocks.peek().is_none() {
+        // An empty frame still has one (last, empty) block.
+        out.extend_from_slice(&1u32.to_le_bytes()[..3]);
+    }
+    while let Some(block) = blocks.next() {
+        let last = u32::from(blocks.peek().is_none());
+        // Block header: last flag, type 0 (raw), size.
+        let header = last | ((block.len() as u32) << 3);
+        out.extend_from_slice(&header.to_le_bytes()[..3]);
+        out.extend_from_slice(block);
+    }
+}
+
+#[cfg(test)]
+pub(super) fn raw_frame_for_tests(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    raw_frame(data, &mut out);
+    out
+}

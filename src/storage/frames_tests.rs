@@ -1,0 +1,214 @@
+//! zstd downloads made of stored frames: what they decode to, how much of them is stored frames,
+//! and that a damaged block is refused rather than sent.
+
+use serde_json::json;
+
+use super::tests::open;
+use super::*;
+
+/// Compressible text, different per seed (YAML-like lines).
+fn text(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    let mut out = Vec::with_capacity(len + 64);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(format!("  key{}: value-{} # {}\n", x % 997, (x >> 20) % 89, seed).as_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Files of a chart-like tree, listed out of path order (as `tar` of a directory lists them).
+fn tree(seed: u64, files: usize) -> Vec<(String, Vec<u8>)> {
+    let mut tree: Vec<(String, Vec<u8>)> = (0..files)
+        .map(|i| {
+            (
+                format!("charts/c{}/templates/t{i:04}.yaml", i % 7),
+                text(seed * 1000 + i as u64, 2_000 + (i * 7_919) % 60_000),
+            )
+        })
+        .collect();
+    tree.reverse();
+    tree
+}
+
+fn write_tree(store: &Store, name: &str, files: &[(String, Vec<u8>)]) -> RevisionId {
+    let mut writer = store.begin_revision().unwrap();
+    writer.add_dir("charts", 0o755).unwrap();
+    for (path, data) in files {
+        writer.add_file(path, 0o644, &mut &data[..]).unwrap();
+    }
+    let mut pending = writer.finalize().unwrap();
+    let id = pending.record().id;
+    let key = ObjectKey::new("bundlecontents", "ns", name);
+    let object = json!({"metadata": {"name": name}});
+    pending
+        .commit(vec![ObjectWrite::Put { key, object, precondition: Precondition::MustNotExist, revision: Some(id) }])
+        .unwrap();
+    id
+}
+
+fn identity_tar(store: &Store, rev: RevisionId) -> Vec<u8> {
+    let record = store.revision(rev).unwrap();
+    let mut out = Vec::new();
+    store
+        .read_tar(rev, record.tar_size, RangeSpec { start: 0, end: record.tar_size }, &mut |b| {
+            out.extend_from_slice(b);
+            Ok(())
+        })
+        .unwrap();
+    out
+}
+
+/// The whole zstd download: its bytes on the wire, what they decode to, and how they were made.
+fn zstd_download(store: &Store, mut download: ZstdDownload) -> Result<(Vec<u8>, Vec<u8>, FrameStats)> {
+    let mut wire = Vec::new();
+    while store.zstd_step(&mut download, &mut wire)? {}
+    let plain = zstd::stream::decode_all(&wire[..]).expect("a valid zstd stream");
+    Ok((wire, plain, download.stats()))
+}
+
+fn tar_download(store: &Store, rev: RevisionId) -> Result<(Vec<u8>, Vec<u8>, FrameStats)> {
+    zstd_download(store, ZstdDownload::tar(&store.revision(rev).unwrap()))
+}
+
+#[test]
+fn a_fresh_revisions_zstd_download_is_its_stored_frames_and_decodes_to_its_tar() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let rev = write_tree(&store, "fresh", &tree(1, 300));
+    let tar = identity_tar(&store, rev);
+    let (wire, plain, stats) = tar_download(&store, rev).unwrap();
+    assert!(plain == tar, "the zstd download decodes to the identity tar");
+    assert_eq!(stats.stored + stats.fresh, tar.len() as u64);
+    // Blocks follow the tar although the files were written out of path order, headers, padding
+    // and trailer included: the whole download is stored frames.
+    assert_eq!(stats.stored, tar.len() as u64, "{stats:?} of {} bytes", tar.len());
+    assert!(wire.len() * 4 < tar.len(), "{} bytes on the wire for {}", wire.len(), tar.len());
+}
+
+#[test]
+fn a_revision_sharing_chunks_with_another_decodes_to_its_tar() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let first = tree(2, 200);
+    write_tree(&store, "first", &first);
+    // Every third file changed, the others shared with the first revision, and one file twice.
+    let mut second: Vec<(String, Vec<u8>)> = first
+        .iter()
+        .enumerate()
+        .map(|(i, (path, data))| {
+            (path.clone(), if i % 3 == 0 { text(7_000 + i as u64, data.len()) } else { data.clone() })
+        })
+        .collect();
+    second.push(("copy.yaml".into(), second[5].1.clone()));
+    let rev = write_tree(&store, "second", &second);
+    let tar = identity_tar(&store, rev);
+    let (_, plain, stats) = tar_download(&store, rev).unwrap();
+    assert!(plain == tar, "the zstd download decodes to the identity tar");
+    // New files between shared ones make blocks too small to be worth a stretch of their own:
+    // they are packed compactly and this download is compressed afresh.
+    assert!(stats.fresh > 0, "shared chunks are compressed afresh: {stats:?}");
+}
+
+#[test]
+fn a_large_files_zstd_download_is_mostly_stored_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let big = text(3, 6 << 20);
+    let rev = write_tree(&store, "big", &[("small.yaml".into(), text(4, 3_000)), ("big.yaml".into(), big.clone())]);
+    let entry = store.file(rev, "big.yaml").unwrap().unwrap();
+    let (_, plain, stats) = zstd_download(&store, ZstdDownload::file(&store.revision(rev).unwrap(), entry)).unwrap();
+    assert!(plain == big, "the zstd download decodes to the file");
+    // The file starts a block; only its last one holds tar bytes past it.
+    assert!(stats.stored * 100 >= big.len() as u64 * 80, "{stats:?}");
+}
+
+#[test]
+fn after_compaction_a_zstd_download_still_decodes_to_the_tar() {
+    let dir = tempfile::tempdir().unwrap();
+    let kept = {
+        let store = open(dir.path());
+        let kept = write_tree(&store, "kept", &tree(5, 40));
+        write_tree(&store, "gone", &tree(6, 300));
+        store
+            .write_objects(vec![ObjectWrite::Delete {
+                key: ObjectKey::new("bundlecontents", "ns", "gone"),
+                precondition: Precondition::None,
+            }])
+            .unwrap();
+        kept
+    };
+    let store = open(dir.path());
+    store.collect().unwrap();
+    assert!(store.counts().packs_compacted >= 1, "{:?}", store.counts());
+    let tar = identity_tar(&store, kept);
+    let (_, plain, _) = tar_download(&store, kept).unwrap();
+    assert!(plain == tar, "the zstd download decodes to the identity tar");
+}
+
+#[test]
+fn a_damaged_stored_block_is_refused_not_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let rev = {
+        let store = open(dir.path());
+        write_tree(&store, "c", &tree(8, 100))
+    };
+    let pack = std::fs::read_dir(dir.path().join("packs")).unwrap().next().unwrap().unwrap().path();
+    let mut bytes = std::fs::read(&pack).unwrap();
+    // Inside the first block's payload (its directory is a few hundred bytes).
+    bytes[20_000] ^= 0x01;
+    std::fs::write(&pack, bytes).unwrap();
+    let store = open(dir.path());
+    let result = tar_download(&store, rev);
+    assert!(matches!(result, Err(StorageError::Corrupt(_))), "{:?}", result.map(|r| r.2));
+}
+
+#[test]
+fn chunks_repeated_within_a_revision_go_out_as_stored_frames_and_keep_their_packs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    // Five copies of one chart, as the corpus holds five versions of kube-prometheus-stack.
+    let chart = tree(9, 60);
+    let copies: Vec<(String, Vec<u8>)> =
+        (0..5).flat_map(|v| chart.iter().map(move |(p, d)| (format!("v{v}/{p}"), d.clone()))).collect();
+    let rev = write_tree(&store, "copies", &copies);
+    let tar = identity_tar(&store, rev);
+    let (wire, plain, stats) = tar_download(&store, rev).unwrap();
+    assert!(plain == tar, "the zstd download decodes to the identity tar");
+    // (But for a last stretch of repeats too short to be worth a block of filler alone.)
+    assert!(stats.stored * 100 >= tar.len() as u64 * 95, "repeats are filler of tar-ordered blocks: {stats:?}");
+    // Filler is carried by the chunks' shares: a pass that frees nothing rewrites nothing.
+    store.collect().unwrap();
+    assert_eq!(store.counts().packs_compacted, 0, "{:?}", store.counts());
+    let stored = stats.stored;
+    let (again, _, stats) = tar_download(&store, rev).unwrap();
+    assert_eq!((again, stats.stored), (wire, stored));
+}
+
+#[test]
+fn incompressible_blocks_go_out_as_raw_zstd_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let noise = super::tests::noise(11, 3 << 20);
+    let rev = write_tree(&store, "noise", &[("blob.bin".into(), noise.clone()), ("a.yaml".into(), text(1, 5_000))]);
+    let tar = identity_tar(&store, rev);
+    let (wire, plain, stats) = tar_download(&store, rev).unwrap();
+    assert!(plain == tar, "the zstd download decodes to the identity tar");
+    assert_eq!(stats.stored, tar.len() as u64, "{stats:?}");
+    assert!(wire.len() < tar.len() + tar.len() / 100, "raw frames cost a few bytes per 128 KiB");
+    let entry = store.file(rev, "blob.bin").unwrap().unwrap();
+    let (_, plain, _) = zstd_download(&store, ZstdDownload::file(&store.revision(rev).unwrap(), entry)).unwrap();
+    assert!(plain == noise, "one file as zstd decodes to its bytes");
+}
+
+#[test]
+fn raw_frames_decode_at_every_size() {
+    for len in [0usize, 1, 131_071, 131_072, 131_073, 1 << 20] {
+        let data = super::tests::noise(len as u64, len);
+        let frame = super::frames::raw_frame_for_tests(&data);
+        assert_eq!(zstd::stream::decode_all(&frame[..]).unwrap(), data, "{len} bytes");
+    }
+}
