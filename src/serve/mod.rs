@@ -75,6 +75,10 @@ pub struct ServeOptions {
     /// Writes succeed again as soon as space is freed.
     #[arg(long, default_value_t = crate::storage::DEFAULT_MIN_FREE_BYTES)]
     pub min_free_bytes: u64,
+    /// Memory for zstd download frames compressed afresh (the parts of a revision its stored
+    /// blocks do not cover), kept for the next download of the same revision.
+    #[arg(long, default_value_t = StoreOptions::default().frame_cache_bytes)]
+    pub frame_cache_bytes: u64,
     #[command(flatten)]
     pub admission: AdmissionOptions,
     #[command(flatten)]
@@ -98,6 +102,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
             change_log_len: options.change_log_length.max(1),
             change_log_bytes: options.change_log_bytes,
             min_free_bytes: options.min_free_bytes,
+            frame_cache_bytes: options.frame_cache_bytes,
             ..StoreOptions::default()
         };
         options.store.open(&dir, store_options).await?

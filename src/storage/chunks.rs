@@ -134,7 +134,7 @@ impl Location {
 }
 
 /// New chunks of one writer, waiting to be sealed into a block. A revision's content blocks also
-/// hold the tar bytes between and around its chunks (headers, padding, a chunk met twice: *filler*,
+/// hold the tar bytes between and around its chunks (headers, padding, the trailer: *filler*,
 /// in no member), so that such a block is a stretch of the served tar, which a zstd download sends
 /// as it is stored ([`super::frames`]).
 #[derive(Default)]
@@ -142,8 +142,6 @@ pub struct BlockBuilder {
     raw: Vec<u8>,
     members: Vec<Member>,
     hashes: HashSet<Hash>,
-    /// A stretch of tar: written even with filler only (a revision's plan names it).
-    stretch: bool,
 }
 
 /// A block written: where, and the BLAKE3 of its stored payload (what a download that sends the
@@ -152,15 +150,12 @@ pub struct BlockBuilder {
 pub struct SealedBlock {
     pub at: BlockAt,
     pub payload_hash: Hash,
-    /// Raw bytes of its indexed chunks; 0: filler only, live only through a revision's plan.
-    pub members_len: u32,
 }
 
 impl BlockBuilder {
-    /// Appends bytes that belong to no chunk; the block is then a stretch of tar, written even
-    /// if no chunk is left in it.
+    /// Appends bytes that belong to no chunk (a block of filler alone is not written: nothing
+    /// would keep it).
     pub fn filler(&mut self, bytes: &[u8]) {
-        self.stretch = true;
         self.raw.extend_from_slice(bytes);
     }
 
@@ -377,15 +372,12 @@ impl Store {
     /// Compresses and appends the builder's chunks (and filler) as one block and indexes the chunks
     /// not indexed yet; `None` if no chunk was left to store (nothing is written then).
     pub(super) fn seal_block(&self, builder: &mut BlockBuilder) -> Result<Option<SealedBlock>> {
-        let worth_writing = |b: &BlockBuilder| !b.is_empty() || (b.stretch && !b.raw.is_empty());
-        if !worth_writing(builder) {
+        if builder.is_empty() {
             *builder = BlockBuilder::default();
             return Ok(None);
         }
-        if !builder.is_empty() {
-            self.pin_shared_and_drop_known(builder)?;
-        }
-        if !worth_writing(builder) {
+        self.pin_shared_and_drop_known(builder)?;
+        if builder.is_empty() {
             *builder = BlockBuilder::default();
             return Ok(None);
         }
@@ -411,8 +403,8 @@ impl Store {
                 batch.insert(chunk_key(&m.hash), Location::new(block, m, members_len).encode());
             }
         } else {
-            // One already indexed (met twice in one revision) keeps its first copy; this one
-            // becomes filler.
+            // One indexed meanwhile (by another writer) keeps its first copy; this one becomes
+            // filler.
             for m in &builder.members {
                 if !self.tree().contains_key(chunk_key(&m.hash))? {
                     batch.insert(chunk_key(&m.hash), Location::new(block, m, members_len).encode());
@@ -421,7 +413,7 @@ impl Store {
         }
         self.tree().apply_batch(batch)?;
         *builder = BlockBuilder::default();
-        Ok(Some(SealedBlock { at: block, payload_hash, members_len }))
+        Ok(Some(SealedBlock { at: block, payload_hash }))
     }
 
     /// Compaction: appends the builder's chunks as a new block, makes it durable, then moves each

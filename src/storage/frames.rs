@@ -11,12 +11,21 @@
 //! a block stored raw (it did not compress) is wrapped in a zstd frame of raw blocks. Everything
 //! else (chunks shared with other revisions, a block only partly asked for, a block compaction
 //! moved or that no longer matches) is read as an identity download reads it, every chunk verified,
-//! and compressed afresh at level [`FRESH_LEVEL`] in frames of at most [`STEP_INPUT`] bytes.
+//! and compressed afresh at the blocks' level in frames of at most [`STEP_INPUT`] bytes.
+//!
+//! Freshly compressed frames are kept in a cache bounded by `StoreOptions::frame_cache_bytes`
+//! ([`FrameCache`]), by revision and tar stretch: a revision is immutable, so the next download of
+//! it sends them as it sends stored ones. This is what makes chunks repeated within a revision
+//! (five versions of one chart in one bundle) cheap to serve without storing them twice.
 //!
 //! Integrity: a stored frame is sent only if its payload's hash is the one recorded when the block
 //! was written from bytes checked against their chunk hashes; otherwise the bytes are rebuilt from
-//! verified chunks. Memory per download: one block's payload or one step's identity bytes, plus
-//! one page of the plan.
+//! verified chunks. A cached frame is checked against the hash taken when it was compressed.
+//! Memory per download: one block's payload or one step's identity bytes, plus one page of the
+//! plan.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 
 use super::chunks::{ChunkRef, Hash, SealedBlock, CHUNK_REF_LEN};
 use super::packs::BlockAt;
@@ -25,11 +34,9 @@ use super::{FileEntry, Result, RevisionId, RevisionRecord, StorageError, Store};
 
 /// Identity bytes compressed afresh per step, at most.
 const STEP_INPUT: u64 = 1 << 20;
-/// Level of the freshly compressed frames: the fastest, as they are compressed per download.
-pub const FRESH_LEVEL: i32 = 1;
-/// Plan entries per stored page (69 bytes each: a page stays under a chunk's 64 KiB).
-const PAGE_ENTRIES: usize = 900;
-const ENTRY_LEN: usize = 8 + 8 + 8 + 4 + 1 + 4 + 32 + 4;
+/// Plan entries per stored page (65 bytes each: a page stays under a chunk's 64 KiB).
+const PAGE_ENTRIES: usize = 1000;
+const ENTRY_LEN: usize = 8 + 8 + 8 + 4 + 1 + 4 + 32;
 const ROOT_ENTRY_LEN: usize = 8 + CHUNK_REF_LEN;
 /// Pages a plan names at most (its root stays one chunk): about 1.4 TiB of tar; past that the
 /// tar is compressed afresh.
@@ -53,7 +60,6 @@ fn encode_entry(e: &PlanEntry, out: &mut Vec<u8>) {
     out.push(at.codec);
     out.extend_from_slice(&at.raw_len.to_le_bytes());
     out.extend_from_slice(&e.block.payload_hash);
-    out.extend_from_slice(&e.block.members_len.to_le_bytes());
 }
 
 fn decode_entries(bytes: &[u8]) -> Result<Vec<PlanEntry>> {
@@ -70,7 +76,7 @@ fn decode_entries(bytes: &[u8]) -> Result<Vec<PlanEntry>> {
             codec: *b.get(28)?,
             raw_len: u32_at(29)?,
         };
-        let block = SealedBlock { at, payload_hash: *b.get(33..)?.first_chunk()?, members_len: u32_at(65)? };
+        let block = SealedBlock { at, payload_hash: *b.get(33..)?.first_chunk()? };
         Some(PlanEntry { tar_start: u64_at(0)?, block })
     };
     bytes
@@ -116,23 +122,70 @@ fn decode_root(bytes: &[u8]) -> Result<Vec<(u64, ChunkRef)>> {
 }
 
 impl Store {
-    /// The blocks of a revision's plan that hold filler only (no chunk's index entry keeps them:
-    /// the collector counts them live for the revision).
-    pub(super) fn filler_only_blocks(&self, record: &RevisionRecord) -> Result<Vec<BlockAt>> {
-        let Some(root) = record.frames_root()? else { return Ok(Vec::new()) };
-        let mut blocks = Vec::new();
-        for (_, page) in decode_root(&self.get_chunk(&root)?.0)? {
-            let entries = decode_entries(&self.get_chunk(&page)?.0)?;
-            blocks.extend(entries.iter().filter(|e| e.block.members_len == 0).map(|e| e.block.at));
-        }
-        Ok(blocks)
-    }
-
     /// The chunks of a revision's frame plan (root first), for the collector's mark.
     pub(super) fn plan_chunks(&self, record: &RevisionRecord) -> Result<Vec<Hash>> {
         let Some(root) = record.frames_root()? else { return Ok(Vec::new()) };
         let pages = decode_root(&self.get_chunk(&root)?.0)?;
         Ok(std::iter::once(root.hash).chain(pages.iter().map(|(_, c)| c.hash)).collect())
+    }
+}
+
+/// A fresh frame of a stretch of a revision's tar, with its BLAKE3.
+struct CachedFrame {
+    frame: Arc<Vec<u8>>,
+    hash: Hash,
+}
+
+/// (revision, tar start, tar end) of a fresh frame.
+type FrameKey = (RevisionId, u64, u64);
+
+/// Recently compressed fresh frames, oldest dropped first once they hold more than the bound.
+pub(super) struct FrameCache {
+    limit: u64,
+    state: Mutex<FrameCacheState>,
+}
+
+#[derive(Default)]
+struct FrameCacheState {
+    frames: HashMap<FrameKey, CachedFrame>,
+    order: VecDeque<FrameKey>,
+    bytes: u64,
+}
+
+impl FrameCache {
+    pub fn new(limit: u64) -> FrameCache {
+        FrameCache { limit, state: Mutex::new(FrameCacheState::default()) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FrameCacheState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, key: &FrameKey) -> Option<Arc<Vec<u8>>> {
+        let state = self.lock();
+        let cached = state.frames.get(key)?;
+        // Memory is checked like a disk: a frame that changed is dropped and made again.
+        (blake3::hash(&cached.frame).as_bytes() == &cached.hash).then(|| cached.frame.clone())
+    }
+
+    fn put(&self, key: FrameKey, frame: Vec<u8>) {
+        let len = frame.len() as u64;
+        if len > self.limit / 4 {
+            return;
+        }
+        let hash = *blake3::hash(&frame).as_bytes();
+        let mut state = self.lock();
+        if state.frames.insert(key, CachedFrame { frame: Arc::new(frame), hash }).is_some() {
+            return;
+        }
+        state.order.push_back(key);
+        state.bytes += len;
+        while state.bytes > self.limit {
+            let Some(old) = state.order.pop_front() else { break };
+            if let Some(gone) = state.frames.remove(&old) {
+                state.bytes -= gone.frame.len() as u64;
+            }
+        }
     }
 }
 
@@ -146,11 +199,13 @@ enum Source {
     },
 }
 
-/// Bytes sent as stored frames and as fresh ones (identity bytes they stand for).
+/// Bytes sent as stored frames, as fresh ones compressed for this download, and as fresh ones an
+/// earlier download compressed (identity bytes they stand for).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FrameStats {
     pub stored: u64,
     pub fresh: u64,
+    pub cached: u64,
 }
 
 /// A zstd download in progress: call [`Store::zstd_step`] until it returns `false`.
@@ -287,9 +342,17 @@ impl Store {
         Ok(true)
     }
 
-    /// Reads the identity bytes `[download.pos, until)` (verified) and appends them compressed.
+    /// Appends the identity bytes `[download.pos, until)` compressed: from the cache, or read
+    /// (verified) and compressed now.
     fn send_fresh(&self, download: &mut ZstdDownload, until: u64, out: &mut Vec<u8>) -> Result<()> {
         let until = until.min(download.end);
+        let key = (download.rev, download.pos, until);
+        if let Some(frame) = self.inner.fresh_frames.get(&key) {
+            out.extend_from_slice(&frame);
+            download.stats.cached += until - download.pos;
+            download.pos = until;
+            return Ok(());
+        }
         let mut identity = Vec::with_capacity((until - download.pos) as usize);
         let mut sink = |bytes: &[u8]| -> Result<()> {
             identity.extend_from_slice(bytes);
@@ -310,9 +373,11 @@ impl Store {
         }
         let compressor = match &mut download.compressor {
             Some(c) => c,
-            None => download.compressor.insert(zstd::bulk::Compressor::new(FRESH_LEVEL)?),
+            None => download.compressor.insert(zstd::bulk::Compressor::new(self.inner.options.zstd_level)?),
         };
-        out.extend_from_slice(&compressor.compress(&identity)?);
+        let frame = compressor.compress(&identity)?;
+        out.extend_from_slice(&frame);
+        self.inner.fresh_frames.put(key, frame);
         download.stats.fresh += until - download.pos;
         download.pos = until;
         Ok(())

@@ -167,25 +167,50 @@ fn a_damaged_stored_block_is_refused_not_sent() {
 }
 
 #[test]
-fn chunks_repeated_within_a_revision_go_out_as_stored_frames_and_keep_their_packs() {
+fn chunks_repeated_within_a_revision_are_stored_once_and_compressed_once() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    // Five copies of one chart, as the corpus holds five versions of kube-prometheus-stack.
     let chart = tree(9, 60);
+    let one = write_tree(&store, "one", &chart);
+    let one_copy = store.revision(one).unwrap().stored_size;
+    // Five copies of one chart, as the corpus holds five versions of kube-prometheus-stack.
     let copies: Vec<(String, Vec<u8>)> =
         (0..5).flat_map(|v| chart.iter().map(move |(p, d)| (format!("v{v}/{p}"), d.clone()))).collect();
+    let dir2 = tempfile::tempdir().unwrap();
+    let store = open(dir2.path());
     let rev = write_tree(&store, "copies", &copies);
+    let stored = store.revision(rev).unwrap().stored_size;
+    assert!(
+        stored < one_copy + one_copy / 10,
+        "repeats are stored once: {stored} bytes against {one_copy} for one copy"
+    );
     let tar = identity_tar(&store, rev);
-    let (wire, plain, stats) = tar_download(&store, rev).unwrap();
+    let (wire, plain, first) = tar_download(&store, rev).unwrap();
     assert!(plain == tar, "the zstd download decodes to the identity tar");
-    // (But for a last stretch of repeats too short to be worth a block of filler alone.)
-    assert!(stats.stored * 100 >= tar.len() as u64 * 95, "repeats are filler of tar-ordered blocks: {stats:?}");
+    assert!(first.stored * 100 >= tar.len() as u64 * 15, "the first copy is stored frames: {first:?}");
+    assert!(first.fresh > 0 && first.cached == 0, "{first:?}");
+    // The next download sends the repeats as the first one compressed them.
+    let (again, _, second) = tar_download(&store, rev).unwrap();
+    assert!(again == wire, "the same bytes on the wire");
+    assert_eq!(second, FrameStats { stored: first.stored, fresh: 0, cached: first.fresh });
     // Filler is carried by the chunks' shares: a pass that frees nothing rewrites nothing.
     store.collect().unwrap();
     assert_eq!(store.counts().packs_compacted, 0, "{:?}", store.counts());
-    let stored = stats.stored;
-    let (again, _, stats) = tar_download(&store, rev).unwrap();
-    assert_eq!((again, stats.stored), (wire, stored));
+}
+
+#[test]
+fn the_fresh_frame_cache_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions { frame_cache_bytes: 0, ..StoreOptions::default() };
+    let store = Store::open(dir.path(), options).unwrap();
+    let chart = tree(10, 30);
+    let copies: Vec<(String, Vec<u8>)> =
+        (0..2).flat_map(|v| chart.iter().map(move |(p, d)| (format!("v{v}/{p}"), d.clone()))).collect();
+    let rev = write_tree(&store, "copies", &copies);
+    let (_, _, first) = tar_download(&store, rev).unwrap();
+    let (_, _, second) = tar_download(&store, rev).unwrap();
+    assert!(first.fresh > 0);
+    assert_eq!(second, first, "nothing kept with a cache of 0 bytes");
 }
 
 #[test]

@@ -319,24 +319,13 @@ impl Store {
         Ok((self.inner.packs.active_id(), self.inner.packs.list()?))
     }
 
-    /// Stored bytes of indexed chunks, per pack, and of the filler-only blocks (chunks repeated in
-    /// a revision, kept so that its zstd download sends stored frames) of revisions not released.
+    /// Stored bytes of indexed chunks (filler included, [`Location::stored_share`]), per pack.
     fn live_bytes_by_pack(&self) -> Result<HashMap<u64, u64>> {
         let mut live: HashMap<u64, u64> = HashMap::new();
         for item in self.tree().scan_prefix(b"c") {
             let (_, v) = item?;
             let at = Location::decode(&v)?;
             *live.entry(at.block.pack).or_insert(0) += at.stored_share();
-        }
-        for item in self.tree().scan_prefix(b"v") {
-            let (_, v) = item?;
-            let record: RevisionRecord = decode_json(&v)?;
-            if record.state == RevisionState::Deleting {
-                continue;
-            }
-            for block in self.filler_only_blocks(&record)? {
-                *live.entry(block.pack).or_insert(0) += block.stored_len as u64;
-            }
         }
         Ok(live)
     }

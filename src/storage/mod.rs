@@ -243,6 +243,10 @@ pub struct StoreOptions {
     /// Free bytes on the data directory's filesystem below which new content is refused
     /// ([`space`]).
     pub min_free_bytes: u64,
+    /// Freshly compressed frames of zstd downloads kept in memory for the next download of the same
+    /// stretch ([`frames`]): the parts of a revision its stored blocks do not cover (chunks
+    /// repeated in it or shared with others) cost compression once, not per download.
+    pub frame_cache_bytes: u64,
 }
 
 impl Default for StoreOptions {
@@ -253,6 +257,7 @@ impl Default for StoreOptions {
             change_log_len: 100_000,
             change_log_bytes: 1 << 20,
             min_free_bytes: DEFAULT_MIN_FREE_BYTES,
+            frame_cache_bytes: 64 << 20,
         }
     }
 }
@@ -295,6 +300,7 @@ struct Inner {
     gc_requests: std::sync::mpsc::SyncSender<()>,
     packs: blocks::BlockStore,
     blocks: chunks::BlockCache,
+    fresh_frames: frames::FrameCache,
     /// Replicated: where recently read chunks are, so a download does not ask etcd per chunk.
     locations: chunks::LocationCache,
     space: space::SpaceGuard,
@@ -392,6 +398,7 @@ impl Store {
     ) -> Store {
         let (events, _) = tokio::sync::broadcast::channel(1024);
         let (gc_requests, gc_receiver) = std::sync::mpsc::sync_channel(1);
+        let fresh_frames = frames::FrameCache::new(options.frame_cache_bytes);
         let store = Store {
             inner: Arc::new(Inner {
                 db,
@@ -413,6 +420,7 @@ impl Store {
                 gc_requests,
                 packs,
                 blocks: chunks::BlockCache::default(),
+                fresh_frames,
                 locations: chunks::LocationCache::default(),
                 space,
                 poison,

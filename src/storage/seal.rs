@@ -103,7 +103,7 @@ impl SealPipeline {
         self.collect(false)?;
         let seq = self.next_seq;
         self.next_seq += 1;
-        if builder.is_empty() && builder.raw_len() == 0 {
+        if builder.is_empty() {
             return Ok(seq);
         }
         while self.in_flight.len() >= MAX_IN_FLIGHT {

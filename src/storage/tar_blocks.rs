@@ -1,16 +1,17 @@
 //! A revision's new content blocks, built by finalize in tar order.
 //!
 //! Finalize walks the served tar and appends to the block being built every byte it holds in
-//! order: headers, padding and the trailer as filler, each new chunk as a member (or as filler when
-//! this revision stored it already). So a block is a stretch of the tar, and its stored zstd frame
-//! can be sent as it is by a zstd download ([`super::frames`], which gets the stretch's offset from
-//! the plan built here).
+//! order: headers, padding and the trailer as filler, each new chunk as a member. So a block is a
+//! stretch of the tar, and its stored zstd frame can be sent as it is by a zstd download
+//! ([`super::frames`], which gets the stretch's offset from the plan built here).
 //!
-//! A chunk the store held before this revision interrupts the stretch: the block is sealed there
-//! if it holds a quarter of a block already; else it goes on collecting the new chunks without
-//! filler and without a place in the plan (so a revision that mostly repeats an earlier one stays
-//! compact, and its downloads compress the few new bytes afresh). A file of a block or more starts
-//! a block, so that a download of that file alone sends stored frames too.
+//! A chunk stored already — before this revision, or earlier in it — interrupts the stretch (it is
+//! stored once: keeping a repeat as filler would make zstd downloads cheaper but cost its bytes
+//! again, tripling the corpus's store). The block is sealed there if it holds a quarter of a block
+//! already; else it goes on collecting the new chunks without filler and without a place in the
+//! plan (so a revision that mostly repeats stays compact; downloads compress the rest afresh, once,
+//! [`super::frames::FrameCache`]). A file of a block or more starts a block, so that a download of
+//! that file alone sends stored frames too.
 
 use super::chunks::{BlockBuilder, Hash, SealedBlock, BLOCK_TARGET};
 use super::frames::PlanEntry;
@@ -42,14 +43,14 @@ impl TarBlocks {
         self.seal_if_full(seals)
     }
 
-    /// A new chunk of this revision at `pos` in the tar. One met before (in this block, in a block
-    /// being sealed, or — embedded — already indexed) is kept as filler.
+    /// A spooled chunk at `pos` in the tar. One met before in this revision (in this block, in a
+    /// block being sealed, or — embedded — already indexed) is a gap, as a chunk stored before.
     pub fn chunk(&mut self, store: &Store, seals: &mut SealPipeline, pos: u64, hash: Hash, data: &[u8]) -> Result<()> {
         let seen = self.builder.contains(&hash)
             || seals.holds(&hash)
             || (store.remote().is_none() && store.chunk_location(&hash)?.is_some());
         if seen {
-            return self.filler(seals, pos, data);
+            return self.gap(seals);
         }
         if !self.gapped {
             self.start.get_or_insert(pos);
@@ -81,8 +82,8 @@ impl TarBlocks {
         let builder = std::mem::take(&mut self.builder);
         let start = self.start.take();
         self.gapped = false;
-        // Filler alone is worth a block only if large (repeated content, not a few headers).
-        if builder.raw_len() == 0 || (builder.is_empty() && builder.raw_len() < SEAL_AT_GAP) {
+        // Filler alone (headers of empty files) is not worth a block.
+        if builder.is_empty() {
             return Ok(());
         }
         let seq = seals.submit(builder)?;
