@@ -316,7 +316,13 @@ fn serve_zstd(
         return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag_value), vary]).into_response());
     }
     let mut download = download;
-    let body = streaming.body(move |store: &Store, out: &mut Vec<u8>| store.zstd_step(&mut download, out));
+    // Frames are small (a stored block is about a tenth of its MiB): several go in one step.
+    let body = streaming.body(move |store: &Store, out: &mut Vec<u8>| loop {
+        let more = store.zstd_step(&mut download, out)?;
+        if !more || out.len() >= stream::STEP {
+            return Ok(more);
+        }
+    });
     let mut response = Response::new(body);
     let h = response.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
