@@ -48,7 +48,7 @@ download_tree() {
         record "$section" "stowage, Accept-Encoding: zstd (tar MB/s)" MB/s "$(calc "$times * $tar_bytes / 1e6 / $sz")"
         record "$section" "nginx, the .tar.zst file (tar MB/s)" MB/s "$(calc "$times * $tar_bytes / 1e6 / $nz")"
         record "$section" "**ratio stowage / nginx, zstd** (throughput)" x "$(calc "$nz / $sz")"
-        record "$section" "bytes on the wire, stowage zstd (stored frames, level 1 between)" bytes:"$tar_bytes" "$sbytes"
+        record "$section" "bytes on the wire, stowage zstd (stored frames; cached fresh ones between)" bytes:"$tar_bytes" "$sbytes"
         record "$section" "bytes on the wire, nginx .tar.zst (level 3, precompressed)" bytes:"$tar_bytes" "$nbytes"
     done
     record "$section" "stowage peak RSS (VmHWM)" MiB "$(calc "$(peak_rss_kib) / 1024")"
