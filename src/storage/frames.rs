@@ -163,10 +163,13 @@ impl FrameCache {
     }
 
     fn get(&self, key: &FrameKey) -> Option<Arc<Vec<u8>>> {
-        let state = self.lock();
-        let cached = state.frames.get(key)?;
-        // Memory is checked like a disk: a frame that changed is dropped and made again.
-        (blake3::hash(&cached.frame).as_bytes() == &cached.hash).then(|| cached.frame.clone())
+        let (frame, hash) = {
+            let state = self.lock();
+            let cached = state.frames.get(key)?;
+            (cached.frame.clone(), cached.hash)
+        };
+        // Memory is checked like a disk (outside the lock: hashing takes a while).
+        (blake3::hash(&frame).as_bytes() == &hash).then_some(frame)
     }
 
     fn put(&self, key: FrameKey, frame: Vec<u8>) {
@@ -248,8 +251,14 @@ impl PlanCursor {
                 self.next_page += 1;
             }
             let Some((_, page)) = self.pages.get(self.next_page) else { return Ok(None) };
-            self.entries = decode_entries(&store.get_chunk(page)?.0)?.into_iter();
             self.next_page += 1;
+            match store.get_chunk(page).and_then(|(bytes, _)| decode_entries(&bytes)) {
+                Ok(entries) => self.entries = entries.into_iter(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a page of a frame plan is unreadable; its stretch is compressed afresh");
+                    self.entries = Vec::new().into_iter();
+                }
+            }
         }
     }
 }
@@ -293,9 +302,12 @@ impl Store {
         }
         if download.plan.is_none() {
             let record = self.revision_record(download.rev)?;
-            let pages = match record.frames_root()? {
-                Some(root) => decode_root(&self.get_chunk(&root)?.0)?,
-                None => Vec::new(),
+            // A plan that cannot be read costs speed, not the download: all of it is then rebuilt
+            // from verified chunks.
+            let pages = match record.frames_root().and_then(|root| root.map(|r| self.get_chunk(&r)).transpose()) {
+                Ok(Some((root, _))) => decode_root(&root).unwrap_or_else(|e| plan_unreadable(download.rev, &e)),
+                Ok(None) => Vec::new(),
+                Err(e) => plan_unreadable(download.rev, &e),
             };
             download.plan = Some(PlanCursor { pages, next_page: 0, entries: Vec::new().into_iter(), ahead: None });
         }
@@ -383,6 +395,11 @@ impl Store {
         download.pos = until;
         Ok(())
     }
+}
+
+fn plan_unreadable(rev: RevisionId, e: &StorageError) -> Vec<(u64, ChunkRef)> {
+    tracing::warn!(revision = rev, error = %e, "the frame plan is unreadable; the download is compressed afresh");
+    Vec::new()
 }
 
 /// Largest block of a zstd frame (RFC 8878: min(window, 128 KiB)).

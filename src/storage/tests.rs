@@ -43,7 +43,7 @@ fn write(store: &Store, files: &[(&str, Vec<u8>)]) -> PendingRevision {
     writer.finalize().unwrap()
 }
 
-fn attach(name: &str, mut pending: PendingRevision) -> RevisionId {
+pub(super) fn attach(name: &str, mut pending: PendingRevision) -> RevisionId {
     let id = pending.record().id;
     let key = ObjectKey::new("bundlecontents", "ns", name);
     let object = json!({"metadata": {"name": name}});
