@@ -1,8 +1,8 @@
 //! zstd downloads made of the stored frames.
 //!
 //! Blocks are stored as zstd frames, and zstd frames concatenate into one valid stream. Finalize
-//! packs a revision's new chunks in tar order, with the tar's headers, padding and repeated chunks
-//! as filler between them ([`super::revision`]), so such a block's raw bytes *are* a stretch of the
+//! packs a revision's new chunks in tar order, with the tar's headers, padding and trailer as
+//! filler between them ([`super::tar_blocks`]), so such a block's raw bytes *are* a stretch of the
 //! served tar. Finalize records which: the revision's *frame plan*, a list of (tar offset, block,
 //! BLAKE3 of the block's stored payload), in chunks named by the revision record.
 //!

@@ -1,6 +1,6 @@
-//! Parallel ingest: a writer hands its full blocks to worker threads, which seal them (compress,
-//! append to a pack or object storage, index: [`Store::seal_block`]) while the writer reads, cuts
-//! and hashes the next ones.
+//! Parallel sealing: a writer's finalize hands its full tar-ordered blocks to worker threads, which
+//! seal them (compress, append to a pack or object storage, index: [`Store::seal_block`]) while
+//! finalize reads the spool, hashes and lays out the next ones ([`super::tar_blocks`]).
 //!
 //! Bounded: at most [`MAX_IN_FLIGHT`] blocks are handed over and not yet sealed; a writer that
 //! gets that far ahead waits for a worker. With the block being built, a writer holds at most

@@ -11,8 +11,8 @@
 //!
 //! The bytes of chunks the store did not hold when they arrived go to the *spool*, a third file,
 //! until finalize packs them in tar order; each staged chunk ref says where its bytes are spooled
-//! (or that the store holds them). A chunk met twice is spooled twice: no per-chunk memory, and
-//! finalize keeps the second copy as filler of its tar-ordered block anyway.
+//! (or that the store holds them). A chunk met twice is spooled twice (no per-chunk memory);
+//! finalize stores it once.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
