@@ -176,11 +176,18 @@ impl Spool {
         if let Some(shared) = &self.shared {
             return shared.load(id);
         }
-        match fs::read(self.meta_path(id)) {
-            Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
+        let meta: Option<SessionMeta> = match fs::read(self.meta_path(id)) {
+            Ok(bytes) => serde_json::from_slice(&bytes).ok(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        // A piece whose request was cut saves its record on a blocking thread that outlives the
+        // session's lock; landing after a DELETE, it leaves a record without bytes: no session.
+        if meta.as_ref().is_some_and(|m| !m.committed) && !self.data_path(id).exists() {
+            let _ = fs::remove_file(self.meta_path(id));
+            return Ok(None);
         }
+        Ok(meta)
     }
 
     /// The session's bytes, for reading at commit (the first `meta.offset` of them count).
@@ -426,6 +433,19 @@ mod tests {
 
     fn body(parts: &[&[u8]]) -> impl Stream<Item = Result<Bytes, io::Error>> + Unpin {
         futures_util::stream::iter(parts.iter().map(|p| Ok(Bytes::copy_from_slice(p))).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn a_record_left_without_its_bytes_is_no_session() {
+        let tmp = tempfile::tempdir().unwrap();
+        let spool = Spool::open(tmp.path(), Duration::from_secs(60)).unwrap();
+        let meta = SessionMeta::new("ns", "b", "uid", "");
+        let id = spool.create(&meta).unwrap();
+        spool.remove(&id).unwrap();
+        // What a cut piece's late save does after the removal.
+        write_meta(&spool.dir, &id, &meta).unwrap();
+        assert!(spool.load(&id).unwrap().is_none());
+        assert!(!spool.meta_path(&id).exists(), "the stray record is removed");
     }
 
     #[tokio::test]
