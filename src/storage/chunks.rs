@@ -34,7 +34,7 @@ const BLOCK_CACHE_ENTRIES: usize = 16;
 /// Chunk locations remembered by a replica (about 100 bytes each).
 const LOCATION_CACHE_ENTRIES: usize = 65_536;
 
-const CODEC_RAW: u8 = 0;
+pub(super) const CODEC_RAW: u8 = 0;
 const CODEC_ZSTD: u8 = 1;
 
 pub type Hash = [u8; 32];

@@ -27,7 +27,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use super::chunks::{ChunkRef, Hash, SealedBlock, CHUNK_REF_LEN};
+use super::chunks::{ChunkRef, Hash, SealedBlock, CHUNK_REF_LEN, CODEC_RAW};
 use super::packs::BlockAt;
 use super::read::RangeSpec;
 use super::{FileEntry, Result, RevisionId, RevisionRecord, StorageError, Store};
@@ -42,7 +42,6 @@ const ROOT_ENTRY_LEN: usize = 8 + CHUNK_REF_LEN;
 /// Pages a plan names at most (its root stays one chunk): about 1.4 TiB of tar; past that the
 /// tar is compressed afresh.
 const MAX_PAGES: usize = 64 * 1024 / ROOT_ENTRY_LEN;
-const CODEC_RAW: u8 = 0;
 
 /// A stretch of a revision's tar that a stored block holds exactly: `[tar_start, tar_start +
 /// block.at.raw_len)`.

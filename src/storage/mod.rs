@@ -192,10 +192,7 @@ impl RevisionRecord {
 
     /// The manifest's root chunk (an error for a revision not finalized).
     pub(crate) fn manifest_root(&self) -> Result<chunks::ChunkRef> {
-        let mut hash = [0u8; 32];
-        hex::decode_to_slice(&self.manifest, &mut hash)
-            .map_err(|_| StorageError::Corrupt(format!("revision {} has no manifest", self.id)))?;
-        Ok(chunks::ChunkRef { hash, len: self.manifest_len })
+        self.root(&self.manifest, self.manifest_len, "has no manifest")
     }
 
     /// The frame plan's root chunk, if the revision has one.
@@ -203,10 +200,15 @@ impl RevisionRecord {
         if self.frames.is_empty() {
             return Ok(None);
         }
+        self.root(&self.frames, self.frames_len, "has a malformed frame plan").map(Some)
+    }
+
+    /// A root chunk named in hex.
+    fn root(&self, hex_hash: &str, len: u32, unreadable: &str) -> Result<chunks::ChunkRef> {
         let mut hash = [0u8; 32];
-        hex::decode_to_slice(&self.frames, &mut hash)
-            .map_err(|_| StorageError::Corrupt(format!("revision {} has a malformed frame plan", self.id)))?;
-        Ok(Some(chunks::ChunkRef { hash, len: self.frames_len }))
+        hex::decode_to_slice(hex_hash, &mut hash)
+            .map_err(|_| StorageError::Corrupt(format!("revision {} {unreadable}", self.id)))?;
+        Ok(chunks::ChunkRef { hash, len })
     }
 }
 

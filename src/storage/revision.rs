@@ -330,12 +330,7 @@ impl RevisionWriter {
                                 data
                             }
                         };
-                        if data.len() != r.chunk.len as usize {
-                            return Err(StorageError::Corrupt(format!(
-                                "{}: a staged chunk has the wrong length",
-                                entry.path
-                            )));
-                        }
+                        // Both reads return exactly `r.chunk.len` bytes (checked there).
                         tar_hash.update(&data)?;
                         pos += data.len() as u64;
                     }
