@@ -14,18 +14,16 @@
 //! and compressed afresh at the blocks' level in frames of at most [`STEP_INPUT`] bytes.
 //!
 //! Freshly compressed frames are kept in a cache bounded by `StoreOptions::frame_cache_bytes`
-//! ([`FrameCache`]), by revision and tar stretch: a revision is immutable, so the next download of
-//! it sends them as it sends stored ones. This is what makes chunks repeated within a revision
-//! (five versions of one chart in one bundle) cheap to serve without storing them twice.
+//! ([`super::frame_cache`]), by revision and tar stretch, and recompressed smaller there in the
+//! background: a revision is immutable, so the next download of it sends them as it sends stored
+//! ones. This is what makes chunks repeated within a revision (five versions of one chart in one
+//! bundle) cheap to serve without storing them twice.
 //!
 //! Integrity: a stored frame is sent only if its payload's hash is the one recorded when the block
 //! was written from bytes checked against their chunk hashes; otherwise the bytes are rebuilt from
-//! verified chunks. A cached frame is checked against the hash taken when it was compressed.
+//! verified chunks. A cached frame is checked against the hash taken when it was cached.
 //! Memory per download: one block's payload or one step's identity bytes, plus one page of the
-//! plan.
-
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+//! plan; compression contexts are per blocking thread, not per download.
 
 use super::chunks::{ChunkRef, Hash, SealedBlock, CHUNK_REF_LEN, CODEC_RAW};
 use super::packs::BlockAt;
@@ -130,68 +128,6 @@ impl Store {
     }
 }
 
-/// A fresh frame of a stretch of a revision's tar, with its BLAKE3.
-struct CachedFrame {
-    frame: Arc<Vec<u8>>,
-    hash: Hash,
-}
-
-/// (revision, tar start, tar end) of a fresh frame.
-type FrameKey = (RevisionId, u64, u64);
-
-/// Recently compressed fresh frames, oldest dropped first once they hold more than the bound.
-pub(super) struct FrameCache {
-    limit: u64,
-    state: Mutex<FrameCacheState>,
-}
-
-#[derive(Default)]
-struct FrameCacheState {
-    frames: HashMap<FrameKey, CachedFrame>,
-    order: VecDeque<FrameKey>,
-    bytes: u64,
-}
-
-impl FrameCache {
-    pub fn new(limit: u64) -> FrameCache {
-        FrameCache { limit, state: Mutex::new(FrameCacheState::default()) }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, FrameCacheState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn get(&self, key: &FrameKey) -> Option<Arc<Vec<u8>>> {
-        let (frame, hash) = {
-            let state = self.lock();
-            let cached = state.frames.get(key)?;
-            (cached.frame.clone(), cached.hash)
-        };
-        // Memory is checked like a disk (outside the lock: hashing takes a while).
-        (blake3::hash(&frame).as_bytes() == &hash).then_some(frame)
-    }
-
-    fn put(&self, key: FrameKey, frame: Vec<u8>) {
-        let len = frame.len() as u64;
-        if len > self.limit / 4 {
-            return;
-        }
-        let hash = *blake3::hash(&frame).as_bytes();
-        let mut state = self.lock();
-        if state.frames.insert(key, CachedFrame { frame: Arc::new(frame), hash }).is_some() {
-            return;
-        }
-        state.order.push_back(key);
-        state.bytes += len;
-        while state.bytes > self.limit {
-            let Some(old) = state.order.pop_front() else { break };
-            if let Some(gone) = state.frames.remove(&old) {
-                state.bytes -= gone.frame.len() as u64;
-            }
-        }
-    }
-}
-
 /// What a zstd download serves.
 enum Source {
     Tar,
@@ -220,7 +156,6 @@ pub struct ZstdDownload {
     pos: u64,
     end: u64,
     plan: Option<PlanCursor>,
-    compressor: Option<zstd::bulk::Compressor<'static>>,
     stats: FrameStats,
 }
 
@@ -283,7 +218,6 @@ impl ZstdDownload {
             pos,
             end,
             plan: None,
-            compressor: None,
             stats: FrameStats::default(),
         }
     }
@@ -383,17 +317,31 @@ impl Store {
         if identity.len() as u64 != until - download.pos {
             return Err(StorageError::Corrupt("zstd download: the content is shorter than recorded".into()));
         }
-        let compressor = match &mut download.compressor {
-            Some(c) => c,
-            None => download.compressor.insert(zstd::bulk::Compressor::new(self.inner.options.zstd_level)?),
-        };
-        let frame = compressor.compress(&identity)?;
+        let frame = compress_fresh(&identity, self.inner.options.zstd_level)?;
         out.extend_from_slice(&frame);
         self.inner.fresh_frames.put(key, frame);
         download.stats.fresh += until - download.pos;
         download.pos = until;
         Ok(())
     }
+}
+
+/// Compresses a fresh frame with the calling thread's context: a context per blocking thread, not
+/// per download, so a thousand slow zstd readers hold none.
+fn compress_fresh(identity: &[u8], level: i32) -> Result<Vec<u8>> {
+    thread_local! {
+        static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    COMPRESSOR.with(|c| {
+        let mut c = c.borrow_mut();
+        let compressor = match c.as_mut() {
+            Some(compressor) => compressor,
+            None => c.insert(zstd::bulk::Compressor::new(level)?),
+        };
+        compressor.set_compression_level(level)?;
+        Ok(compressor.compress(identity)?)
+    })
 }
 
 fn plan_unreadable(rev: RevisionId, e: &StorageError) -> Vec<(u64, ChunkRef)> {

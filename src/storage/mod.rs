@@ -34,6 +34,7 @@ mod commit;
 mod counters;
 mod durability;
 mod entry;
+mod frame_cache;
 mod frames;
 mod gc;
 mod gc_shared;
@@ -302,7 +303,7 @@ struct Inner {
     gc_requests: std::sync::mpsc::SyncSender<()>,
     packs: blocks::BlockStore,
     blocks: chunks::BlockCache,
-    fresh_frames: frames::FrameCache,
+    fresh_frames: frame_cache::FrameCache,
     /// Replicated: where recently read chunks are, so a download does not ask etcd per chunk.
     locations: chunks::LocationCache,
     space: space::SpaceGuard,
@@ -400,7 +401,7 @@ impl Store {
     ) -> Store {
         let (events, _) = tokio::sync::broadcast::channel(1024);
         let (gc_requests, gc_receiver) = std::sync::mpsc::sync_channel(1);
-        let fresh_frames = frames::FrameCache::new(options.frame_cache_bytes);
+        let fresh_frames = frame_cache::FrameCache::new(options.frame_cache_bytes);
         let store = Store {
             inner: Arc::new(Inner {
                 db,
