@@ -138,12 +138,13 @@ async fn resolve_revision(
         name.to_string()
     };
     let key = ObjectKey::new(BUNDLE_CONTENT.plural, namespace, &content);
-    let stored = blocking(app, move |store| store.get_object(&key)).await?;
-    let Some(revision) = stored.and_then(|s| s.revision) else {
-        return Err(ApiError::not_found(BUNDLE_CONTENT.plural, &content));
-    };
-    let record = blocking(app, move |store| store.revision(revision)).await?;
-    Ok((revision, record))
+    // One trip to the blocking pool for both reads: every download pays for it.
+    let found = blocking(app, move |store| match store.get_object(&key)?.and_then(|s| s.revision) {
+        Some(revision) => Ok(Some((revision, store.revision(revision)?))),
+        None => Ok(None),
+    })
+    .await?;
+    found.ok_or_else(|| ApiError::not_found(BUNDLE_CONTENT.plural, &content))
 }
 
 /// Follows symlinks inside the revision (a few hops) to a regular file; `None` for anything else
