@@ -200,7 +200,8 @@ struct Session {
     id: String,
     meta: SessionMeta,
     bundle: Value,
-    _guard: OwnedMutexGuard<()>,
+    /// The session's lock; `None` only while [`Session::append`]'s task holds it.
+    guard: Option<OwnedMutexGuard<()>>,
 }
 
 impl Session {
@@ -224,13 +225,29 @@ impl Session {
         if bundle.pointer("/metadata/uid").and_then(Value::as_str) != Some(meta.uid.as_str()) {
             return Err(not_found());
         }
-        Ok(Session { id: id.to_string(), meta, bundle, _guard: guard })
+        Ok(Session { id: id.to_string(), meta, bundle, guard: Some(guard) })
     }
 
     /// Appends a piece; a refusal comes back as the response to send.
     async fn append(&mut self, app: &AppState, piece: Piece, body: Body) -> Result<(), Response> {
         let limit = app.limits.max_body_bytes;
-        let result = app.uploads.append(&self.id, &mut self.meta, piece, body.into_data_stream(), limit).await;
+        // On a task of its own that holds the session's lock until the piece is durable and its
+        // record saved: when the request is cut, the handler is dropped but the save goes on, and
+        // the next request on the session must not run beside it (two saves of one record race).
+        let (uploads, id, mut meta, guard) =
+            (app.uploads.clone(), self.id.clone(), self.meta.clone(), self.guard.take());
+        let appended = tokio::spawn(async move {
+            let result = uploads.append(&id, &mut meta, piece, body.into_data_stream(), limit).await;
+            (result, meta, guard)
+        })
+        .await;
+        let result = match appended {
+            Ok((result, meta, guard)) => {
+                (self.meta, self.guard) = (meta, guard);
+                result
+            }
+            Err(e) => return Err(ApiError::from(e).into_response()),
+        };
         let error = match result {
             Ok(()) => return Ok(()),
             Err(AppendError::Gap { start, offset }) => {
