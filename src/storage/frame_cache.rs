@@ -20,7 +20,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::chunks::Hash;
@@ -86,7 +86,8 @@ impl FrameCache {
             },
         };
         self.shared.pending.fetch_add(1, Ordering::SeqCst);
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = sender.try_send(key) {
+        // A full queue leaves the frame as it is.
+        if sender.try_send(key).is_err() {
             self.shared.pending.fetch_sub(1, Ordering::SeqCst);
         }
     }
@@ -153,7 +154,7 @@ impl Shared {
     /// Recompresses the frame cached for `key` at [`UPGRADE_LEVEL`]; keeps it if smaller.
     fn upgrade(&self, key: &FrameKey, compressor: &mut zstd::bulk::Compressor<'static>) {
         let Some(old) = self.get(key) else { return };
-        let len = (key.2 - key.1) as usize;
+        let Ok(len) = usize::try_from(key.2.saturating_sub(key.1)) else { return };
         let identity = match zstd::bulk::decompress(&old, len) {
             Ok(identity) if identity.len() == len => identity,
             _ => {
