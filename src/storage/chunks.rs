@@ -299,6 +299,25 @@ pub(super) fn pins_of(hash: &Hash) -> Vec<u8> {
 /// whether one was recorded after it marked (its delete transactions compare this key).
 pub(super) const MANIFESTS_KEY: &[u8] = b"mmanifests";
 
+/// Compresses `data` at `level` with the calling thread's zstd context: making a context per call
+/// cost more than compressing a small input (a change-log entry), and keeping one per caller (a
+/// download) would hold one per slow client.
+pub(super) fn zstd_with_thread_context(data: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
+    thread_local! {
+        static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    COMPRESSOR.with(|c| {
+        let mut c = c.borrow_mut();
+        let compressor = match c.as_mut() {
+            Some(compressor) => compressor,
+            None => c.insert(zstd::bulk::Compressor::new(level)?),
+        };
+        compressor.set_compression_level(level)?;
+        compressor.compress(data)
+    })
+}
+
 /// Compresses a block unless that does not pay: (codec, payload).
 fn encode(data: &[u8], level: i32) -> (u8, Vec<u8>) {
     match zstd::bulk::compress(data, level) {

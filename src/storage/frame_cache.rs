@@ -18,6 +18,7 @@
 //! sent or upgraded; an upgraded frame must decode to exactly as many bytes as its stretch holds
 //! (it is made from the verified old frame's content).
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
@@ -126,10 +127,10 @@ impl Shared {
         }
         let hash = *blake3::hash(&frame).as_bytes();
         let mut state = self.lock();
-        if state.frames.contains_key(&key) {
-            return false;
-        }
-        state.frames.insert(key, CachedFrame { frame: Arc::new(frame), hash });
+        match state.frames.entry(key) {
+            Entry::Occupied(_) => return false,
+            Entry::Vacant(slot) => slot.insert(CachedFrame { frame: Arc::new(frame), hash }),
+        };
         state.order.push_back(key);
         state.bytes += len;
         while state.bytes > self.limit {

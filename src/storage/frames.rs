@@ -317,31 +317,13 @@ impl Store {
         if identity.len() as u64 != until - download.pos {
             return Err(StorageError::Corrupt("zstd download: the content is shorter than recorded".into()));
         }
-        let frame = compress_fresh(&identity, self.inner.options.zstd_level)?;
+        let frame = super::chunks::zstd_with_thread_context(&identity, self.inner.options.zstd_level)?;
         out.extend_from_slice(&frame);
         self.inner.fresh_frames.put(key, frame);
         download.stats.fresh += until - download.pos;
         download.pos = until;
         Ok(())
     }
-}
-
-/// Compresses a fresh frame with the calling thread's context: a context per blocking thread, not
-/// per download, so a thousand slow zstd readers hold none.
-fn compress_fresh(identity: &[u8], level: i32) -> Result<Vec<u8>> {
-    thread_local! {
-        static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
-            const { std::cell::RefCell::new(None) };
-    }
-    COMPRESSOR.with(|c| {
-        let mut c = c.borrow_mut();
-        let compressor = match c.as_mut() {
-            Some(compressor) => compressor,
-            None => c.insert(zstd::bulk::Compressor::new(level)?),
-        };
-        compressor.set_compression_level(level)?;
-        Ok(compressor.compress(identity)?)
-    })
 }
 
 fn plan_unreadable(rev: RevisionId, e: &StorageError) -> Vec<(u64, ChunkRef)> {

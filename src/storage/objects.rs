@@ -581,14 +581,8 @@ const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 const MAX_LOG_ENTRY: usize = 64 << 20;
 
 fn encode_log(event: &ChangeEventRef<'_>) -> Vec<u8> {
-    thread_local! {
-        // A compression context per thread: making one per entry cost more than compressing.
-        static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
-            std::cell::RefCell::new(zstd::bulk::Compressor::new(1).ok());
-    }
     let json = encode_json(event);
-    let compressed = COMPRESSOR.with(|c| c.borrow_mut().as_mut().and_then(|c| c.compress(&json).ok()));
-    compressed.unwrap_or(json)
+    super::chunks::zstd_with_thread_context(&json, 1).unwrap_or(json)
 }
 
 pub(super) fn decode_log<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
