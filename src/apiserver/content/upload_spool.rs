@@ -181,8 +181,8 @@ impl Spool {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        // A piece whose request was cut saves its record on a blocking thread that outlives the
-        // session's lock; landing after a DELETE, it leaves a record without bytes: no session.
+        // A record whose bytes are gone is no session: a save that raced a removal (a cut DELETE's
+        // removal goes on after its request released the session's lock) leaves one.
         if meta.as_ref().is_some_and(|m| !m.committed) && !self.data_path(id).exists() {
             let _ = fs::remove_file(self.meta_path(id));
             return Ok(None);
