@@ -442,7 +442,7 @@ mod tests {
         let meta = SessionMeta::new("ns", "b", "uid", "");
         let id = spool.create(&meta).unwrap();
         spool.remove(&id).unwrap();
-        // What a cut piece's late save does after the removal.
+        // What a save racing the removal leaves.
         write_meta(&spool.dir, &id, &meta).unwrap();
         assert!(spool.load(&id).unwrap().is_none());
         assert!(!spool.meta_path(&id).exists(), "the stray record is removed");
