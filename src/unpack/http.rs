@@ -26,11 +26,11 @@ use futures_util::TryStreamExt;
 use reqwest::header::{HeaderMap, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, LAST_MODIFIED, RANGE};
 use reqwest::StatusCode;
 use sha2::{Digest, Sha256};
-use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use super::download_spool::{content_range_start, Rest};
 use super::error::UnpackError;
 use super::git::{check_scheme, redact};
+use super::read_ahead::ReadAhead;
 use super::source::{Credentials, HttpSource, NetworkPolicy, ResolvedSource, Sink, SourceContext};
 use super::tar_ingest::{self, Encoding};
 
@@ -161,7 +161,7 @@ pub fn fetch(
         }
         seen.replace(Some(got));
         let stream = response.bytes_stream().map_err(|e| std::io::Error::other(e.without_url()));
-        let body = Box::new(SyncIoBridge::new_with_handle(StreamReader::new(stream), ctx.runtime.clone()));
+        let body = Box::new(ReadAhead::spawn(&ctx.runtime, stream));
         Ok(if partial { Rest::From(body) } else { Rest::Whole(body) })
     };
     let result = match &download {

@@ -18,6 +18,7 @@ pub mod git;
 pub mod http;
 pub mod metrics;
 pub mod oci;
+pub mod read_ahead;
 pub mod reconcile;
 pub mod releases;
 pub mod revisions;

@@ -5,7 +5,7 @@
 //! A source has two operations: `resolve` (metadata only: what a floating tag, branch or URL
 //! points at now) and `fetch` (stream exactly that pinned content into an [`EntrySink`]). `fetch`
 //! is synchronous and runs on a blocking thread; it reaches async clients through
-//! [`SourceContext::runtime`] (`block_on`, `SyncIoBridge`).
+//! [`SourceContext::runtime`] (`block_on`, `ReadAhead`).
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -133,7 +133,7 @@ impl Budget {
 /// Everything a fetch runs with.
 #[derive(Clone)]
 pub struct SourceContext {
-    /// Handle of the async runtime, for `block_on` and `SyncIoBridge` from the blocking thread.
+    /// Handle of the async runtime, for `block_on` and `ReadAhead` from the blocking thread.
     pub runtime: tokio::runtime::Handle,
     /// Cancelled when the spec changes, the Bundle goes away or the server stops: stop promptly
     /// and return [`UnpackError::Cancelled`].

@@ -22,6 +22,7 @@ use crate::apiserver::handlers::{get_object, json_response, resource_def};
 use crate::apiserver::status::{ApiError, ApiResult, BodyTooLarge, UploadFailure};
 use crate::apiserver::{blocking, AppState};
 use crate::storage::StorageError;
+use crate::unpack::read_ahead::ReadAhead;
 use crate::unpack::revisions::{self, CommitError, Expect};
 use crate::unpack::sink::TreeSink;
 use crate::unpack::source::Budget;
@@ -66,7 +67,7 @@ pub async fn put_bundle_content(
         let result = if seen > limit { Err(std::io::Error::other(BodyTooLarge(limit))) } else { Ok(chunk) };
         std::future::ready(result)
     });
-    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
+    let reader = ReadAhead::spawn(&tokio::runtime::Handle::current(), stream);
     let written = ingest_and_commit(&app, target, reader, encoding, |_| Ok(())).await?;
     Ok(json_response(StatusCode::OK, &written, &[]))
 }
