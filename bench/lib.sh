@@ -85,6 +85,9 @@ OCIIMAGE="$WORK/bench-ociimage"
 if [ -z "${BENCH_BIN:-}" ]; then
     cp "$repo/target/release/examples/loadgen" "$LOADGEN"
     cp "$repo/target/release/examples/ociimage" "$OCIIMAGE"
+elif [ -x "$repo/target/release/examples/ociimage" ]; then
+    # The image builder is the same whichever server runs: the last release build of it will do.
+    cp "$repo/target/release/examples/ociimage" "$OCIIMAGE"
 fi
 : >"$RESULTS"
 SERVER_PID=""

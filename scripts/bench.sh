@@ -39,7 +39,8 @@
 #   BENCH_BEFORE_BIN     ingest, writes, many_files, api (seed, store size, wrk figures): also measure this stowage
 #                        binary (an older build), side by side
 #   BENCH_MANY_FILES     many_files: entries per archive (default 1000000)
-#   BENCH_BIN       use this stowage binary instead of building the release (scenarios without loadgen)
+#   BENCH_BIN       use this stowage binary instead of building the release (scenarios without loadgen;
+#                   unpack takes target/release/examples/ociimage when it was built)
 #   BENCH_TMPDIR    where the temporary files go (default: $TMPDIR or /tmp); needs ~5 GiB free
 #   BENCH_KEEP=1    keep the temporary directory
 #   STOWAGE_CORPUS  the corpus (default: ../shared/corpus beside the repository)
