@@ -51,15 +51,6 @@ impl<'scope> ShaFeed<'scope> {
         Ok(())
     }
 
-    /// Hashes `bytes`, handed over without a copy when it is large.
-    pub fn update_owned(&mut self, bytes: Vec<u8>) -> Result<()> {
-        if bytes.len() < BATCH / 8 {
-            return self.update(&bytes);
-        }
-        self.send_pending()?;
-        self.send(bytes)
-    }
-
     /// Hands over the bytes batched so far, if any.
     fn send_pending(&mut self) -> Result<()> {
         if self.pending.is_empty() {
@@ -95,20 +86,20 @@ impl<'scope, 'env> Sha<'scope, 'env> {
         Sha::Here { state: Sha256::new(), fed: 0, threshold, scope }
     }
 
-    pub fn update_owned(&mut self, bytes: Vec<u8>) -> Result<()> {
+    pub fn update(&mut self, bytes: &[u8]) -> Result<()> {
         match self {
             Sha::Here { state, fed, threshold, scope } => {
                 if *fed + bytes.len() <= *threshold {
-                    state.update(&bytes);
+                    state.update(bytes);
                     *fed += bytes.len();
                     return Ok(());
                 }
                 let mut feed = ShaFeed::spawn(scope, std::mem::take(state))?;
-                feed.update_owned(bytes)?;
+                feed.update(bytes)?;
                 *self = Sha::Thread(feed);
                 Ok(())
             }
-            Sha::Thread(feed) => feed.update_owned(bytes),
+            Sha::Thread(feed) => feed.update(bytes),
         }
     }
 
@@ -132,13 +123,13 @@ mod tests {
             let mut feed = ShaFeed::spawn(scope, Sha256::new()).unwrap();
             for piece in data.chunks(70_001) {
                 feed.update(piece.get(..10).unwrap()).unwrap();
-                feed.update_owned(piece.get(10..).unwrap().to_vec()).unwrap();
+                feed.update(piece.get(10..).unwrap()).unwrap();
             }
             assert_eq!(feed.finish().unwrap(), expected);
             for threshold in [0, 100_000, 10_000_000] {
                 let mut sha = Sha::new(scope, threshold);
                 for piece in data.chunks(40_000) {
-                    sha.update_owned(piece.to_vec()).unwrap();
+                    sha.update(piece).unwrap();
                 }
                 assert_eq!(sha.finish().unwrap(), expected, "threshold {threshold}");
             }

@@ -29,6 +29,7 @@
 //! `z` candidate keys) are converted at open ([`migrate`]).
 
 mod blocks;
+mod chunker;
 mod chunks;
 mod commit;
 mod counters;

@@ -24,7 +24,8 @@ use std::io::Read;
 
 use sha2::{Digest, Sha256};
 
-use super::chunks::{BlockBuilder, ChunkRef, Hash, AVG_CHUNK, BLOCK_TARGET, MAX_CHUNK, MIN_CHUNK};
+use super::chunker::Chunker;
+use super::chunks::{BlockBuilder, ChunkRef, Hash, BLOCK_TARGET};
 use super::frames::store_plan;
 use super::hashing::{Sha, ShaFeed};
 use super::manifest::{chunk_list, ChunkList, ManifestBuilder};
@@ -62,6 +63,8 @@ pub struct RevisionWriter {
     lease_epoch: u64,
     /// Seals full blocks of file content on worker threads.
     seals: SealPipeline,
+    /// The chunker's buffer, reused from file to file.
+    chunk_buffer: Vec<u8>,
 }
 
 /// The counter of revision ids in the replicated store's map.
@@ -118,6 +121,7 @@ impl Store {
             pinned: Vec::new(),
             lease_epoch: self.remote().map_or(0, |r| r.lease_epoch()),
             seals: SealPipeline::new(self.clone()),
+            chunk_buffer: Vec::new(),
         })
     }
 
@@ -214,19 +218,19 @@ impl RevisionWriter {
             let mut size = 0u64;
             let mut count = 0u64;
             let mut refs: Vec<StagedRef> = Vec::with_capacity(REF_BUFFER);
-            let chunker =
-                fastcdc::v2020::StreamCDC::new(data, MIN_CHUNK as usize, AVG_CHUNK as usize, MAX_CHUNK as usize);
-            for chunk in chunker {
-                let chunk = chunk.map_err(|e| StorageError::Io(e.into()))?;
-                size += chunk.length as u64;
-                refs.push(self.stage_chunk(&chunk.data)?);
-                sha.update_owned(chunk.data)?;
+            let mut buffer = std::mem::take(&mut self.chunk_buffer);
+            let mut chunker = Chunker::new(data, &mut buffer);
+            while let Some(chunk) = chunker.next_chunk()? {
+                size += chunk.len() as u64;
+                refs.push(self.stage_chunk(chunk)?);
+                sha.update(chunk)?;
                 if refs.len() == REF_BUFFER {
                     self.staging.push_refs(&refs)?;
                     count += refs.len() as u64;
                     refs.clear();
                 }
             }
+            self.chunk_buffer = buffer;
             self.staging.push_refs(&refs)?;
             count += refs.len() as u64;
             Ok::<_, StorageError>((size, count, sha.finish()?))
