@@ -30,8 +30,9 @@ use super::RevisionId;
 /// A revision and a stretch `[start, end)` of its tar.
 pub(super) type FrameKey = (RevisionId, u64, u64);
 
-/// The level cached frames are recompressed at, off any download's path.
-const UPGRADE_LEVEL: i32 = 9;
+/// The level cached frames are recompressed at, off any download's path (and warmed frames made
+/// at, [`super::frames`]).
+pub(super) const UPGRADE_LEVEL: i32 = 9;
 /// Cached frames waiting for the upgrader, at most.
 const UPGRADE_QUEUE: usize = 64;
 
@@ -91,6 +92,22 @@ impl FrameCache {
         if sender.try_send(key).is_err() {
             self.shared.pending.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    /// Caches a frame already made at [`UPGRADE_LEVEL`]: nothing for the upgrader to do.
+    pub fn put_upgraded(&self, key: FrameKey, frame: Vec<u8>) {
+        self.shared.insert(key, frame);
+    }
+
+    /// The bytes of the frames held (tests).
+    #[cfg(test)]
+    pub fn bytes(&self) -> u64 {
+        self.shared.lock().bytes
+    }
+
+    /// The bound on the bytes held.
+    pub fn limit(&self) -> u64 {
+        self.shared.limit
     }
 
     /// Waits until the upgrader has nothing left to do (tests).

@@ -17,13 +17,19 @@
 //! ([`super::frame_cache`]), by revision and tar stretch, and recompressed smaller there in the
 //! background: a revision is immutable, so the next download of it sends them as it sends stored
 //! ones. This is what makes chunks repeated within a revision (five versions of one chart in one
-//! bundle) cheap to serve without storing them twice.
+//! bundle) cheap to serve without storing them twice. So that the *first* download is as cheap,
+//! a committed revision's fresh frames are made ahead of it ([`Store::warm_zstd_frames`]): a warmer
+//! thread at a lower priority walks the download without reading stored blocks, compressing the
+//! rest at the upgrade level (nobody waits for it) until half the cache is filled.
 //!
 //! Integrity: a stored frame is sent only if its payload's hash is the one recorded when the block
 //! was written from bytes checked against their chunk hashes; otherwise the bytes are rebuilt from
 //! verified chunks. A cached frame is checked against the hash taken when it was cached.
 //! Memory per download: one block's payload or one step's identity bytes, plus one page of the
 //! plan; compression contexts are per blocking thread, not per download.
+
+use std::sync::mpsc::Receiver;
+use std::sync::Weak;
 
 use super::chunks::{ChunkRef, Hash, SealedBlock, CHUNK_REF_LEN, CODEC_RAW};
 use super::packs::BlockAt;
@@ -157,6 +163,9 @@ pub struct ZstdDownload {
     end: u64,
     plan: Option<PlanCursor>,
     stats: FrameStats,
+    /// Warming ([`Store::warm_fresh_frames`]): stored blocks are passed over unread, and fresh
+    /// frames are made with this context, at the upgrade level.
+    warming: Option<Box<zstd::bulk::Compressor<'static>>>,
 }
 
 /// Where a download is in the plan: the pages, and the page loaded.
@@ -219,6 +228,7 @@ impl ZstdDownload {
             end,
             plan: None,
             stats: FrameStats::default(),
+            warming: None,
         }
     }
 
@@ -251,7 +261,7 @@ impl Store {
         };
         if let Some(entry) = next.filter(|e| e.tar_start == pos && pos + e.block.at.raw_len as u64 <= download.end) {
             let raw_len = entry.block.at.raw_len as u64;
-            if self.send_stored(&entry.block, out)? {
+            if download.warming.is_some() || self.send_stored(&entry.block, out)? {
                 download.pos += raw_len;
                 download.stats.stored += raw_len;
                 return Ok(download.pos < download.end);
@@ -317,12 +327,83 @@ impl Store {
         if identity.len() as u64 != until - download.pos {
             return Err(StorageError::Corrupt("zstd download: the content is shorter than recorded".into()));
         }
-        let frame = super::chunks::zstd_with_thread_context(&identity, self.inner.options.zstd_level)?;
-        out.extend_from_slice(&frame);
-        self.inner.fresh_frames.put(key, frame);
+        let cache = &self.inner.fresh_frames;
+        match download.warming.as_mut() {
+            Some(compressor) => {
+                let frame = compressor.compress(&identity)?;
+                out.extend_from_slice(&frame);
+                cache.put_upgraded(key, frame);
+            }
+            None => {
+                let frame = super::chunks::zstd_with_thread_context(&identity, self.inner.options.zstd_level)?;
+                out.extend_from_slice(&frame);
+                cache.put(key, frame);
+            }
+        }
         download.stats.fresh += until - download.pos;
         download.pos = until;
         Ok(())
+    }
+}
+
+impl Store {
+    /// Has the fresh frames of `rev`'s zstd download made and cached in the background (a warmer
+    /// thread, one revision at a time, a few queued; more are skipped), so that its first download
+    /// sends them as cached frames rather than compressing them while its client waits.
+    pub fn warm_zstd_frames(&self, rev: RevisionId) {
+        if self.inner.fresh_frames.limit() > 0 {
+            let _ = self.inner.warm_requests.try_send(rev);
+        }
+    }
+}
+
+/// Makes and caches the fresh frames of `rev`'s whole-tar zstd download, as its first download
+/// would, but at the upgrade level (nobody waits) and only until they fill half the cache. The
+/// store is held a step at a time, so that warming never keeps a closed store open for long.
+pub(super) fn warm_fresh_frames(store: &Weak<super::Inner>, rev: RevisionId) -> Result<()> {
+    let held = || store.upgrade().map(|inner| Store { inner });
+    let Some(first) = held() else { return Ok(()) };
+    let mut download = ZstdDownload::tar(&first.revision_record(rev)?);
+    download.warming = Some(Box::new(zstd::bulk::Compressor::new(super::frame_cache::UPGRADE_LEVEL)?));
+    let budget = first.inner.fresh_frames.limit() / 2;
+    drop(first);
+    let (mut made, mut frames) = (0u64, Vec::new());
+    while made < budget {
+        let Some(store) = held() else { return Ok(()) };
+        if !store.zstd_step(&mut download, &mut frames)? {
+            break;
+        }
+        made += frames.len() as u64;
+        frames.clear();
+    }
+    Ok(())
+}
+
+/// Revisions waiting for the warmer, at most (more are not warmed).
+pub(super) const WARM_QUEUE: usize = 4;
+
+/// Starts the thread that warms revisions queued on `requests` ([`Store::warm_zstd_frames`]). It
+/// holds the store only while it warms, and ends with it.
+pub(super) fn spawn_warmer(store: Weak<super::Inner>, requests: Receiver<RevisionId>) {
+    let spawned = std::thread::Builder::new().name("stowage-frame-warm".into()).spawn(move || {
+        lower_thread_priority();
+        for rev in requests {
+            if let Err(e) = warm_fresh_frames(&store, rev) {
+                tracing::debug!(revision = rev, error = %e, "warming zstd frames failed");
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "could not start the zstd frame warmer");
+    }
+}
+
+/// Background work yields the cores to requests: the calling thread's nice value goes to 10.
+fn lower_thread_priority() {
+    // SAFETY: plain system calls on the calling thread (gettid names it for setpriority).
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
     }
 }
 

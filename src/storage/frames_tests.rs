@@ -191,6 +191,60 @@ fn chunks_repeated_within_a_revision_are_stored_once_and_compressed_once() {
     assert_eq!(store.counts().packs_compacted, 0, "{:?}", store.counts());
 }
 
+/// `copies` copies of one chart under `v0/`, `v1/`, …: the repeats are compressed afresh.
+fn copies_of(chart: &[(String, Vec<u8>)], copies: usize) -> Vec<(String, Vec<u8>)> {
+    (0..copies).flat_map(|v| chart.iter().map(move |(p, d)| (format!("v{v}/{p}"), d.clone()))).collect()
+}
+
+fn warm(store: &Store, rev: RevisionId) {
+    super::frames::warm_fresh_frames(&std::sync::Arc::downgrade(&store.inner), rev).unwrap();
+}
+
+#[test]
+fn a_warmed_revisions_first_zstd_download_compresses_nothing_and_is_smaller() {
+    let copies = copies_of(&tree(12, 40), 4);
+    // The same revision in a store that was not warmed: what a cold first download sends.
+    let cold_dir = tempfile::tempdir().unwrap();
+    let cold_store = open(cold_dir.path());
+    let cold_rev = write_tree(&cold_store, "copies", &copies);
+    let (cold_wire, _, cold) = tar_download(&cold_store, cold_rev).unwrap();
+    assert!(cold.fresh > 0 && cold.cached == 0, "{cold:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let rev = write_tree(&store, "copies", &copies);
+    warm(&store, rev);
+    let tar = identity_tar(&store, rev);
+    let (wire, plain, first) = tar_download(&store, rev).unwrap();
+    assert!(plain == tar, "the warmed frames decode to the identity tar");
+    assert_eq!(first, FrameStats { stored: cold.stored, fresh: 0, cached: cold.fresh });
+    assert!(wire.len() < cold_wire.len(), "warmed at the upgrade level: {} against {}", wire.len(), cold_wire.len());
+}
+
+#[test]
+fn warming_stops_at_half_the_cache() {
+    let copies = copies_of(&tree(13, 40), 20);
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let rev = write_tree(&store, "copies", &copies);
+    warm(&store, rev);
+    let all = store.inner.fresh_frames.bytes();
+    let (_, _, warmed) = tar_download(&store, rev).unwrap();
+    assert!(warmed.fresh == 0 && warmed.cached > 0, "{warmed:?}");
+
+    // A cache the size of all the frames: warming fills half of it, then stops.
+    let limit = all;
+    let small_dir = tempfile::tempdir().unwrap();
+    let small =
+        Store::open(small_dir.path(), StoreOptions { frame_cache_bytes: limit, ..StoreOptions::default() }).unwrap();
+    let rev = write_tree(&small, "copies", &copies);
+    warm(&small, rev);
+    let held = small.inner.fresh_frames.bytes();
+    assert!(held > 0 && held < limit, "{held} bytes held in a cache of {limit}");
+    let (_, _, partly) = tar_download(&small, rev).unwrap();
+    assert!(partly.cached > 0 && partly.fresh > 0, "{partly:?}");
+}
+
 #[test]
 fn the_fresh_frame_cache_is_bounded() {
     let dir = tempfile::tempdir().unwrap();

@@ -302,6 +302,8 @@ struct Inner {
     sealing: std::sync::RwLock<()>,
     events: tokio::sync::broadcast::Sender<u64>,
     gc_requests: std::sync::mpsc::SyncSender<()>,
+    /// Revisions whose fresh zstd frames are to be made ahead of their first download ([`frames`]).
+    warm_requests: std::sync::mpsc::SyncSender<RevisionId>,
     packs: blocks::BlockStore,
     blocks: chunks::BlockCache,
     fresh_frames: frame_cache::FrameCache,
@@ -403,6 +405,7 @@ impl Store {
         let (events, _) = tokio::sync::broadcast::channel(1024);
         let (gc_requests, gc_receiver) = std::sync::mpsc::sync_channel(1);
         let fresh_frames = frame_cache::FrameCache::new(options.frame_cache_bytes);
+        let (warm_requests, warm_receiver) = std::sync::mpsc::sync_channel(frames::WARM_QUEUE);
         let store = Store {
             inner: Arc::new(Inner {
                 db,
@@ -422,6 +425,7 @@ impl Store {
                 sealing: std::sync::RwLock::new(()),
                 events,
                 gc_requests,
+                warm_requests,
                 packs,
                 blocks: chunks::BlockCache::default(),
                 fresh_frames,
@@ -431,6 +435,7 @@ impl Store {
             }),
         };
         gc::spawn_collector(Arc::downgrade(&store.inner), gc_receiver);
+        frames::spawn_warmer(Arc::downgrade(&store.inner), warm_receiver);
         store
     }
 

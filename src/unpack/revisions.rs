@@ -104,11 +104,15 @@ pub fn commit(
             Err(StorageError::Conflict(_)) => continue,
             Err(e) => return Err(e.into()),
             Ok(outcome) => {
+                if !reuse {
+                    // Its first zstd download then finds the frames ready ([`Store::warm_zstd_frames`]).
+                    store.warm_zstd_frames(record.id);
+                }
                 return Ok(outcome
                     .objects
                     .into_iter()
                     .find(|o| o.get("kind").and_then(Value::as_str) == Some(Bundle::KIND))
-                    .unwrap_or(Value::Null))
+                    .unwrap_or(Value::Null));
             }
         }
     }
