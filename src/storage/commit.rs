@@ -50,6 +50,7 @@ pub(super) struct Commits {
     /// Flushes made by object writes, and the writes acknowledged (metrics).
     flushes: AtomicU64,
     writes: AtomicU64,
+    batches: AtomicU64,
 }
 
 /// A writer on its way to applying its batch; see [`Store::applying`].
@@ -92,6 +93,8 @@ pub struct PendingWrite {
 pub struct CommitCounts {
     pub writes: u64,
     pub flushes: u64,
+    /// Database batches they were applied in ([`super::apply_queue`]; embedded mode).
+    pub batches: u64,
 }
 
 impl Store {
@@ -100,6 +103,11 @@ impl Store {
         let recovered = self.current_resource_version()?;
         self.inner.commits.durable_rv.store(recovered, Ordering::Release);
         Ok(())
+    }
+
+    /// Counts a batch of object writes applied.
+    pub(super) fn batch_applied(&self) {
+        self.inner.commits.batches.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a writer as about to apply a batch until the returned guard is dropped.
@@ -231,6 +239,7 @@ impl Store {
         CommitCounts {
             writes: commits.writes.load(Ordering::Relaxed),
             flushes: commits.flushes.load(Ordering::Relaxed),
+            batches: commits.batches.load(Ordering::Relaxed),
         }
     }
 }

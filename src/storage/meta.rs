@@ -40,6 +40,16 @@ impl Batch {
         self.ops.is_empty()
     }
 
+    /// The keys it writes or removes.
+    pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.ops.keys().map(Vec::as_slice)
+    }
+
+    /// Adds `other`'s operations; on a key both have, `other`'s.
+    pub fn extend(&mut self, other: Batch) {
+        self.ops.extend(other.ops);
+    }
+
     pub(super) fn into_ops(self) -> impl Iterator<Item = (Vec<u8>, Option<Vec<u8>>)> {
         self.ops.into_iter()
     }

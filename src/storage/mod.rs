@@ -28,6 +28,7 @@
 //! Stores written before manifests (`f` file, `k` segment, `t` tar-index, `r` reference-count and
 //! `z` candidate keys) are converted at open ([`migrate`]).
 
+mod apply_queue;
 mod blocks;
 mod chunker;
 mod chunks;
@@ -283,6 +284,8 @@ struct Inner {
     dir: std::path::PathBuf,
     /// Serialises object writes so resourceVersions are allocated in commit order.
     object_lock: Mutex<()>,
+    /// Object writes waiting to be applied by the holder of `object_lock` ([`apply_queue`]).
+    apply_queue: apply_queue::ApplyQueue,
     /// Flushes of object writes, shared by concurrent writers ([`commit`]).
     commits: commit::Commits,
     /// Flushes, collection passes and compactions since open ([`counters`]).
@@ -414,6 +417,7 @@ impl Store {
                 options,
                 dir: dir.to_path_buf(),
                 object_lock: Mutex::new(()),
+                apply_queue: apply_queue::ApplyQueue::default(),
                 commits: commit::Commits::default(),
                 counters: counters::Counters::default(),
                 pins: Mutex::new(chunks::Pins::default()),

@@ -13,6 +13,10 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::commit::PendingWrite;
+
+/// What one write built: its resourceVersion, its objects as written, whether a revision changed
+/// state, and the bytes it adds to the change log.
+pub(super) type BuiltWrite = (u64, Vec<Value>, bool, u64);
 use super::meta::Batch;
 use super::{
     be, decode_json, encode_json, key, read_be, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store,
@@ -39,7 +43,7 @@ impl ObjectKey {
         ObjectKey { resource: resource.into(), namespace: namespace.into(), name: name.into() }
     }
 
-    fn encode(&self) -> Vec<u8> {
+    pub(super) fn encode(&self) -> Vec<u8> {
         key(b'o', &[self.resource.as_bytes(), b"/", self.namespace.as_bytes(), b"/", self.name.as_bytes()])
     }
 
@@ -376,22 +380,26 @@ impl Store {
         // Refused only at the floor: deletes and status updates must work while content is refused.
         self.ensure_space(super::WriteKind::Metadata)?;
         let applying = self.applying();
-        let guard = self.lock_objects();
-        // Replicated: other replicas write too, so the batch goes in only if the counter is still
-        // what this write read; if not, it is built again on the new state.
-        let (rv, objects, collect, log_bytes) = loop {
-            let read = self.tree().get(RV_COUNTER)?;
-            let current = match &read {
-                Some(v) => read_be(v)?,
-                None => 0,
-            };
-            let (batch, built) = self.object_batch(current + 1, &writes)?;
-            if self.tree().apply_batch_if(batch, RV_COUNTER, read.as_deref())? {
-                break built;
+        let (rv, objects, collect, log_bytes) = if self.inner.remote.is_none() {
+            // With the writes waiting beside it, in one batch ([`super::apply_queue`]).
+            self.apply_queued(writes)?
+        } else {
+            // Replicated: other replicas write too, so the batch goes in only if the counter is
+            // still what this write read; if not, it is built again on the new state.
+            let _objects = self.lock_objects();
+            loop {
+                let read = self.tree().get(RV_COUNTER)?;
+                let current = match &read {
+                    Some(v) => read_be(v)?,
+                    None => 0,
+                };
+                let (batch, built) = self.object_batch(current + 1, &writes)?;
+                if self.tree().apply_batch_if(batch, RV_COUNTER, read.as_deref())? {
+                    break built;
+                }
             }
         };
         let logged = self.inner.log_bytes.fetch_add(log_bytes, Ordering::AcqRel) + log_bytes;
-        drop(guard);
         drop(applying);
         // Trim in steps (each is a range delete), often enough that the log stays near its bounds.
         // Only durable entries go (a follower of the log has not read the others yet), so trimming
@@ -403,10 +411,8 @@ impl Store {
         Ok(PendingWrite { outcome: WriteOutcome { resource_version: rv, objects }, collect })
     }
 
-    /// The batch of one write at resourceVersion `rv`, its objects as written, whether a revision
-    /// changed state, and the bytes it adds to the change log.
-    #[allow(clippy::type_complexity)]
-    fn object_batch(&self, rv: u64, writes: &[ObjectWrite]) -> Result<(Batch, (u64, Vec<Value>, bool, u64))> {
+    /// The batch of one write at resourceVersion `rv`, and what it built ([`BuiltWrite`]).
+    pub(super) fn object_batch(&self, rv: u64, writes: &[ObjectWrite]) -> Result<(Batch, BuiltWrite)> {
         let mut batch = Batch::default();
         let mut objects = Vec::with_capacity(writes.len());
         let mut collect = false; // a revision changed state: let the collector look

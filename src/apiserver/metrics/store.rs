@@ -106,6 +106,12 @@ impl Collector for StoreCollector {
         // How well object writes share their flushes (group commit): writes per flush is their ratio.
         counter(&mut encoder, "stowage_object_writes", "Object writes acknowledged durable.", commits.writes)?;
         counter(&mut encoder, "stowage_object_write_flushes", "Flushes the object writes took.", commits.flushes)?;
+        counter(
+            &mut encoder,
+            "stowage_object_write_batches",
+            "Database batches the object writes were applied in (embedded: writes waiting at once share one).",
+            commits.batches,
+        )?;
         let counts = self.store.counts();
         counter(
             &mut encoder,
