@@ -67,6 +67,7 @@ wrk_figures() {
 }
 
 scenario_api() {
+    [ -x "$LOADGEN" ] || die "no load generator: run without BENCH_BIN, or set BENCH_LOADGEN"
     local section="Bundle API: $API_OBJECTS Bundles stored, $API_WATCHERS watchers"
     local secs="$API_SECONDS" run out
     echo "$API_TOKEN,bench-admin,1000,\"system:masters\"" >"$WORK/tokens.csv"

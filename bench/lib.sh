@@ -89,6 +89,7 @@ elif [ -x "$repo/target/release/examples/ociimage" ]; then
     # The image builder is the same whichever server runs: the last release build of it will do.
     cp "$repo/target/release/examples/ociimage" "$OCIIMAGE"
 fi
+if [ -n "${BENCH_LOADGEN:-}" ]; then cp "$BENCH_LOADGEN" "$LOADGEN"; fi
 : >"$RESULTS"
 SERVER_PID=""
 SERVER_DIR=""

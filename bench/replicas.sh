@@ -538,7 +538,6 @@ scenario_replicas() {
         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends etcd-server haproxy
     fi
     [ -x "$REPL_GARAGE" ] || die "Garage not found at $REPL_GARAGE (set STOWAGE_GARAGE; scripts/test.sh builds it)"
-    if [ -n "${BENCH_LOADGEN:-}" ]; then cp "$BENCH_LOADGEN" "$LOADGEN"; fi
     [ -x "$LOADGEN" ] || die "no load generator: run without BENCH_BIN, or set BENCH_LOADGEN"
     # shellcheck disable=SC2154 # corpus is scripts/bench.sh's
     local tree_src="$corpus/kube-prometheus-stack/$REPL_KPS_VERSION"

@@ -29,7 +29,7 @@
 #   BENCH_API_SECONDS   api, replicas: duration of every GET/LIST measurement (default 10)
 #   BENCH_REPL_OBJECTS    replicas: Bundles stored (default 2000)
 #   BENCH_REPL_DOWNLOADS  replicas: content downloads per figure (default 20)
-#   BENCH_LOADGEN   replicas: use this loadgen binary (with BENCH_BIN, e.g. for a smoke test with
+#   BENCH_LOADGEN   api, replicas: use this loadgen binary (with BENCH_BIN, e.g. for a smoke test with
 #                   BENCH_BIN=target/debug/stowage BENCH_LOADGEN=target/debug/examples/loadgen)
 #   STOWAGE_GARAGE  replicas: the Garage binary (default ~/.cache/stowage-tools/garage-2.5.0/bin/garage)
 #   BENCH_ROUNDS    churn rounds (default 20)
