@@ -147,6 +147,15 @@ pub async fn serve_tls(
     Ok(())
 }
 
+/// The body bytes a response declares (none for a HEAD, 204 or 304 answer), if it declares them.
+fn owed_bytes<B>(head: bool, response: &http::Response<B>) -> Option<u64> {
+    let status = response.status();
+    if head || status == http::StatusCode::NO_CONTENT || status == http::StatusCode::NOT_MODIFIED {
+        return Some(0);
+    }
+    response.headers().get(http::header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
 /// HTTP/1.1 and HTTP/2 with the header, buffer and stream limits.
 fn protocol_builder(limits: &ListenerLimits) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -224,8 +233,10 @@ async fn serve_connection(
             request.extensions_mut().insert(peer_certificate.clone());
             request.extensions_mut().insert(cut.clone());
             let app = app.clone();
+            let head = request.method() == http::Method::HEAD;
             async move {
                 let response = app.oneshot(request).await?;
+                let owed = owed_bytes(head, &response);
                 // A stream reset before this point abandoned the request (its handler was dropped),
                 // and so did one whose answer is dropped unfinished right away (stall.rs).
                 // The request stays in flight until its body is sent or dropped.
@@ -234,7 +245,7 @@ async fn serve_connection(
                         let _in_flight = &in_flight;
                         frame
                     }));
-                    Body::new(answering.answered(body))
+                    Body::new(answering.answered(body, owed))
                 }))
             }
         })

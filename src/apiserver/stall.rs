@@ -73,9 +73,11 @@ const QUICK_ABANDON: Duration = Duration::from_secs(1);
 
 impl Answering {
     /// The answer is ready. Its body, returned, still counts as abandoned if the client drops it
-    /// unfinished within [`QUICK_ABANDON`].
-    pub fn answered(mut self, body: Body) -> Answered {
-        Answered { body, abandons: self.0.take(), at: Instant::now() }
+    /// unfinished within [`QUICK_ABANDON`]. `owed`: the bytes the response declares (its
+    /// `Content-Length`; 0 for a HEAD, 204 or 304 answer), if it declares them — HTTP/1 stops
+    /// polling a body once that many are out, without waiting for its end.
+    pub fn answered(mut self, body: Body, owed: Option<u64>) -> Answered {
+        Answered { body, abandons: self.0.take(), at: Instant::now(), owed }
     }
 }
 
@@ -84,6 +86,8 @@ pub struct Answered {
     body: Body,
     abandons: Option<Arc<Abandons>>,
     at: Instant,
+    /// Declared bytes not sent yet.
+    owed: Option<u64>,
 }
 
 impl hyper::body::Body for Answered {
@@ -102,6 +106,11 @@ impl hyper::body::Body for Answered {
                 // those as abuse: h2 (reqwest, kube-rs) ends a connection after 100 of them, with
                 // every stream on it. The end of the body is marked by hyper itself.
                 Poll::Ready(Some(Ok(frame))) if frame.data_ref().is_some_and(Bytes::is_empty) => continue,
+                Poll::Ready(Some(Ok(frame))) => {
+                    let sent = frame.data_ref().map_or(0, |d| d.len() as u64);
+                    let owed = self.owed.map(|owed| owed.saturating_sub(sent));
+                    self.owed = owed;
+                }
                 _ => {}
             }
             return polled;
@@ -119,7 +128,7 @@ impl hyper::body::Body for Answered {
 
 impl Drop for Answered {
     fn drop(&mut self) {
-        let unfinished = !hyper::body::Body::is_end_stream(&self.body);
+        let unfinished = !hyper::body::Body::is_end_stream(&self.body) && self.owed != Some(0);
         if let Some(abandons) = self.abandons.take().filter(|_| unfinished && self.at.elapsed() < QUICK_ABANDON) {
             abandons.abandoned();
         }
@@ -199,7 +208,7 @@ mod tests {
         let abandons = Abandons::new(cut.clone());
         for _ in 0..1000 {
             // Answered and read to the end (an empty body ends at once).
-            drop(abandons.begin().answered(Body::empty()));
+            drop(abandons.begin().answered(Body::empty(), None));
         }
         assert!(!cut.0.is_cancelled(), "answered requests count for nothing");
         for _ in 0..MAX_ABANDONED {
@@ -216,9 +225,39 @@ mod tests {
         let abandons = Abandons::new(cut.clone());
         let streaming = || Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>());
         for _ in 0..=MAX_ABANDONED {
-            drop(abandons.begin().answered(streaming()));
+            drop(abandons.begin().answered(streaming(), None));
         }
         assert!(cut.0.is_cancelled(), "watches answered and reset at once did not cut the connection");
+    }
+
+    #[tokio::test]
+    async fn answers_sent_to_their_declared_length_are_finished_even_if_never_polled_to_the_end() {
+        use http_body_util::BodyExt as _;
+        let cut = ConnectionCut::default();
+        let abandons = Abandons::new(cut.clone());
+        // A download as HTTP/1 sends it: its Content-Length taken, then the body dropped without
+        // being polled for its end (a stream's end is known only when polled).
+        let download = || {
+            let parts = vec![Ok::<_, std::io::Error>(Bytes::from_static(b"0123")), Ok(Bytes::from_static(b"4567"))];
+            Body::from_stream(futures_util::stream::iter(parts).chain(futures_util::stream::pending()))
+        };
+        for _ in 0..=MAX_ABANDONED {
+            let mut body = abandons.begin().answered(download(), Some(8));
+            for _ in 0..2 {
+                body.frame().await.unwrap().unwrap();
+            }
+        }
+        // HEAD, 204 and 304 answers: nothing is owed, whatever the body.
+        for _ in 0..=MAX_ABANDONED {
+            drop(abandons.begin().answered(download(), Some(0)));
+        }
+        assert!(!cut.0.is_cancelled(), "answers sent whole counted as abandoned");
+        // Half of the declared bytes, then dropped: abandoned.
+        for _ in 0..=MAX_ABANDONED {
+            let mut body = abandons.begin().answered(download(), Some(8));
+            body.frame().await.unwrap().unwrap();
+        }
+        assert!(cut.0.is_cancelled(), "answers dropped half sent did not cut the connection");
     }
 
     #[tokio::test]
