@@ -13,16 +13,17 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::commit::PendingWrite;
-
-/// What one write built: its resourceVersion, its objects as written, whether a revision changed
-/// state, and the bytes it adds to the change log.
-pub(super) type BuiltWrite = (u64, Vec<Value>, bool, u64);
 use super::meta::Batch;
 use super::{
     be, decode_json, encode_json, key, read_be, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store,
 };
 
 pub(super) const RV_COUNTER: &[u8] = b"mrv";
+
+/// What one write built: its resourceVersion, its objects as written, whether a revision changed
+/// state, and the bytes it adds to the change log.
+pub(super) type BuiltWrite = (u64, Vec<Value>, bool, u64);
+
 /// Present once the owner index (`d` keys) covers every object.
 const OWNER_INDEX_READY: &[u8] = b"mownerindex";
 /// Objects per page of internal passes, and per batch when the owner index is built.
