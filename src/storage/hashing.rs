@@ -1,13 +1,15 @@
 //! SHA-256 of a byte stream on a helper thread, so that a writer hashing the same bytes with
 //! BLAKE3 (and cutting them into chunks) or reading them back does not also pay for SHA-256 on its
-//! own core: a file's `sha256` while it is added, the tar's digest while `finalize` reads it back.
+//! own core: a file's `sha256` while it is added ([`FileDigests`]), the tar's digest while
+//! `finalize` reads it back ([`ShaFeed`]).
 //!
-//! Bounded: bytes travel in batches of [`BATCH`] bytes, at most [`QUEUE`] of them waiting; the
-//! thread lives in a [`std::thread::scope`] of the caller, so it never outlives the work it hashes.
+//! Bounded: bytes travel in batches of [`BATCH`] bytes, at most [`QUEUE`] of them waiting. A
+//! [`ShaFeed`]'s thread lives in a [`std::thread::scope`] of the caller and a [`FileDigests`]'s is
+//! joined when it is dropped, so neither outlives the work it hashes.
 
-use std::thread::{Scope, ScopedJoinHandle};
+use std::thread::{JoinHandle, Scope, ScopedJoinHandle};
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 use sha2::{Digest, Sha256};
 
 use super::{Result, StorageError};
@@ -74,39 +76,119 @@ impl<'scope> ShaFeed<'scope> {
     }
 }
 
-/// A SHA-256 computed here until the stream passes `threshold` bytes, then on a thread of `scope`
-/// (for small files a thread would cost more than it saves).
-pub(super) enum Sha<'scope, 'env> {
-    Here { state: Sha256, fed: usize, threshold: usize, scope: &'scope Scope<'scope, 'env> },
-    Thread(ShaFeed<'scope>),
+/// The SHA-256 of each file a writer adds, computed in file order on one thread beside the writer,
+/// so that chunking and BLAKE3 (the writer's own work) do not wait for it. A file's digest comes
+/// back after the writer has moved on; the writer keeps the file's entry until then.
+///
+/// Bounded like [`ShaFeed`]: batches of [`BATCH`] bytes or [`MAX_ENDS`] file ends, at most
+/// [`QUEUE`] of them waiting. The thread starts with the first batch and stops when this is
+/// dropped (it is joined then, so it never outlives its writer).
+pub(super) struct FileDigests {
+    batches: Option<Sender<DigestBatch>>,
+    digests: Option<Receiver<[u8; 32]>>,
+    batch: DigestBatch,
+    thread: Option<JoinHandle<()>>,
+    /// Files ended whose digest was not taken yet.
+    outstanding: usize,
 }
 
-impl<'scope, 'env> Sha<'scope, 'env> {
-    pub fn new(scope: &'scope Scope<'scope, 'env>, threshold: usize) -> Self {
-        Sha::Here { state: Sha256::new(), fed: 0, threshold, scope }
-    }
+/// File ends per batch, at most (a batch of many tiny files still goes out soon).
+pub const MAX_ENDS: usize = 256;
 
+/// Bytes of consecutive files; `ends` are the offsets in `data` where a file ends.
+#[derive(Default)]
+struct DigestBatch {
+    data: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Default for FileDigests {
+    fn default() -> Self {
+        FileDigests { batches: None, digests: None, batch: DigestBatch::default(), thread: None, outstanding: 0 }
+    }
+}
+
+impl FileDigests {
+    /// Hashes `bytes` as the next bytes of the current file.
     pub fn update(&mut self, bytes: &[u8]) -> Result<()> {
-        match self {
-            Sha::Here { state, fed, threshold, scope } => {
-                if *fed + bytes.len() <= *threshold {
-                    state.update(bytes);
-                    *fed += bytes.len();
-                    return Ok(());
-                }
-                let mut feed = ShaFeed::spawn(scope, std::mem::take(state))?;
-                feed.update(bytes)?;
-                *self = Sha::Thread(feed);
-                Ok(())
-            }
-            Sha::Thread(feed) => feed.update(bytes),
+        self.batch.data.extend_from_slice(bytes);
+        if self.batch.data.len() >= BATCH {
+            self.send()?;
         }
+        Ok(())
     }
 
-    pub fn finish(self) -> Result<[u8; 32]> {
-        match self {
-            Sha::Here { state, .. } => Ok(state.finalize().into()),
-            Sha::Thread(feed) => feed.finish(),
+    /// Ends the current file; its digest comes from [`FileDigests::ready`] or [`FileDigests::wait`]
+    /// after those of the files ended before it.
+    pub fn end_file(&mut self) -> Result<()> {
+        self.batch.ends.push(self.batch.data.len());
+        self.outstanding += 1;
+        if self.batch.ends.len() >= MAX_ENDS {
+            self.send()?;
+        }
+        Ok(())
+    }
+
+    /// The next file's digest if the thread has it already.
+    pub fn ready(&mut self) -> Option<[u8; 32]> {
+        let digest = self.digests.as_ref()?.try_recv().ok()?;
+        self.outstanding -= 1;
+        Some(digest)
+    }
+
+    /// The next file's digest, waiting for it (the bytes batched so far go out first).
+    pub fn wait(&mut self) -> Result<[u8; 32]> {
+        if self.outstanding == 0 {
+            return Err(StorageError::Io(std::io::Error::other("no file digest is outstanding")));
+        }
+        if !self.batch.ends.is_empty() {
+            self.send()?;
+        }
+        let digests = self.digests.as_ref().ok_or_else(gone)?;
+        let digest = digests.recv().map_err(|_| gone())?;
+        self.outstanding -= 1;
+        Ok(digest)
+    }
+
+    fn send(&mut self) -> Result<()> {
+        if self.batches.is_none() {
+            self.start()?;
+        }
+        let batch =
+            std::mem::replace(&mut self.batch, DigestBatch { data: Vec::with_capacity(BATCH), ends: Vec::new() });
+        let batches = self.batches.as_ref().ok_or_else(gone)?;
+        batches.send(batch).map_err(|_| gone())
+    }
+
+    fn start(&mut self) -> Result<()> {
+        let (batches, receive) = crossbeam_channel::bounded::<DigestBatch>(QUEUE);
+        // Unbounded, but never longer than the files ended and not taken (the writer bounds those).
+        let (send_digest, digests) = crossbeam_channel::unbounded();
+        let thread = std::thread::Builder::new().name("stowage-file-sha".into()).spawn(move || {
+            let mut state = Sha256::new();
+            for batch in receive {
+                let mut start = 0;
+                for &end in &batch.ends {
+                    state.update(batch.data.get(start..end).unwrap_or_default());
+                    if send_digest.send(state.finalize_reset().into()).is_err() {
+                        return;
+                    }
+                    start = end;
+                }
+                state.update(batch.data.get(start..).unwrap_or_default());
+            }
+        })?;
+        (self.batches, self.digests, self.thread) = (Some(batches), Some(digests), Some(thread));
+        Ok(())
+    }
+}
+
+impl Drop for FileDigests {
+    fn drop(&mut self) {
+        self.batches = None;
+        self.digests = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }
@@ -126,13 +208,39 @@ mod tests {
                 feed.update(piece.get(10..).unwrap()).unwrap();
             }
             assert_eq!(feed.finish().unwrap(), expected);
-            for threshold in [0, 100_000, 10_000_000] {
-                let mut sha = Sha::new(scope, threshold);
-                for piece in data.chunks(40_000) {
-                    sha.update(piece).unwrap();
-                }
-                assert_eq!(sha.finish().unwrap(), expected, "threshold {threshold}");
-            }
         });
+    }
+
+    /// Files of many sizes (empty ones, ones across batches, runs of tiny ones), their bytes fed in
+    /// uneven pieces, digests taken both as they become ready and by waiting.
+    #[test]
+    fn each_file_gets_its_own_digest_in_order() {
+        let mut files: Vec<Vec<u8>> = Vec::new();
+        for i in 0..1200usize {
+            let len = match i % 7 {
+                0 => 0,
+                1 => 700_001,
+                _ => (i * 131) % 5_000,
+            };
+            files.push((0..len).map(|j| ((i + j) % 253) as u8).collect());
+        }
+        let expected: Vec<[u8; 32]> = files.iter().map(|f| Sha256::digest(f).into()).collect();
+        let mut digests = FileDigests::default();
+        let mut got = Vec::new();
+        for file in &files {
+            for piece in file.chunks(65_537) {
+                digests.update(piece).unwrap();
+            }
+            digests.end_file().unwrap();
+            while let Some(d) = digests.ready() {
+                got.push(d);
+            }
+        }
+        for _ in got.len()..files.len() {
+            got.push(digests.wait().unwrap());
+        }
+        assert_eq!(got.len(), files.len());
+        assert!(got == expected, "digests out of order or wrong");
+        assert!(digests.wait().is_err(), "nothing outstanding to wait for");
     }
 }

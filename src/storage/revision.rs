@@ -20,6 +20,7 @@
 //! ([`super::seal`]) while it reads and hashes the next; it waits for them before it records the
 //! plan, and dropping the writer stops them before it unpins.
 
+use std::collections::{HashSet, VecDeque};
 use std::io::Read;
 
 use sha2::{Digest, Sha256};
@@ -27,11 +28,11 @@ use sha2::{Digest, Sha256};
 use super::chunker::Chunker;
 use super::chunks::{BlockBuilder, ChunkRef, Hash, BLOCK_TARGET};
 use super::frames::store_plan;
-use super::hashing::{Sha, ShaFeed};
+use super::hashing::{FileDigests, ShaFeed};
 use super::manifest::{chunk_list, ChunkList, ManifestBuilder};
 use super::objects::key_revision;
 use super::seal::SealPipeline;
-use super::staging::{StagedRef, Staging};
+use super::staging::{StagedRef, Staging, DUPLICATE_PATH};
 use super::tar_blocks::TarBlocks;
 use super::tarfmt::{self, padded};
 use super::{
@@ -41,8 +42,8 @@ use super::{
 
 /// Chunk refs buffered per file before they go to the staging file.
 const REF_BUFFER: usize = 256;
-/// A file's bytes hashed (SHA-256) by the writer itself before a thread takes over.
-const INLINE_SHA_BYTES: usize = 128 * 1024;
+/// Files added whose SHA-256 is still being computed, at most; the writer then waits for one.
+const MAX_AWAITING_DIGEST: usize = 1024;
 /// Free space is checked each time this much more was spooled.
 const SPOOL_SPACE_CHECK: u64 = 1 << 20;
 
@@ -65,6 +66,12 @@ pub struct RevisionWriter {
     seals: SealPipeline,
     /// The chunker's buffer, reused from file to file.
     chunk_buffer: Vec<u8>,
+    /// Each file's SHA-256, computed beside the writer.
+    digests: FileDigests,
+    /// Files added whose digest has not come back, in the order added (staged once it has).
+    awaiting_digest: VecDeque<FileEntry>,
+    /// Their paths (a later entry with one of them is a duplicate).
+    awaiting_paths: HashSet<String>,
 }
 
 /// The counter of revision ids in the replicated store's map.
@@ -122,6 +129,9 @@ impl Store {
             lease_epoch: self.remote().map_or(0, |r| r.lease_epoch()),
             seals: SealPipeline::new(self.clone()),
             chunk_buffer: Vec::new(),
+            digests: FileDigests::default(),
+            awaiting_digest: VecDeque::new(),
+            awaiting_paths: HashSet::new(),
         })
     }
 
@@ -208,47 +218,81 @@ impl RevisionWriter {
     }
 
     /// Adds a regular file with permission bits `mode` (masked to 0o777), streaming `data`
-    /// through the chunker.
+    /// through the chunker. Its SHA-256 is computed beside the writer: the entry is staged once the
+    /// digest is back, by a later call or by `finalize`.
     pub fn add_file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<()> {
-        self.staging.ensure_new(path)?;
+        self.ensure_new(path)?;
         let first_ref = self.staging.refs_written();
-        let (size, count, sha) = std::thread::scope(|scope| {
-            // A large file's SHA-256 on a thread of its own, beside the chunking and BLAKE3 here.
-            let mut sha = Sha::new(scope, INLINE_SHA_BYTES);
-            let mut size = 0u64;
-            let mut count = 0u64;
-            let mut refs: Vec<StagedRef> = Vec::with_capacity(REF_BUFFER);
-            let mut buffer = std::mem::take(&mut self.chunk_buffer);
-            let mut chunker = Chunker::new(data, &mut buffer);
-            while let Some(chunk) = chunker.next_chunk()? {
-                size += chunk.len() as u64;
-                refs.push(self.stage_chunk(chunk)?);
-                sha.update(chunk)?;
-                if refs.len() == REF_BUFFER {
-                    self.staging.push_refs(&refs)?;
-                    count += refs.len() as u64;
-                    refs.clear();
-                }
+        let mut size = 0u64;
+        let mut count = 0u64;
+        let mut refs: Vec<StagedRef> = Vec::with_capacity(REF_BUFFER);
+        let mut buffer = std::mem::take(&mut self.chunk_buffer);
+        let mut chunker = Chunker::new(data, &mut buffer);
+        while let Some(chunk) = chunker.next_chunk()? {
+            size += chunk.len() as u64;
+            refs.push(self.stage_chunk(chunk)?);
+            self.digests.update(chunk)?;
+            if refs.len() == REF_BUFFER {
+                self.staging.push_refs(&refs)?;
+                count += refs.len() as u64;
+                refs.clear();
             }
-            self.chunk_buffer = buffer;
-            self.staging.push_refs(&refs)?;
-            count += refs.len() as u64;
-            Ok::<_, StorageError>((size, count, sha.finish()?))
-        })?;
-        self.staging.add(&FileEntry {
+        }
+        self.chunk_buffer = buffer;
+        self.staging.push_refs(&refs)?;
+        count += refs.len() as u64;
+        self.digests.end_file()?;
+        self.awaiting_paths.insert(path.to_string());
+        self.awaiting_digest.push_back(FileEntry {
             path: path.to_string(),
             kind: EntryKind::File,
             target: None,
             mode: mode & PERMISSION_BITS,
             size,
-            sha256: hex::encode(sha),
+            sha256: String::new(),
             tar_offset: 0,
             chunks: ChunkList::Staged { offset: first_ref, count },
-        })
+        });
+        self.stage_digested(self.awaiting_digest.len() > MAX_AWAITING_DIGEST)
+    }
+
+    /// Stages the files whose digest is back; with `wait`, waits for (at least) the oldest.
+    fn stage_digested(&mut self, mut wait: bool) -> Result<()> {
+        while !self.awaiting_digest.is_empty() {
+            let digest = match wait {
+                true => self.digests.wait()?,
+                false => match self.digests.ready() {
+                    Some(digest) => digest,
+                    None => break,
+                },
+            };
+            wait = false;
+            let Some(mut entry) = self.awaiting_digest.pop_front() else { break };
+            entry.sha256 = hex::encode(digest);
+            self.awaiting_paths.remove(&entry.path);
+            self.staging.add(&entry)?;
+        }
+        Ok(())
+    }
+
+    /// Stages every file added, waiting for the digests still being computed.
+    fn stage_all_files(&mut self) -> Result<()> {
+        while !self.awaiting_digest.is_empty() {
+            self.stage_digested(true)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a path already added (staged, or waiting for its digest).
+    fn ensure_new(&mut self, path: &str) -> Result<()> {
+        if self.awaiting_paths.contains(path) {
+            return Err(StorageError::InvalidEntry { path: path.into(), reason: DUPLICATE_PATH.into() });
+        }
+        self.staging.ensure_new(path)
     }
 
     pub fn add_symlink(&mut self, path: &str, target: &str) -> Result<()> {
-        self.staging.ensure_new(path)?;
+        self.ensure_new(path)?;
         self.staging.add(&FileEntry {
             path: path.to_string(),
             kind: EntryKind::Symlink,
@@ -266,7 +310,7 @@ impl RevisionWriter {
     /// contents and never collides with a file's path.
     pub fn add_dir(&mut self, path: &str, mode: u32) -> Result<()> {
         let path = format!("{}/", path.trim_end_matches('/'));
-        self.staging.ensure_new(&path)?;
+        self.ensure_new(&path)?;
         self.staging.add(&FileEntry {
             path,
             kind: EntryKind::Directory,
@@ -282,7 +326,9 @@ impl RevisionWriter {
     /// Adds `path` as a copy of the earlier regular file `target` (sharing its chunks); returns
     /// the copy's size.
     pub fn add_hardlink(&mut self, path: &str, target: &str) -> Result<u64> {
-        self.staging.ensure_new(path)?;
+        self.ensure_new(path)?;
+        // The target must be staged to be found (hard links are rare: waiting here costs little).
+        self.stage_all_files()?;
         let Some(source) = self.staging.regular_file(target)? else {
             let reason = "hard link target is not an earlier regular file of the archive";
             return Err(StorageError::InvalidEntry { path: path.into(), reason: reason.into() });
@@ -296,6 +342,7 @@ impl RevisionWriter {
     /// Computes tar offsets and the digest, packs the new chunks in tar order, writes the frame
     /// plan and the manifest, flushes, and hands back the revision ready to attach.
     pub fn finalize(mut self) -> Result<PendingRevision> {
+        self.stage_all_files()?;
         let store = self.store.clone();
         let id = self.id;
         let mut offset = 0u64;
