@@ -448,4 +448,31 @@ mod tests {
         store.collect().unwrap();
         assert_eq!(store.stats().unwrap().chunks, 0);
     }
+
+    /// Spooled bytes are checked against their hash when finalize reads them back: those a block
+    /// takes (sealed on a worker or inline) and those of a chunk met twice in the revision.
+    #[test]
+    fn a_damaged_spool_fails_finalize_and_stores_nothing() {
+        let data = noise(11, 3_000_000);
+        // "a" sorts first: its copy goes into a block; "b" holds the same chunks, met again.
+        for (workers, damaged_at) in [(0, 1_000), (2, 1_000), (2, 3_001_000)] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = open(dir.path());
+            let mut writer = store.begin_revision().unwrap();
+            writer.set_seal_workers(workers);
+            writer.add_file("a", 0o644, &mut &data[..]).unwrap();
+            writer.add_file("b", 0o644, &mut &data[..]).unwrap();
+            let spool = store.staging_dir(writer.id()).join("spool");
+            let file = std::fs::OpenOptions::new().write(true).open(&spool).unwrap();
+            std::os::unix::fs::FileExt::write_all_at(&file, b"\xff\x00", damaged_at).unwrap();
+            let err = writer.finalize().err().expect("finalize refuses damaged spooled bytes");
+            let case = format!("{workers} workers, byte {damaged_at}");
+            assert!(
+                matches!(&err, StorageError::Corrupt(m) if m.contains("does not match its hash")),
+                "{case}: {err:?}"
+            );
+            store.collect().unwrap();
+            assert_eq!(store.stats().unwrap().chunks, 0, "{case}: nothing stays stored");
+        }
+    }
 }
