@@ -118,6 +118,21 @@ impl UnpackError {
     }
 }
 
+/// An unpack's blocking task that ended without an answer: cancelled (the server is stopping), or
+/// it panicked — a bug, logged with its message and retried as a failure of this server, never
+/// reported as damaged content or a corrupt store.
+impl From<tokio::task::JoinError> for UnpackError {
+    fn from(error: tokio::task::JoinError) -> UnpackError {
+        if error.is_cancelled() {
+            return UnpackError::Cancelled;
+        }
+        tracing::error!(%error, "an unpack task panicked");
+        UnpackError::Storage(StorageError::Io(std::io::Error::other(
+            "the unpack stopped unexpectedly (the server log says why)",
+        )))
+    }
+}
+
 /// The error for a source that answered HTTP `status` to what `what` names: 404 and 410 say the
 /// thing does not exist, 401 and 403 that the credentials were refused; anything else may pass.
 pub(crate) fn for_status(status: reqwest::StatusCode, message: String) -> UnpackError {
@@ -157,4 +172,28 @@ pub(crate) fn describe(err: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panicking unpack task is retried as a failure of this server, and its message keeps the
+    /// panic's text (a library's internals) to the log; a cancelled one is a cancellation.
+    #[tokio::test]
+    async fn a_failed_unpack_task_is_neither_corrupt_content_nor_a_corrupt_store() {
+        let panicked = tokio::task::spawn_blocking(|| -> Result<(), UnpackError> { panic!("index out of bounds") })
+            .await
+            .unwrap_err();
+        let error = UnpackError::from(panicked);
+        assert_eq!(error.reason(), "StorageFailed");
+        assert!(error.is_transient(), "retried");
+        let message = error.to_string();
+        assert!(!message.contains("index out of bounds") && !message.contains("corrupt"), "{message}");
+
+        let waiting = tokio::spawn(std::future::pending::<()>());
+        waiting.abort();
+        let cancelled = UnpackError::from(waiting.await.unwrap_err());
+        assert!(matches!(cancelled, UnpackError::Cancelled), "{cancelled:?}");
+    }
 }

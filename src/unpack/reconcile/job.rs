@@ -361,8 +361,7 @@ async fn try_attempt(
         spool.remove();
         Ok(true)
     })
-    .await
-    .map_err(|e| UnpackError::Storage(crate::storage::StorageError::Corrupt(format!("unpack task failed: {e}"))))?
+    .await?
 }
 
 /// The served content checked against the current spec, nothing fetched ([`revisions::recheck_served`]).

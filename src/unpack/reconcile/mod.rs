@@ -182,7 +182,11 @@ async fn follow(shared: &Arc<Shared>, from: u64) -> Result<u64, StorageError> {
         Ok((current, after))
     })
     .await
-    .map_err(|e| StorageError::Corrupt(format!("change log task failed: {e}")))??;
+    .map_err(|error| {
+        // A panic (a bug) or the runtime stopping: not a corrupt store.
+        tracing::error!(%error, "the change log task stopped unexpectedly");
+        StorageError::Io(std::io::Error::other("the change log task stopped unexpectedly"))
+    })??;
     for (key, object) in current {
         match object {
             Some(bundle) => consider(shared, &bundle),
