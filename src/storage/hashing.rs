@@ -83,6 +83,7 @@ impl<'scope> ShaFeed<'scope> {
 /// Bounded like [`ShaFeed`]: batches of [`BATCH`] bytes or [`MAX_ENDS`] file ends, at most
 /// [`QUEUE`] of them waiting. The thread starts with the first batch and stops when this is
 /// dropped (it is joined then, so it never outlives its writer).
+#[derive(Default)]
 pub(super) struct FileDigests {
     batches: Option<Sender<DigestBatch>>,
     digests: Option<Receiver<[u8; 32]>>,
@@ -100,12 +101,6 @@ pub const MAX_ENDS: usize = 256;
 struct DigestBatch {
     data: Vec<u8>,
     ends: Vec<usize>,
-}
-
-impl Default for FileDigests {
-    fn default() -> Self {
-        FileDigests { batches: None, digests: None, batch: DigestBatch::default(), thread: None, outstanding: 0 }
-    }
 }
 
 impl FileDigests {
