@@ -96,11 +96,12 @@ pub(super) struct FileDigests {
 /// File ends per batch, at most (a batch of many tiny files still goes out soon).
 pub const MAX_ENDS: usize = 256;
 
-/// Bytes of consecutive files; `ends` are the offsets in `data` where a file ends.
+/// Bytes of consecutive files; `ends` are the offsets in `data` where a file ends, and whether its
+/// digest is wanted (no: the file was abandoned part way, its bytes are dropped from the hash).
 #[derive(Default)]
 struct DigestBatch {
     data: Vec<u8>,
-    ends: Vec<usize>,
+    ends: Vec<(usize, bool)>,
 }
 
 impl FileDigests {
@@ -116,8 +117,17 @@ impl FileDigests {
     /// Ends the current file; its digest comes from [`FileDigests::ready`] or [`FileDigests::wait`]
     /// after those of the files ended before it.
     pub fn end_file(&mut self) -> Result<()> {
-        self.batch.ends.push(self.batch.data.len());
         self.outstanding += 1;
+        self.mark_end(true)
+    }
+
+    /// Drops the current file's bytes (it failed part way): the next file's digest starts afresh.
+    pub fn abandon_file(&mut self) -> Result<()> {
+        self.mark_end(false)
+    }
+
+    fn mark_end(&mut self, wanted: bool) -> Result<()> {
+        self.batch.ends.push((self.batch.data.len(), wanted));
         if self.batch.ends.len() >= MAX_ENDS {
             self.send()?;
         }
@@ -163,9 +173,10 @@ impl FileDigests {
             let mut state = Sha256::new();
             for batch in receive {
                 let mut start = 0;
-                for &end in &batch.ends {
+                for &(end, wanted) in &batch.ends {
                     state.update(batch.data.get(start..end).unwrap_or_default());
-                    if send_digest.send(state.finalize_reset().into()).is_err() {
+                    let digest: [u8; 32] = state.finalize_reset().into();
+                    if wanted && send_digest.send(digest).is_err() {
                         return;
                     }
                     start = end;
@@ -207,7 +218,8 @@ mod tests {
     }
 
     /// Files of many sizes (empty ones, ones across batches, runs of tiny ones), their bytes fed in
-    /// uneven pieces, digests taken both as they become ready and by waiting.
+    /// uneven pieces, some after an abandoned file, digests taken both as they become ready and by
+    /// waiting.
     #[test]
     fn each_file_gets_its_own_digest_in_order() {
         let mut files: Vec<Vec<u8>> = Vec::new();
@@ -222,7 +234,13 @@ mod tests {
         let expected: Vec<[u8; 32]> = files.iter().map(|f| Sha256::digest(f).into()).collect();
         let mut digests = FileDigests::default();
         let mut got = Vec::new();
-        for file in &files {
+        for (i, file) in files.iter().enumerate() {
+            if i % 5 == 0 {
+                // A file abandoned part way before this one: none of its bytes count.
+                digests.update(&file[..file.len() / 2]).unwrap();
+                digests.update(b"abandoned").unwrap();
+                digests.abandon_file().unwrap();
+            }
             for piece in file.chunks(65_537) {
                 digests.update(piece).unwrap();
             }

@@ -223,6 +223,31 @@ impl RevisionWriter {
     pub fn add_file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<()> {
         self.ensure_new(path)?;
         let first_ref = self.staging.refs_written();
+        let (size, count) = match self.stage_file_chunks(data) {
+            Ok(staged) => staged,
+            Err(e) => {
+                // The writer may go on with other files: their digests must not include these bytes.
+                self.digests.abandon_file()?;
+                return Err(e);
+            }
+        };
+        self.digests.end_file()?;
+        self.awaiting_paths.insert(path.to_string());
+        self.awaiting_digest.push_back(FileEntry {
+            path: path.to_string(),
+            kind: EntryKind::File,
+            target: None,
+            mode: mode & PERMISSION_BITS,
+            size,
+            sha256: String::new(),
+            tar_offset: 0,
+            chunks: ChunkList::Staged { offset: first_ref, count },
+        });
+        self.stage_digested(self.awaiting_digest.len() > MAX_AWAITING_DIGEST)
+    }
+
+    /// Chunks, stages and hashes a file's bytes; returns its size and its count of chunk refs.
+    fn stage_file_chunks(&mut self, data: &mut dyn Read) -> Result<(u64, u64)> {
         let mut size = 0u64;
         let mut count = 0u64;
         let mut refs: Vec<StagedRef> = Vec::with_capacity(REF_BUFFER);
@@ -241,19 +266,7 @@ impl RevisionWriter {
         self.chunk_buffer = buffer;
         self.staging.push_refs(&refs)?;
         count += refs.len() as u64;
-        self.digests.end_file()?;
-        self.awaiting_paths.insert(path.to_string());
-        self.awaiting_digest.push_back(FileEntry {
-            path: path.to_string(),
-            kind: EntryKind::File,
-            target: None,
-            mode: mode & PERMISSION_BITS,
-            size,
-            sha256: String::new(),
-            tar_offset: 0,
-            chunks: ChunkList::Staged { offset: first_ref, count },
-        });
-        self.stage_digested(self.awaiting_digest.len() > MAX_AWAITING_DIGEST)
+        Ok((size, count))
     }
 
     /// Stages the files whose digest is back; with `wait`, waits for (at least) the oldest.

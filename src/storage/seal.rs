@@ -475,4 +475,27 @@ mod tests {
             assert_eq!(store.stats().unwrap().chunks, 0, "{case}: nothing stays stored");
         }
     }
+
+    /// A writer may go on after a file failed part way: the files after it get their own digests
+    /// (each file's SHA-256 is computed on a thread beside the writer, from one stream of bytes).
+    #[test]
+    fn a_file_cut_off_part_way_leaves_the_next_files_digests_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut writer = store.begin_revision().unwrap();
+        let (small, large) = (b"kept\n".to_vec(), yaml(5, 2_000_000));
+        writer.add_file("before.txt", 0o644, &mut &small[..]).unwrap();
+        for cut_at in [1_000_000, 10] {
+            let cut = CutOff { data: yaml(4, cut_at), at: 0 };
+            assert!(writer.add_file(&format!("cut-{cut_at}.yaml"), 0o644, &mut { cut }).is_err());
+        }
+        writer.add_file("large.yaml", 0o644, &mut &large[..]).unwrap();
+        writer.add_file("small.txt", 0o644, &mut &small[..]).unwrap();
+        let rev = crate::storage::tests::attach("digests", writer.finalize().unwrap());
+        for (path, data) in [("before.txt", &small), ("large.yaml", &large), ("small.txt", &small)] {
+            let entry = store.file(rev, path).unwrap().unwrap();
+            assert_eq!(entry.sha256, hex::encode(<sha2::Sha256 as sha2::Digest>::digest(data)), "{path}");
+        }
+        assert!(store.file(rev, "cut-10.yaml").unwrap().is_none(), "a failed file is not stored");
+    }
 }
