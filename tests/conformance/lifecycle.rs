@@ -149,10 +149,10 @@ async fn kubectl_delete_cascade_foreground_waits_for_dependents() {
     assert!(owner["metadata"]["finalizers"].as_array().unwrap().contains(&json!("foregroundDeletion")), "{owner:#}");
     eventually(Duration::from_secs(20), "dependent marked for deletion", || async {
         let dependent = server.get_json(&bundlecontent("fg", &content)).await;
-        if str_at(&dependent, "/metadata/deletionTimestamp").is_empty() {
-            Err("not yet".to_string())
-        } else {
-            Ok(())
+        // Absent until the collector marks it (a first read may come before it does).
+        match dependent.pointer("/metadata/deletionTimestamp").and_then(|t| t.as_str()) {
+            Some(t) if !t.is_empty() => Ok(()),
+            _ => Err("not yet".to_string()),
         }
     })
     .await;
