@@ -1,13 +1,9 @@
-//! SHA-256 of a byte stream on a helper thread, so that a writer hashing the same bytes with
-//! BLAKE3 (and cutting them into chunks) or reading them back does not also pay for SHA-256 on its
-//! own core: a file's `sha256` while it is added ([`FileDigests`]), the tar's digest while
-//! `finalize` reads it back ([`ShaFeed`]).
-//!
-//! Bounded: bytes travel in batches of [`BATCH`] bytes, at most [`QUEUE`] of them waiting. A
-//! [`ShaFeed`]'s thread lives in a [`std::thread::scope`] of the caller and a [`FileDigests`]'s is
-//! joined when it is dropped, so neither outlives the work it hashes.
+//! SHA-256 of byte streams on a helper thread ([`FileDigests`]), so that a writer hashing the same
+//! bytes with BLAKE3 (and cutting them into chunks) or reading them back does not also pay for
+//! SHA-256 on its own core: each file's `sha256` while it is added, and the tar's digest (the tar
+//! as one stream) while `finalize` reads it back.
 
-use std::thread::{JoinHandle, Scope, ScopedJoinHandle};
+use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
 use sha2::{Digest, Sha256};
@@ -19,70 +15,17 @@ pub const BATCH: usize = 256 * 1024;
 /// Batches waiting for the thread, at most.
 pub const QUEUE: usize = 8;
 
-/// Feeds a SHA-256 computed by a thread of a scope.
-pub(super) struct ShaFeed<'scope> {
-    batches: Option<Sender<Vec<u8>>>,
-    pending: Vec<u8>,
-    thread: ScopedJoinHandle<'scope, Sha256>,
-}
-
 fn gone() -> StorageError {
     StorageError::Io(std::io::Error::other("the hashing thread stopped"))
-}
-
-impl<'scope> ShaFeed<'scope> {
-    /// Continues `state` on a new thread of `scope`.
-    pub fn spawn<'env>(scope: &'scope Scope<'scope, 'env>, state: Sha256) -> Result<ShaFeed<'scope>> {
-        let (batches, receive) = crossbeam_channel::bounded::<Vec<u8>>(QUEUE);
-        let thread = std::thread::Builder::new().name("stowage-sha256".into()).spawn_scoped(scope, move || {
-            let mut state = state;
-            for batch in receive {
-                state.update(&batch);
-            }
-            state
-        })?;
-        Ok(ShaFeed { batches: Some(batches), pending: Vec::with_capacity(BATCH), thread })
-    }
-
-    /// Hashes a copy of `bytes` (batched).
-    pub fn update(&mut self, bytes: &[u8]) -> Result<()> {
-        self.pending.extend_from_slice(bytes);
-        if self.pending.len() >= BATCH {
-            self.send_pending()?;
-        }
-        Ok(())
-    }
-
-    /// Hands over the bytes batched so far, if any.
-    fn send_pending(&mut self) -> Result<()> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        let batch = std::mem::replace(&mut self.pending, Vec::with_capacity(BATCH));
-        self.send(batch)
-    }
-
-    fn send(&mut self, batch: Vec<u8>) -> Result<()> {
-        let batches = self.batches.as_ref().ok_or_else(gone)?;
-        batches.send(batch).map_err(|_| gone())
-    }
-
-    /// The digest of everything fed.
-    pub fn finish(mut self) -> Result<[u8; 32]> {
-        self.send_pending()?;
-        self.batches = None;
-        let state = self.thread.join().map_err(|_| gone())?;
-        Ok(state.finalize().into())
-    }
 }
 
 /// The SHA-256 of each file a writer adds, computed in file order on one thread beside the writer,
 /// so that chunking and BLAKE3 (the writer's own work) do not wait for it. A file's digest comes
 /// back after the writer has moved on; the writer keeps the file's entry until then.
 ///
-/// Bounded like [`ShaFeed`]: batches of [`BATCH`] bytes or [`MAX_ENDS`] file ends, at most
-/// [`QUEUE`] of them waiting. The thread starts with the first batch and stops when this is
-/// dropped (it is joined then, so it never outlives its writer).
+/// Bounded: batches of [`BATCH`] bytes or [`MAX_ENDS`] file ends, at most [`QUEUE`] of them
+/// waiting. The thread starts with the first batch and stops when this is dropped (it is joined
+/// then, so it never outlives the work it hashes).
 #[derive(Default)]
 pub(super) struct FileDigests {
     batches: Option<Sender<DigestBatch>>,
@@ -169,7 +112,7 @@ impl FileDigests {
         let (batches, receive) = crossbeam_channel::bounded::<DigestBatch>(QUEUE);
         // Unbounded, but never longer than the files ended and not taken (the writer bounds those).
         let (send_digest, digests) = crossbeam_channel::unbounded();
-        let thread = std::thread::Builder::new().name("stowage-file-sha".into()).spawn(move || {
+        let thread = std::thread::Builder::new().name("stowage-sha256".into()).spawn(move || {
             let mut state = Sha256::new();
             for batch in receive {
                 let mut start = 0;
@@ -207,14 +150,13 @@ mod tests {
     fn digests_match_hashing_in_place() {
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
         let expected: [u8; 32] = Sha256::digest(&data).into();
-        std::thread::scope(|scope| {
-            let mut feed = ShaFeed::spawn(scope, Sha256::new()).unwrap();
-            for piece in data.chunks(70_001) {
-                feed.update(piece.get(..10).unwrap()).unwrap();
-                feed.update(piece.get(10..).unwrap()).unwrap();
-            }
-            assert_eq!(feed.finish().unwrap(), expected);
-        });
+        let mut stream = FileDigests::default();
+        for piece in data.chunks(70_001) {
+            stream.update(piece.get(..10).unwrap()).unwrap();
+            stream.update(piece.get(10..).unwrap()).unwrap();
+        }
+        stream.end_file().unwrap();
+        assert_eq!(stream.wait().unwrap(), expected);
     }
 
     /// Files of many sizes (empty ones, ones across batches, runs of tiny ones), their bytes fed in

@@ -28,7 +28,7 @@ use sha2::{Digest, Sha256};
 use super::chunker::Chunker;
 use super::chunks::{BlockBuilder, ChunkRef, Hash, BLOCK_TARGET};
 use super::frames::store_plan;
-use super::hashing::{FileDigests, ShaFeed};
+use super::hashing::FileDigests;
 use super::manifest::{chunk_list, ChunkList, ManifestBuilder};
 use super::objects::key_revision;
 use super::seal::SealPipeline;
@@ -365,67 +365,67 @@ impl RevisionWriter {
         let mut meta = WriterChunks { store: &store, blocks: &mut self.blocks, pinned: &mut self.pinned };
         let mut put = |bytes: &[u8]| meta.put(bytes);
         let (staging, seals) = (&mut self.staging, &mut self.seals);
-        let (root, plan, digest) = std::thread::scope(|scope| {
-            // The tar's SHA-256 on a thread of its own, beside reading and packing the chunks here.
-            let mut tar_hash = ShaFeed::spawn(scope, Sha256::new())?;
-            for item in staging.sorted()? {
-                let mut entry = staging.read_entry(item?)?;
-                entry.tar_offset = offset;
-                let header = tarfmt::header_bytes(&entry.header_spec());
-                tar_hash.update(&header)?;
-                content.filler(seals, offset, &header)?;
-                if let Some((first, count)) = entry.chunks.staged() {
-                    if entry.size >= BLOCK_TARGET as u64 {
-                        content.cut(seals)?;
-                    }
-                    let staged = staging.read_refs(first, count)?;
-                    let mut pos = offset + header.len() as u64;
-                    for r in &staged {
-                        let data = match r.spooled {
-                            Some(at) => {
-                                let data = staging.read_spooled(&r.chunk, at)?;
-                                content.chunk(&store, seals, pos, r.chunk.hash, &data)?;
-                                data
-                            }
-                            None => {
-                                let (data, share) = store.get_chunk(&r.chunk)?;
-                                stored += share;
-                                content.gap(seals)?;
-                                data
-                            }
-                        };
-                        // Both reads return exactly `r.chunk.len` bytes (checked there).
-                        tar_hash.update(&data)?;
-                        pos += data.len() as u64;
-                    }
-                    if pos - offset - header.len() as u64 != entry.size {
-                        return Err(StorageError::Corrupt(format!("{}: staged chunks do not add up", entry.path)));
-                    }
-                    let pad = padded(entry.size) - entry.size;
-                    let padding = [0u8; tarfmt::BLOCK as usize];
-                    let padding = padding.get(..pad as usize).unwrap_or_default();
-                    tar_hash.update(padding)?;
-                    content.filler(seals, pos, padding)?;
-                    entry.chunks = chunk_list(staged.iter().map(|r| r.chunk).collect(), &mut put)?;
+        // The tar's SHA-256 on a thread of its own, beside reading and packing the chunks here (the
+        // tar is its one "file").
+        let mut tar_hash = FileDigests::default();
+        for item in staging.sorted()? {
+            let mut entry = staging.read_entry(item?)?;
+            entry.tar_offset = offset;
+            let header = tarfmt::header_bytes(&entry.header_spec());
+            tar_hash.update(&header)?;
+            content.filler(seals, offset, &header)?;
+            if let Some((first, count)) = entry.chunks.staged() {
+                if entry.size >= BLOCK_TARGET as u64 {
+                    content.cut(seals)?;
                 }
-                offset += header.len() as u64 + entry.tar_data_len();
-                // Files and symlinks: what `status.files` counts (directories hold no content).
-                files += u64::from(!entry.is_dir());
-                size += entry.size;
-                manifest.push(&entry, &mut put)?;
+                let staged = staging.read_refs(first, count)?;
+                let mut pos = offset + header.len() as u64;
+                for r in &staged {
+                    let data = match r.spooled {
+                        Some(at) => {
+                            let data = staging.read_spooled(&r.chunk, at)?;
+                            content.chunk(&store, seals, pos, r.chunk.hash, &data)?;
+                            data
+                        }
+                        None => {
+                            let (data, share) = store.get_chunk(&r.chunk)?;
+                            stored += share;
+                            content.gap(seals)?;
+                            data
+                        }
+                    };
+                    // Both reads return exactly `r.chunk.len` bytes (checked there).
+                    tar_hash.update(&data)?;
+                    pos += data.len() as u64;
+                }
+                if pos - offset - header.len() as u64 != entry.size {
+                    return Err(StorageError::Corrupt(format!("{}: staged chunks do not add up", entry.path)));
+                }
+                let pad = padded(entry.size) - entry.size;
+                let padding = [0u8; tarfmt::BLOCK as usize];
+                let padding = padding.get(..pad as usize).unwrap_or_default();
+                tar_hash.update(padding)?;
+                content.filler(seals, pos, padding)?;
+                entry.chunks = chunk_list(staged.iter().map(|r| r.chunk).collect(), &mut put)?;
             }
-            let trailer = [0u8; tarfmt::TRAILER_LEN as usize];
-            tar_hash.update(&trailer)?;
-            content.filler(seals, offset, &trailer)?;
-            content.cut(seals)?;
-            // Every content block sealed (so indexed) before the plan names them.
-            seals.finish()?;
-            let sealed = seals.take_sealed();
-            stored += sealed.iter().map(|(_, b)| b.at.stored_len as u64).sum::<u64>();
-            let plan = store_plan(&content.plan(sealed), &mut put)?;
-            let root = manifest.finish(&mut put)?;
-            Ok::<_, StorageError>((root, plan, tar_hash.finish()?))
-        })?;
+            offset += header.len() as u64 + entry.tar_data_len();
+            // Files and symlinks: what `status.files` counts (directories hold no content).
+            files += u64::from(!entry.is_dir());
+            size += entry.size;
+            manifest.push(&entry, &mut put)?;
+        }
+        let trailer = [0u8; tarfmt::TRAILER_LEN as usize];
+        tar_hash.update(&trailer)?;
+        content.filler(seals, offset, &trailer)?;
+        content.cut(seals)?;
+        // Every content block sealed (so indexed) before the plan names them.
+        seals.finish()?;
+        let sealed = seals.take_sealed();
+        stored += sealed.iter().map(|(_, b)| b.at.stored_len as u64).sum::<u64>();
+        let plan = store_plan(&content.plan(sealed), &mut put)?;
+        let root = manifest.finish(&mut put)?;
+        tar_hash.end_file()?;
+        let digest = tar_hash.wait()?;
         store.seal_block(&mut self.blocks)?;
         let record = RevisionRecord {
             id,
