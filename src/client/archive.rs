@@ -57,6 +57,44 @@ fn is_tar_header(head: &[u8]) -> bool {
     stored == Some(sum) && block.iter().any(|b| *b != 0)
 }
 
+/// An entry of a directory being packed: its name in the archive, its path, whether it is a
+/// directory.
+struct TreeEntry {
+    name: PathBuf,
+    path: PathBuf,
+    is_dir: bool,
+}
+
+/// Every entry under `dir` (not following symlinks), in path order: the order the server serves
+/// them in (a directory's name sorting as if it ended in `/`), so an upload is laid out as it
+/// arrives, without spooling (`storage::revision`).
+fn tree_in_path_order(dir: &Path) -> Result<Vec<TreeEntry>, ClientError> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut entries = Vec::new();
+    let mut pending = vec![(PathBuf::new(), dir.to_owned())];
+    while let Some((name, path)) = pending.pop() {
+        let io = |source| ClientError::Io { path: path.clone(), source };
+        for item in std::fs::read_dir(&path).map_err(io)? {
+            let item = item.map_err(io)?;
+            let entry = TreeEntry {
+                name: name.join(item.file_name()),
+                path: item.path(),
+                is_dir: item.file_type().map_err(io)?.is_dir(),
+            };
+            if entry.is_dir {
+                pending.push((entry.name.clone(), entry.path.clone()));
+            }
+            entries.push(entry);
+        }
+    }
+    entries.sort_by_cached_key(|e| {
+        let mut key = e.name.as_os_str().as_bytes().to_vec();
+        key.extend_from_slice(if e.is_dir { b"/" } else { b"" });
+        key
+    });
+    Ok(entries)
+}
+
 /// Bytes ready to upload, with their sha256.
 #[derive(Debug)]
 pub struct Archive {
@@ -84,7 +122,13 @@ impl Archive {
         let encoder = zstd::Encoder::new(hashing, 3).map_err(spool)?;
         let mut builder = tar::Builder::new(encoder);
         builder.follow_symlinks(false);
-        builder.append_dir_all(".", dir).map_err(|source| ClientError::Io { path: dir.to_owned(), source })?;
+        for entry in tree_in_path_order(dir)? {
+            let io = |source| ClientError::Io { path: entry.path.clone(), source };
+            match entry.is_dir {
+                true => builder.append_dir(&entry.name, &entry.path).map_err(io)?,
+                false => builder.append_path_with_name(&entry.path, &entry.name).map_err(io)?,
+            }
+        }
         let mut hashing = builder.into_inner().and_then(|encoder| encoder.finish()).map_err(spool)?;
         hashing.flush().map_err(spool)?;
         let digest = format!("sha256:{}", hex::encode(hashing.sha.finalize()));
@@ -183,5 +227,28 @@ mod tests {
         assert_eq!(Compression::sniff(v7.as_bytes()), Some(Compression::None));
         assert_eq!(Compression::sniff(b"# a README, not an archive\n"), None);
         assert_eq!(Compression::sniff(&[0u8; 1024]), None);
+    }
+
+    /// A pushed directory's tar lists its entries in the served order (so it is not spooled):
+    /// `a-b` and `a.d/` before `a/`, unlike a walk of the tree.
+    #[test]
+    fn a_packed_directory_is_in_path_order() {
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["a/x", "a.d"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        for f in ["a/x/f", "a/z", "a-b", "a.d/y", "b"] {
+            std::fs::write(dir.path().join(f), f).unwrap();
+        }
+        std::os::unix::fs::symlink("b", dir.path().join("a/link")).unwrap();
+        let archive = Archive::pack(dir.path()).unwrap();
+        let tar = zstd::decode_all(&archive.read_at(0, archive.len()).unwrap()[..]).unwrap();
+        let mut names = Vec::new();
+        for entry in tar::Archive::new(&tar[..]).entries().unwrap() {
+            let entry = entry.unwrap();
+            let slash = if entry.header().entry_type().is_dir() { "/" } else { "" };
+            names.push(format!("{}{slash}", entry.path().unwrap().display()));
+        }
+        assert_eq!(names, ["a-b", "a.d/", "a.d/y", "a/", "a/link", "a/x/", "a/x/f", "a/z", "b"]);
     }
 }

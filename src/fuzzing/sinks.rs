@@ -125,11 +125,11 @@ impl<'s, 'a> CheckedSink<'s, 'a> {
 impl EntrySink for CheckedSink<'_, '_> {
     type Error = UnpackError;
 
-    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, mode: u32, size: u64, data: &mut dyn Read) -> Result<(), UnpackError> {
         assert!(mode <= 0o777, "{path:?}: mode {mode:o} has more than permission bits");
         self.check_path(path);
         self.regular_files.insert(path.to_owned());
-        self.inner.file(path, mode, data)
+        self.inner.file(path, mode, size, data)
     }
 
     fn dir(&mut self, path: &str, mode: u32) -> Result<(), UnpackError> {

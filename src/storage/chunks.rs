@@ -185,6 +185,15 @@ impl BlockBuilder {
         self.members.is_empty()
     }
 
+    /// A chunk's bytes, if the block holds it.
+    pub fn member(&self, hash: &Hash) -> Option<&[u8]> {
+        if !self.hashes.contains(hash) {
+            return None;
+        }
+        let member = self.members.iter().find(|m| m.hash == *hash)?;
+        self.raw.get(member.offset as usize..(member.offset + member.len) as usize)
+    }
+
     /// The hashes of the chunks in the block.
     pub fn hashes(&self) -> &HashSet<Hash> {
         &self.hashes

@@ -11,11 +11,11 @@ use super::*;
 /// Writes a tree with directories and odd modes and attaches it.
 fn tree_revision(store: &Store) -> RevisionId {
     let mut writer = store.begin_revision().unwrap();
-    writer.add_file("a/secret", 0o600, &mut &b"s"[..]).unwrap();
+    writer.add_file("a/secret", 0o600, 1, &mut &b"s"[..]).unwrap();
     writer.add_dir("charts", 0o755).unwrap();
     writer.add_dir("a", 0o700).unwrap();
-    writer.add_file("bin/run", 0o4750, &mut &b"#!"[..]).unwrap();
-    writer.add_file("a-b", 0o444, &mut &b"ab"[..]).unwrap();
+    writer.add_file("bin/run", 0o4750, 2, &mut &b"#!"[..]).unwrap();
+    writer.add_file("a-b", 0o444, 2, &mut &b"ab"[..]).unwrap();
     writer.add_symlink("link", "a-b").unwrap();
     assert!(writer.add_dir("a/", 0o755).is_err(), "a directory is added once");
     let mut pending = writer.finalize().unwrap();

@@ -5,7 +5,7 @@ use super::tests::open;
 use super::*;
 
 /// Compressible text, different per seed (YAML-like lines).
-fn text(seed: u64, len: usize) -> Vec<u8> {
+pub(super) fn text(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
     let mut out = Vec::with_capacity(len + 64);
     while out.len() < len {
@@ -36,12 +36,12 @@ fn write_tree(store: &Store, name: &str, files: &[(String, Vec<u8>)]) -> Revisio
     let mut writer = store.begin_revision().unwrap();
     writer.add_dir("charts", 0o755).unwrap();
     for (path, data) in files {
-        writer.add_file(path, 0o644, &mut &data[..]).unwrap();
+        writer.add_file(path, 0o644, data.len() as u64, &mut &data[..]).unwrap();
     }
     super::tests::attach(name, writer.finalize().unwrap())
 }
 
-fn identity_tar(store: &Store, rev: RevisionId) -> Vec<u8> {
+pub(super) fn identity_tar(store: &Store, rev: RevisionId) -> Vec<u8> {
     let record = store.revision(rev).unwrap();
     let mut out = Vec::new();
     store
@@ -61,7 +61,7 @@ fn zstd_download(store: &Store, mut download: ZstdDownload) -> Result<(Vec<u8>, 
     Ok((wire, plain, download.stats()))
 }
 
-fn tar_download(store: &Store, rev: RevisionId) -> Result<(Vec<u8>, Vec<u8>, FrameStats)> {
+pub(super) fn tar_download(store: &Store, rev: RevisionId) -> Result<(Vec<u8>, Vec<u8>, FrameStats)> {
     zstd_download(store, ZstdDownload::tar(&store.revision(rev).unwrap()))
 }
 

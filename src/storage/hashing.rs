@@ -1,7 +1,7 @@
 //! SHA-256 of byte streams on a helper thread ([`FileDigests`]), so that a writer hashing the same
 //! bytes with BLAKE3 (and cutting them into chunks) or reading them back does not also pay for
 //! SHA-256 on its own core: each file's `sha256` while it is added, and the tar's digest (the tar
-//! as one stream) while `finalize` reads it back.
+//! as one stream) while it is laid out ([`super::tar_blocks`]).
 
 use std::thread::JoinHandle;
 

@@ -581,6 +581,8 @@ mod fidelity_tests;
 #[cfg(test)]
 mod frames_tests;
 #[cfg(test)]
+mod layout_tests;
+#[cfg(test)]
 mod remote_tests;
 #[cfg(test)]
 mod scale_tests;

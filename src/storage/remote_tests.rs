@@ -165,7 +165,7 @@ fn leader_of<'a>(stores: &'a [&'a Store]) -> &'a Store {
 fn put(store: &Store, name: &str, files: &[(String, Vec<u8>)]) -> (RevisionId, String) {
     let mut writer = store.begin_revision().unwrap();
     for (path, data) in files {
-        writer.add_file(path, 0o644, &mut &data[..]).unwrap();
+        writer.add_file(path, 0o644, data.len() as u64, &mut &data[..]).unwrap();
     }
     let mut pending = writer.finalize().unwrap();
     let (id, digest) = (pending.record().id, pending.record().digest.clone());

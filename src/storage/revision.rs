@@ -19,6 +19,13 @@
 //! Blocks are sealed in parallel: finalize hands each full block to the writer's seal workers
 //! ([`super::seal`]) while it reads and hashes the next; it waits for them before it records the
 //! plan, and dropping the writer stops them before it unpins.
+//!
+//! Entries that arrive in path order (`git archive`, `kubectl stowage push`, a git source) need
+//! no spool: while every entry so far came in that order, the writer lays the tar out as the bytes
+//! arrive — the same [`TarLayout`] finalize would feed — and finalize only writes the manifest and
+//! the plan. The first entry out of order, a hard link or a file that fails part way ends that:
+//! the blocks built so far are sealed and waited for, and finalize lays the tar out afresh from
+//! the spool and the store (those early blocks then get no place in the plan).
 
 use std::collections::{HashSet, VecDeque};
 use std::io::Read;
@@ -26,15 +33,15 @@ use std::io::Read;
 use sha2::{Digest, Sha256};
 
 use super::chunker::Chunker;
-use super::chunks::{BlockBuilder, ChunkRef, Hash, BLOCK_TARGET};
+use super::chunks::{BlockBuilder, ChunkRef, Hash};
 use super::frames::store_plan;
 use super::hashing::FileDigests;
 use super::manifest::{chunk_list, ChunkList, ManifestBuilder};
 use super::objects::key_revision;
 use super::seal::SealPipeline;
 use super::staging::{StagedRef, Staging, DUPLICATE_PATH};
-use super::tar_blocks::TarBlocks;
-use super::tarfmt::{self, padded};
+use super::tar_blocks::TarLayout;
+use super::tarfmt;
 use super::{
     encode_json, EntryKind, FileEntry, ObjectWrite, Result, RevisionId, RevisionRecord, RevisionState, StorageError,
     Store, WriteOutcome, PERMISSION_BITS,
@@ -44,8 +51,8 @@ use super::{
 const REF_BUFFER: usize = 256;
 /// Files added whose SHA-256 is still being computed, at most; the writer then waits for one.
 const MAX_AWAITING_DIGEST: usize = 1024;
-/// Free space is checked each time this much more was spooled.
-const SPOOL_SPACE_CHECK: u64 = 1 << 20;
+/// Free space is checked each time this much more new content was spooled or laid out.
+const SPACE_CHECK: u64 = 1 << 20;
 
 /// Streams files into a new `Staging` revision. Dropping it without [`RevisionWriter::finalize`]
 /// releases everything written.
@@ -56,7 +63,8 @@ pub struct RevisionWriter {
     /// New manifest and plan chunks not yet sealed into a block.
     blocks: BlockBuilder,
     staging: Staging,
-    /// Spooled bytes when free space was last checked.
+    /// Bytes of new chunks so far (spooled or laid out), and when free space was last checked.
+    new_bytes: u64,
     space_checked: u64,
     /// Every chunk this writer pinned, once per pin.
     pinned: Vec<Hash>,
@@ -72,6 +80,12 @@ pub struct RevisionWriter {
     awaiting_digest: VecDeque<FileEntry>,
     /// Their paths (a later entry with one of them is a duplicate).
     awaiting_paths: HashSet<String>,
+    /// While every entry so far came in path order: the tar laid out as they arrived.
+    in_order: Option<TarLayout>,
+    /// The last path added (a directory's with its `/`).
+    last_path: String,
+    /// The block being built when laying out stopped: new chunks no spool or store holds.
+    held: BlockBuilder,
 }
 
 /// The counter of revision ids in the replicated store's map.
@@ -124,6 +138,7 @@ impl Store {
             open: true,
             blocks: BlockBuilder::default(),
             staging,
+            new_bytes: 0,
             space_checked: 0,
             pinned: Vec::new(),
             lease_epoch: self.remote().map_or(0, |r| r.lease_epoch()),
@@ -132,6 +147,9 @@ impl Store {
             digests: FileDigests::default(),
             awaiting_digest: VecDeque::new(),
             awaiting_paths: HashSet::new(),
+            in_order: Some(TarLayout::default()),
+            last_path: String::new(),
+            held: BlockBuilder::default(),
         })
     }
 
@@ -194,8 +212,9 @@ impl RevisionWriter {
         self.id
     }
 
-    /// Pins a content chunk and spools its bytes unless the store holds it (replicated: which it
-    /// holds is found out when its block is sealed, so every chunk is spooled).
+    /// Pins a content chunk; lays it out if the entries are in order, else spools its bytes
+    /// unless the store holds it (replicated: which it holds is found out when its block is
+    /// sealed, so every chunk is new here).
     fn stage_chunk(&mut self, bytes: &[u8]) -> Result<StagedRef> {
         let hash = *blake3::hash(bytes).as_bytes();
         let known = if self.store.remote().is_some() {
@@ -206,34 +225,73 @@ impl RevisionWriter {
         };
         self.pinned.push(hash);
         let chunk = ChunkRef { hash, len: bytes.len() as u32 };
+        if !known {
+            // Checked as new content grows: an upload that crosses the reserve stops within a MiB.
+            self.new_bytes += bytes.len() as u64;
+            if self.new_bytes >= self.space_checked + SPACE_CHECK {
+                self.store.ensure_space(super::WriteKind::Content)?;
+                self.space_checked = self.new_bytes;
+            }
+        }
+        let Some(layout) = &mut self.in_order else {
+            let spooled = if known { None } else { Some(self.staging.spool(bytes)?) };
+            return Ok(StagedRef { chunk, spooled });
+        };
         if known {
-            return Ok(StagedRef { chunk, spooled: None });
+            // Found stored: before this revision (its share counts), or in a block of this one.
+            let share = match self.store.chunk_location(&hash)? {
+                Some(at) if !self.seals.holds(&hash) && !self.seals.wrote(&at.block) => at.stored_share(),
+                _ => 0,
+            };
+            layout.stored_chunk(&mut self.seals, bytes, share)?;
+        } else {
+            layout.new_chunk(&self.store, &mut self.seals, hash, bytes)?;
         }
-        // Checked as the spool grows: an upload that crosses the reserve stops within a MiB of it.
-        if self.staging.spooled_bytes() >= self.space_checked + SPOOL_SPACE_CHECK {
-            self.store.ensure_space(super::WriteKind::Content)?;
-            self.space_checked = self.staging.spooled_bytes();
-        }
-        Ok(StagedRef { chunk, spooled: Some(self.staging.spool(bytes)?) })
+        Ok(StagedRef { chunk, spooled: None })
     }
 
-    /// Adds a regular file with permission bits `mode` (masked to 0o777), streaming `data`
-    /// through the chunker. Its SHA-256 is computed beside the writer: the entry is staged once the
-    /// digest is back, by a later call or by `finalize`.
-    pub fn add_file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<()> {
+    /// Whether `entry` (not yet staged) comes after every entry so far, so goes on the tar laid
+    /// out as they arrive: then its header is laid out. The first that does not ends that.
+    fn lay_out(&mut self, entry: &FileEntry) -> Result<bool> {
+        if self.in_order.is_none() {
+            return Ok(false);
+        }
+        if entry.path <= self.last_path {
+            self.stop_laying_out()?;
+            return Ok(false);
+        }
+        self.last_path.clone_from(&entry.path);
+        let header = tarfmt::header_bytes(&entry.header_spec());
+        let Some(layout) = &mut self.in_order else { return Ok(false) };
+        layout.filler(&mut self.seals, &header)?;
+        Ok(true)
+    }
+
+    /// Stages an entry without data, laid out if in order.
+    fn stage_entry(&mut self, entry: &FileEntry) -> Result<()> {
+        self.lay_out(entry)?;
+        let staged = self.staging.add(entry);
+        if staged.is_err() {
+            self.stop_laying_out()?;
+        }
+        staged
+    }
+
+    /// Ends laying out the tar as entries arrive (finalize lays it out from the staged entries).
+    fn stop_laying_out(&mut self) -> Result<()> {
+        let Some(layout) = self.in_order.take() else { return Ok(()) };
+        let (held, finished) = layout.abandon(&mut self.seals);
+        self.held = held;
+        finished
+    }
+
+    /// Adds a regular file of `size` bytes with permission bits `mode` (masked to 0o777),
+    /// streaming `data` (which must yield exactly `size` bytes) through the chunker. Its SHA-256 is
+    /// computed beside the writer: the entry is staged once the digest is back, by a later call or
+    /// by `finalize`.
+    pub fn add_file(&mut self, path: &str, mode: u32, size: u64, data: &mut dyn Read) -> Result<()> {
         self.ensure_new(path)?;
-        let first_ref = self.staging.refs_written();
-        let (size, count) = match self.stage_file_chunks(data) {
-            Ok(staged) => staged,
-            Err(e) => {
-                // The writer may go on with other files: their digests must not include these bytes.
-                self.digests.abandon_file()?;
-                return Err(e);
-            }
-        };
-        self.digests.end_file()?;
-        self.awaiting_paths.insert(path.to_string());
-        self.awaiting_digest.push_back(FileEntry {
+        let mut entry = FileEntry {
             path: path.to_string(),
             kind: EntryKind::File,
             target: None,
@@ -241,13 +299,37 @@ impl RevisionWriter {
             size,
             sha256: String::new(),
             tar_offset: 0,
-            chunks: ChunkList::Staged { offset: first_ref, count },
-        });
+            chunks: ChunkList::None,
+        };
+        if self.lay_out(&entry)? {
+            if let Some(layout) = &mut self.in_order {
+                layout.start_data(&mut self.seals, size)?;
+            }
+        }
+        let first_ref = self.staging.refs_written();
+        let count = match self.stage_file_chunks(path, size, data) {
+            Ok(count) => count,
+            Err(e) => {
+                // The writer may go on with other files: their digests must not include these
+                // bytes, nor the tar laid out so far.
+                self.digests.abandon_file()?;
+                // A worker's failure already came back as `e`: any later one only repeats it.
+                let _ = self.stop_laying_out();
+                return Err(e);
+            }
+        };
+        if let Some(layout) = &mut self.in_order {
+            layout.end_data(&mut self.seals, size)?;
+        }
+        self.digests.end_file()?;
+        self.awaiting_paths.insert(path.to_string());
+        entry.chunks = ChunkList::Staged { offset: first_ref, count };
+        self.awaiting_digest.push_back(entry);
         self.stage_digested(self.awaiting_digest.len() > MAX_AWAITING_DIGEST)
     }
 
-    /// Chunks, stages and hashes a file's bytes; returns its size and its count of chunk refs.
-    fn stage_file_chunks(&mut self, data: &mut dyn Read) -> Result<(u64, u64)> {
+    /// Chunks, stages and hashes a file's bytes, `size` of them; returns its count of chunk refs.
+    fn stage_file_chunks(&mut self, path: &str, expected: u64, data: &mut dyn Read) -> Result<u64> {
         let mut size = 0u64;
         let mut count = 0u64;
         let mut refs: Vec<StagedRef> = Vec::with_capacity(REF_BUFFER);
@@ -255,6 +337,9 @@ impl RevisionWriter {
         let mut chunker = Chunker::new(data, &mut buffer);
         while let Some(chunk) = chunker.next_chunk()? {
             size += chunk.len() as u64;
+            if size > expected {
+                break;
+            }
             refs.push(self.stage_chunk(chunk)?);
             self.digests.update(chunk)?;
             if refs.len() == REF_BUFFER {
@@ -264,9 +349,13 @@ impl RevisionWriter {
             }
         }
         self.chunk_buffer = buffer;
+        if size != expected {
+            let reason = format!("its data does not match the size declared for it ({expected} bytes)");
+            return Err(StorageError::InvalidEntry { path: path.into(), reason });
+        }
         self.staging.push_refs(&refs)?;
         count += refs.len() as u64;
-        Ok((size, count))
+        Ok(count)
     }
 
     /// Stages the files whose digest is back; with `wait`, waits for (at least) the oldest.
@@ -306,7 +395,7 @@ impl RevisionWriter {
 
     pub fn add_symlink(&mut self, path: &str, target: &str) -> Result<()> {
         self.ensure_new(path)?;
-        self.staging.add(&FileEntry {
+        let entry = FileEntry {
             path: path.to_string(),
             kind: EntryKind::Symlink,
             target: Some(target.to_string()),
@@ -315,7 +404,8 @@ impl RevisionWriter {
             sha256: hex::encode(Sha256::digest(target.as_bytes())),
             tar_offset: 0,
             chunks: ChunkList::None,
-        })
+        };
+        self.stage_entry(&entry)
     }
 
     /// Adds a directory the archive names (an empty one included), with permission bits `mode`
@@ -324,7 +414,7 @@ impl RevisionWriter {
     pub fn add_dir(&mut self, path: &str, mode: u32) -> Result<()> {
         let path = format!("{}/", path.trim_end_matches('/'));
         self.ensure_new(&path)?;
-        self.staging.add(&FileEntry {
+        let entry = FileEntry {
             path,
             kind: EntryKind::Directory,
             target: None,
@@ -333,13 +423,17 @@ impl RevisionWriter {
             sha256: hex::encode(Sha256::digest(b"")),
             tar_offset: 0,
             chunks: ChunkList::None,
-        })
+        };
+        self.stage_entry(&entry)
     }
 
     /// Adds `path` as a copy of the earlier regular file `target` (sharing its chunks); returns
     /// the copy's size.
     pub fn add_hardlink(&mut self, path: &str, target: &str) -> Result<u64> {
         self.ensure_new(path)?;
+        // Its bytes would be read back from blocks still being sealed: hard links are rare, the
+        // tar is laid out by finalize instead.
+        self.stop_laying_out()?;
         // The target must be staged to be found (hard links are rare: waiting here costs little).
         self.stage_all_files()?;
         let Some(source) = self.staging.regular_file(target)? else {
@@ -352,60 +446,34 @@ impl RevisionWriter {
         Ok(entry.size)
     }
 
-    /// Computes tar offsets and the digest, packs the new chunks in tar order, writes the frame
-    /// plan and the manifest, flushes, and hands back the revision ready to attach.
+    /// Computes tar offsets and the digest, packs the new chunks in tar order (unless that was
+    /// done as they arrived), writes the frame plan and the manifest, flushes, and hands back the
+    /// revision ready to attach.
     pub fn finalize(mut self) -> Result<PendingRevision> {
         self.stage_all_files()?;
         let store = self.store.clone();
         let id = self.id;
+        let laid_out_already = self.in_order.is_some();
+        let mut layout = self.in_order.take().unwrap_or_default();
         let mut offset = 0u64;
-        let (mut files, mut size, mut stored) = (0u64, 0u64, 0u64);
+        let (mut files, mut size) = (0u64, 0u64);
         let mut manifest = ManifestBuilder::default();
-        let mut content = TarBlocks::default();
         let mut meta = WriterChunks { store: &store, blocks: &mut self.blocks, pinned: &mut self.pinned };
         let mut put = |bytes: &[u8]| meta.put(bytes);
-        let (staging, seals) = (&mut self.staging, &mut self.seals);
-        // The tar's SHA-256 on a thread of its own, beside reading and packing the chunks here (the
-        // tar is its one "file").
-        let mut tar_hash = FileDigests::default();
+        let (staging, seals, held) = (&mut self.staging, &mut self.seals, &self.held);
         for item in staging.sorted()? {
             let mut entry = staging.read_entry(item?)?;
             entry.tar_offset = offset;
             let header = tarfmt::header_bytes(&entry.header_spec());
-            tar_hash.update(&header)?;
-            content.filler(seals, offset, &header)?;
+            if !laid_out_already {
+                layout.filler(seals, &header)?;
+            }
             if let Some((first, count)) = entry.chunks.staged() {
-                if entry.size >= BLOCK_TARGET as u64 {
-                    content.cut(seals)?;
-                }
                 let staged = staging.read_refs(first, count)?;
-                let mut pos = offset + header.len() as u64;
-                for r in &staged {
-                    let data = match r.spooled {
-                        Some(at) => {
-                            let data = staging.read_spooled(&r.chunk, at)?;
-                            content.chunk(&store, seals, pos, r.chunk.hash, &data)?;
-                            data
-                        }
-                        None => {
-                            let (data, share) = store.get_chunk(&r.chunk)?;
-                            stored += share;
-                            content.gap(seals)?;
-                            data
-                        }
-                    };
-                    // Both reads return exactly `r.chunk.len` bytes (checked there).
-                    tar_hash.update(&data)?;
-                    pos += data.len() as u64;
+                if !laid_out_already {
+                    let sources = ChunkSources { store: &store, staging, held };
+                    lay_out_data(sources, seals, &mut layout, &entry, &staged)?;
                 }
-                if pos - offset - header.len() as u64 != entry.size {
-                    return Err(StorageError::Corrupt(format!("{}: staged chunks do not add up", entry.path)));
-                }
-                let pad = padded(entry.size) - entry.size;
-                let padding = [0u8; tarfmt::BLOCK as usize];
-                let padding = padding.get(..pad as usize).unwrap_or_default();
-                tar_hash.update(padding)?;
-                content.filler(seals, pos, padding)?;
                 entry.chunks = chunk_list(staged.iter().map(|r| r.chunk).collect(), &mut put)?;
             }
             offset += header.len() as u64 + entry.tar_data_len();
@@ -414,27 +482,21 @@ impl RevisionWriter {
             size += entry.size;
             manifest.push(&entry, &mut put)?;
         }
-        let trailer = [0u8; tarfmt::TRAILER_LEN as usize];
-        tar_hash.update(&trailer)?;
-        content.filler(seals, offset, &trailer)?;
-        content.cut(seals)?;
-        // Every content block sealed (so indexed) before the plan names them.
-        seals.finish()?;
-        let sealed = seals.take_sealed();
-        stored += sealed.iter().map(|(_, b)| b.at.stored_len as u64).sum::<u64>();
-        let plan = store_plan(&content.plan(sealed), &mut put)?;
+        let tar = layout.finish(seals)?;
+        if tar.size != offset + tarfmt::TRAILER_LEN {
+            return Err(StorageError::Corrupt("the tar laid out does not match the staged entries".into()));
+        }
+        let plan = store_plan(&tar.plan, &mut put)?;
         let root = manifest.finish(&mut put)?;
-        tar_hash.end_file()?;
-        let digest = tar_hash.wait()?;
         store.seal_block(&mut self.blocks)?;
         let record = RevisionRecord {
             id,
             state: RevisionState::Staging,
-            digest: format!("sha256:{}", hex::encode(digest)),
-            tar_size: offset + tarfmt::TRAILER_LEN,
+            digest: format!("sha256:{}", hex::encode(tar.digest)),
+            tar_size: tar.size,
             files,
             size,
-            stored_size: stored,
+            stored_size: tar.stored,
             writer: store.remote().map(|r| r.replica_id().to_string()).unwrap_or_default(),
             manifest: hex::encode(root.hash),
             manifest_len: root.len,
@@ -457,6 +519,12 @@ impl RevisionWriter {
         self.seals = SealPipeline::with_workers(self.store.clone(), workers);
     }
 
+    /// Bytes spooled so far (tests).
+    #[cfg(test)]
+    pub(super) fn spooled_bytes(&self) -> u64 {
+        self.staging.spooled_bytes()
+    }
+
     /// Alive while any of the writer's seal workers is (tests).
     #[cfg(test)]
     pub(super) fn seal_liveness(&self) -> std::sync::Weak<std::sync::atomic::AtomicBool> {
@@ -470,6 +538,44 @@ impl RevisionWriter {
         self.open = false;
         self.store.unpin_all(&std::mem::take(&mut self.pinned));
     }
+}
+
+/// Where finalize finds the bytes of staged chunks.
+struct ChunkSources<'a> {
+    store: &'a Store,
+    staging: &'a mut Staging,
+    held: &'a BlockBuilder,
+}
+
+/// Lays out a file's data from its staged chunks: spooled (each checked against its hash), held
+/// from the tar laid out as entries arrived, or stored (verified as every read is).
+fn lay_out_data(
+    sources: ChunkSources,
+    seals: &mut SealPipeline,
+    layout: &mut TarLayout,
+    entry: &FileEntry,
+    staged: &[StagedRef],
+) -> Result<()> {
+    let ChunkSources { store, staging, held } = sources;
+    layout.start_data(seals, entry.size)?;
+    let mut size = 0u64;
+    for r in staged {
+        // Each source returns exactly `r.chunk.len` bytes (checked there; held: as hashed).
+        let hash = r.chunk.hash;
+        match (r.spooled, held.member(&hash)) {
+            (Some(at), _) => layout.new_chunk(store, seals, hash, &staging.read_spooled(&r.chunk, at)?)?,
+            (None, Some(data)) => layout.new_chunk(store, seals, hash, data)?,
+            (None, None) => {
+                let (data, share) = store.get_chunk(&r.chunk)?;
+                layout.stored_chunk(seals, &data, share)?;
+            }
+        }
+        size += r.chunk.len as u64;
+    }
+    if size != entry.size {
+        return Err(StorageError::Corrupt(format!("{}: staged chunks do not add up", entry.path)));
+    }
+    layout.end_data(seals, entry.size)
 }
 
 impl Drop for RevisionWriter {

@@ -17,7 +17,8 @@ fn a_revision_costs_sled_a_few_keys_however_many_files_it_has() {
     let before = sled_keys(&store);
     let mut writer = store.begin_revision().unwrap();
     for i in 0..20_000 {
-        writer.add_file(&format!("f/{i:05}"), 0o644, &mut format!("{i}").as_bytes()).unwrap();
+        let data = format!("{i}");
+        writer.add_file(&format!("f/{i:05}"), 0o644, data.len() as u64, &mut data.as_bytes()).unwrap();
     }
     let mut pending = writer.finalize().unwrap();
     let id = pending.record().id;

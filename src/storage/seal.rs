@@ -1,10 +1,10 @@
-//! Parallel sealing: a writer's finalize hands its full tar-ordered blocks to worker threads, which
-//! seal them (compress, append to a pack or object storage, index: [`Store::seal_block`]) while
-//! finalize reads the spool, hashes and lays out the next ones ([`super::tar_blocks`]).
+//! Parallel sealing: a writer hands its full tar-ordered blocks to worker threads, which seal them
+//! (compress, append to a pack or object storage, index: [`Store::seal_block`]) while it lays out
+//! the next ones ([`super::tar_blocks`]) — as the entries arrive, or in finalize from the spool.
 //!
 //! Bounded: at most [`MAX_IN_FLIGHT`] blocks are handed over and not yet sealed; a writer that
-//! gets that far ahead waits for a worker. With the block being built, a writer holds at most
-//! `MAX_IN_FLIGHT + 1` blocks of about [`super::chunks::BLOCK_TARGET`] raw bytes (plus each
+//! gets that far ahead waits for a worker. With the block being built (and the one kept when
+//! laying out as entries arrive stopped), a writer holds at most `MAX_IN_FLIGHT + 2` blocks of about [`super::chunks::BLOCK_TARGET`] raw bytes (plus each
 //! worker's compressed copy), whatever the size of the upload. The workers start with the first full
 //! block, so a small upload never starts a thread.
 //!
@@ -30,6 +30,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::chunks::{BlockBuilder, Hash, SealedBlock};
+use super::packs::BlockAt;
 use super::{Result, StorageError, Store};
 
 /// Seal workers per writer, at most (and at most the machine's cores).
@@ -59,6 +60,8 @@ pub(super) struct SealPipeline {
     next_seq: u64,
     /// The blocks written, by sequence number, until [`SealPipeline::take_sealed`].
     sealed: Vec<(u64, SealedBlock)>,
+    /// Where they are (whether a chunk found stored is one of this writer's: [`SealPipeline::wrote`]).
+    sealed_at: HashSet<BlockAt>,
     /// The first worker error not yet returned.
     error: Option<StorageError>,
     /// A worker failed: the writer cannot finish any more.
@@ -86,6 +89,7 @@ impl SealPipeline {
             in_flight: Vec::new(),
             next_seq: 0,
             sealed: Vec::new(),
+            sealed_at: HashSet::new(),
             error: None,
             failed: false,
             worker_count: workers,
@@ -95,6 +99,17 @@ impl SealPipeline {
     /// Whether `hash` is in a block handed over and not yet known sealed (so not yet indexed).
     pub fn holds(&self, hash: &Hash) -> bool {
         self.in_flight.iter().any(|(_, hashes)| hashes.contains(hash))
+    }
+
+    /// Whether the block at `at` is one these workers sealed (since the last
+    /// [`SealPipeline::take_sealed`]).
+    pub fn wrote(&self, at: &BlockAt) -> bool {
+        self.sealed_at.contains(at)
+    }
+
+    fn record(&mut self, seq: u64, sealed: SealedBlock) {
+        self.sealed_at.insert(sealed.at);
+        self.sealed.push((seq, sealed));
     }
 
     /// Hands a full block to the workers (waiting while [`MAX_IN_FLIGHT`] are); returns its sequence
@@ -116,7 +131,7 @@ impl SealPipeline {
             // No worker thread could be started: seal here, as before.
             let mut builder = builder;
             if let Some(sealed) = self.store.seal_block(&mut builder)? {
-                self.sealed.push((seq, sealed));
+                self.record(seq, sealed);
             }
             return Ok(seq);
         };
@@ -130,6 +145,7 @@ impl SealPipeline {
 
     /// The blocks written since the last call, by sequence number (any order).
     pub fn take_sealed(&mut self) -> Vec<(u64, SealedBlock)> {
+        self.sealed_at.clear();
         std::mem::take(&mut self.sealed)
     }
 
@@ -213,7 +229,7 @@ impl SealPipeline {
             let (seq, result) = report;
             self.in_flight.retain(|(s, _)| *s != seq);
             match result {
-                Ok(Some(sealed)) => self.sealed.push((seq, sealed)),
+                Ok(Some(sealed)) => self.record(seq, sealed),
                 Ok(None) => {}
                 // A block skipped because another failed: that failure is the one to report.
                 Err(StorageError::Cancelled) => {
@@ -316,7 +332,7 @@ mod tests {
         let mut writer = store.begin_revision().unwrap();
         writer.set_seal_workers(workers);
         for (path, data) in tree() {
-            writer.add_file(&path, 0o644, &mut &data[..]).unwrap();
+            writer.add_file(&path, 0o644, data.len() as u64, &mut &data[..]).unwrap();
         }
         let mut pending = writer.finalize().unwrap();
         let record = pending.record().clone();
@@ -376,7 +392,8 @@ mod tests {
         // No pack can be created any more: every seal fails.
         std::fs::remove_dir_all(dir.path().join("packs")).unwrap();
         let started = Instant::now();
-        let added = writer.add_file("big.yaml", 0o644, &mut &yaml(1, 12_000_000)[..]);
+        let big = yaml(1, 12_000_000);
+        let added = writer.add_file("big.yaml", 0o644, big.len() as u64, &mut &big[..]);
         let err = match added {
             Err(e) => e,
             Ok(()) => writer.finalize().err().expect("finalize must fail"),
@@ -430,13 +447,14 @@ mod tests {
 
     #[test]
     fn dropping_a_writer_mid_file_stops_its_workers_and_unpins() {
-        // Content is only spooled until finalize: no worker runs yet, and nothing is left behind.
+        // A file in path order is laid out as it arrives: workers run, and stop with the writer.
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
         let mut writer = store.begin_revision().unwrap();
         writer.set_seal_workers(2);
         let data = yaml(3, 9_000_000);
-        let err = writer.add_file("cut.yaml", 0o644, &mut CutOff { data, at: 0 }).unwrap_err();
+        let declared = data.len() as u64 + 1;
+        let err = writer.add_file("cut.yaml", 0o644, declared, &mut CutOff { data, at: 0 }).unwrap_err();
         assert!(err.to_string().contains("client went away"), "{err}");
         let liveness = writer.seal_liveness();
         let started = Instant::now();
@@ -454,14 +472,16 @@ mod tests {
     #[test]
     fn a_damaged_spool_fails_finalize_and_stores_nothing() {
         let data = noise(11, 3_000_000);
-        // "a" sorts first: its copy goes into a block; "b" holds the same chunks, met again.
+        // "c" first: the entries are out of order, so "a" and "b" are spooled. "a" sorts first: its
+        // copy goes into a block; "b" holds the same chunks, met again.
         for (workers, damaged_at) in [(0, 1_000), (2, 1_000), (2, 3_001_000)] {
             let dir = tempfile::tempdir().unwrap();
             let store = open(dir.path());
             let mut writer = store.begin_revision().unwrap();
             writer.set_seal_workers(workers);
-            writer.add_file("a", 0o644, &mut &data[..]).unwrap();
-            writer.add_file("b", 0o644, &mut &data[..]).unwrap();
+            writer.add_file("c", 0o644, 1, &mut &b"c"[..]).unwrap();
+            writer.add_file("a", 0o644, data.len() as u64, &mut &data[..]).unwrap();
+            writer.add_file("b", 0o644, data.len() as u64, &mut &data[..]).unwrap();
             let spool = store.staging_dir(writer.id()).join("spool");
             let file = std::fs::OpenOptions::new().write(true).open(&spool).unwrap();
             std::os::unix::fs::FileExt::write_all_at(&file, b"\xff\x00", damaged_at).unwrap();
@@ -484,13 +504,14 @@ mod tests {
         let store = open(dir.path());
         let mut writer = store.begin_revision().unwrap();
         let (small, large) = (b"kept\n".to_vec(), yaml(5, 2_000_000));
-        writer.add_file("before.txt", 0o644, &mut &small[..]).unwrap();
+        writer.add_file("before.txt", 0o644, small.len() as u64, &mut &small[..]).unwrap();
         for cut_at in [1_000_000, 10] {
             let cut = CutOff { data: yaml(4, cut_at), at: 0 };
-            assert!(writer.add_file(&format!("cut-{cut_at}.yaml"), 0o644, &mut { cut }).is_err());
+            let declared = cut.data.len() as u64 * 2;
+            assert!(writer.add_file(&format!("cut-{cut_at}.yaml"), 0o644, declared, &mut { cut }).is_err());
         }
-        writer.add_file("large.yaml", 0o644, &mut &large[..]).unwrap();
-        writer.add_file("small.txt", 0o644, &mut &small[..]).unwrap();
+        writer.add_file("large.yaml", 0o644, large.len() as u64, &mut &large[..]).unwrap();
+        writer.add_file("small.txt", 0o644, small.len() as u64, &mut &small[..]).unwrap();
         let rev = crate::storage::tests::attach("digests", writer.finalize().unwrap());
         for (path, data) in [("before.txt", &small), ("large.yaml", &large), ("small.txt", &small)] {
             let entry = store.file(rev, path).unwrap().unwrap();

@@ -134,7 +134,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), StoreOptions { min_free_bytes: 0, ..StoreOptions::default() }).unwrap();
         let mut kept = store.begin_revision().unwrap();
-        kept.add_file("kept.bin", 0o644, &mut &noise(1, 500_000)[..]).unwrap();
+        kept.add_file("kept.bin", 0o644, 500_000, &mut &noise(1, 500_000)[..]).unwrap();
         let mut pending = kept.finalize().unwrap();
         let (key, id) = (ObjectKey::new("bundlecontents", "ns", "kept"), pending.record().id);
         let put = ObjectWrite::Put {
@@ -145,7 +145,7 @@ mod tests {
         };
         pending.commit(vec![put]).unwrap();
         let mut abandoned = store.begin_revision().unwrap();
-        abandoned.add_file("big.bin", 0o644, &mut &noise(2, 6_000_000)[..]).unwrap();
+        abandoned.add_file("big.bin", 0o644, 6_000_000, &mut &noise(2, 6_000_000)[..]).unwrap();
         drop(abandoned);
         store.collect().unwrap();
         let disk = store.stats().unwrap().disk_bytes;

@@ -148,6 +148,7 @@ impl Staging {
     }
 
     /// Bytes spooled so far.
+    #[cfg(test)]
     pub fn spooled_bytes(&self) -> u64 {
         self.spool_len
     }

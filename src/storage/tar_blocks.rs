@@ -1,9 +1,15 @@
-//! A revision's new content blocks, built by finalize in tar order.
+//! A revision's served tar laid out: its SHA-256 (the revision's digest) and its new content
+//! blocks in tar order.
 //!
-//! Finalize walks the served tar and appends to the block being built every byte it holds in
-//! order: headers, padding and the trailer as filler, each new chunk as a member. So a block is a
-//! stretch of the tar, and its stored zstd frame can be sent as it is by a zstd download
+//! Every byte of the tar goes through [`TarLayout`] in order: headers, padding and the trailer as
+//! filler, each new chunk as a member, each chunk stored before as a gap. So a block is a stretch
+//! of the tar, and its stored zstd frame can be sent as it is by a zstd download
 //! ([`super::frames`], which gets the stretch's offset from the plan built here).
+//!
+//! Two writers feed it ([`super::revision`]): finalize, walking the staged entries in path order
+//! and reading their chunks from the spool; or, while every entry arrives in that order, the
+//! writer itself as the bytes arrive (then nothing is spooled and finalize only writes the
+//! manifest and the plan).
 //!
 //! A chunk stored already — before this revision, or earlier in it — interrupts the stretch (it is
 //! stored once: keeping a repeat as filler would make zstd downloads cheaper but cost its bytes
@@ -15,14 +21,103 @@
 
 use super::chunks::{BlockBuilder, Hash, SealedBlock, BLOCK_TARGET};
 use super::frames::PlanEntry;
+use super::hashing::FileDigests;
 use super::seal::SealPipeline;
+use super::tarfmt::{self, padded};
 use super::{Result, Store};
 
 /// A chunk stored before interrupts the block being built; it is sealed if it holds this much.
 const SEAL_AT_GAP: usize = BLOCK_TARGET / 4;
 
+/// The served tar, laid out from its first byte on: where it stands, its SHA-256 (on a thread of
+/// its own: the tar is its one "file"), its new blocks, and the stored bytes of the chunks it
+/// shares with earlier revisions.
 #[derive(Default)]
-pub(super) struct TarBlocks {
+pub(super) struct TarLayout {
+    pos: u64,
+    digest: FileDigests,
+    blocks: TarBlocks,
+    stored: u64,
+}
+
+/// A tar laid out to its end.
+pub(super) struct LaidOut {
+    pub digest: [u8; 32],
+    pub size: u64,
+    /// The stretches of tar the revision's new blocks hold.
+    pub plan: Vec<PlanEntry>,
+    /// Stored bytes of the revision's content: its new blocks and its shares of earlier ones.
+    pub stored: u64,
+}
+
+impl TarLayout {
+    /// Bytes of the tar in no chunk: an entry's header, padding.
+    pub fn filler(&mut self, seals: &mut SealPipeline, bytes: &[u8]) -> Result<()> {
+        self.digest.update(bytes)?;
+        self.blocks.filler(seals, self.pos, bytes)?;
+        self.pos += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// A file's data of `size` bytes follows (its header was laid out).
+    pub fn start_data(&mut self, seals: &mut SealPipeline, size: u64) -> Result<()> {
+        if size >= BLOCK_TARGET as u64 {
+            self.blocks.cut(seals)?;
+        }
+        Ok(())
+    }
+
+    /// A chunk the store did not hold when it arrived.
+    pub fn new_chunk(&mut self, store: &Store, seals: &mut SealPipeline, hash: Hash, data: &[u8]) -> Result<()> {
+        self.digest.update(data)?;
+        self.blocks.chunk(store, seals, self.pos, hash, data)?;
+        self.pos += data.len() as u64;
+        Ok(())
+    }
+
+    /// A chunk stored before, of which this revision's stored size counts `share` bytes (none when
+    /// this revision stored it: its block counts).
+    pub fn stored_chunk(&mut self, seals: &mut SealPipeline, data: &[u8], share: u64) -> Result<()> {
+        self.digest.update(data)?;
+        self.blocks.gap(seals)?;
+        self.stored += share;
+        self.pos += data.len() as u64;
+        Ok(())
+    }
+
+    /// A file's data of `size` bytes ended: the padding to the next tar block.
+    pub fn end_data(&mut self, seals: &mut SealPipeline, size: u64) -> Result<()> {
+        let padding = [0u8; tarfmt::BLOCK as usize];
+        self.filler(seals, padding.get(..(padded(size) - size) as usize).unwrap_or_default())
+    }
+
+    /// Lays out the trailer and waits for every block to be sealed (so indexed: the plan names
+    /// them).
+    pub fn finish(mut self, seals: &mut SealPipeline) -> Result<LaidOut> {
+        self.filler(seals, &[0u8; tarfmt::TRAILER_LEN as usize])?;
+        self.blocks.cut(seals)?;
+        seals.finish()?;
+        let sealed = seals.take_sealed();
+        let stored = self.stored + sealed.iter().map(|(_, b)| b.at.stored_len as u64).sum::<u64>();
+        let plan = self.blocks.plan(sealed);
+        self.digest.end_file()?;
+        let digest = self.digest.wait()?;
+        Ok(LaidOut { digest, size: self.pos, plan, stored })
+    }
+
+    /// Stops laying out. The blocks handed over are waited for, so their chunks are in the store
+    /// (read back from there as any stored chunk when the tar is laid out again; those blocks get
+    /// no place in its plan). The block being built is handed back unsealed: its chunks are laid
+    /// out again as new, from there (also when waiting failed).
+    pub fn abandon(self, seals: &mut SealPipeline) -> (BlockBuilder, Result<()>) {
+        let finished = seals.finish();
+        drop(seals.take_sealed());
+        (self.blocks.builder, finished)
+    }
+}
+
+#[derive(Default)]
+struct TarBlocks {
     builder: BlockBuilder,
     /// Where the block being built starts in the tar; `None` while it is empty or broken by a gap.
     start: Option<u64>,
@@ -34,7 +129,7 @@ pub(super) struct TarBlocks {
 
 impl TarBlocks {
     /// Bytes of the tar at `pos` that belong to no new chunk.
-    pub fn filler(&mut self, seals: &mut SealPipeline, pos: u64, bytes: &[u8]) -> Result<()> {
+    fn filler(&mut self, seals: &mut SealPipeline, pos: u64, bytes: &[u8]) -> Result<()> {
         if self.gapped || bytes.is_empty() {
             return Ok(());
         }
@@ -45,7 +140,7 @@ impl TarBlocks {
 
     /// A spooled chunk at `pos` in the tar. One met before in this revision (in this block, in a
     /// block being sealed, or — embedded — already indexed) is a gap, as a chunk stored before.
-    pub fn chunk(&mut self, store: &Store, seals: &mut SealPipeline, pos: u64, hash: Hash, data: &[u8]) -> Result<()> {
+    fn chunk(&mut self, store: &Store, seals: &mut SealPipeline, pos: u64, hash: Hash, data: &[u8]) -> Result<()> {
         let seen = self.builder.contains(&hash)
             || seals.holds(&hash)
             || (store.remote().is_none() && store.chunk_location(&hash)?.is_some());
@@ -60,7 +155,7 @@ impl TarBlocks {
     }
 
     /// The tar goes on with a chunk stored before this revision.
-    pub fn gap(&mut self, seals: &mut SealPipeline) -> Result<()> {
+    fn gap(&mut self, seals: &mut SealPipeline) -> Result<()> {
         if self.gapped {
             return Ok(());
         }
@@ -78,7 +173,7 @@ impl TarBlocks {
     }
 
     /// Seals the block being built (a large file's data starts a block; the end of the tar).
-    pub fn cut(&mut self, seals: &mut SealPipeline) -> Result<()> {
+    fn cut(&mut self, seals: &mut SealPipeline) -> Result<()> {
         let builder = std::mem::take(&mut self.builder);
         let start = self.start.take();
         self.gapped = false;
@@ -102,7 +197,7 @@ impl TarBlocks {
 
     /// The plan: the stretches of tar whose blocks were written, in tar order. `sealed` is every
     /// block the workers wrote.
-    pub fn plan(&self, mut sealed: Vec<(u64, SealedBlock)>) -> Vec<PlanEntry> {
+    fn plan(&self, mut sealed: Vec<(u64, SealedBlock)>) -> Vec<PlanEntry> {
         sealed.sort_unstable_by_key(|(seq, _)| *seq);
         let mut plan = Vec::with_capacity(self.submitted.len());
         let mut sealed = sealed.into_iter().peekable();

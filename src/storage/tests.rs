@@ -38,7 +38,7 @@ pub(crate) fn noise(seed: u64, len: usize) -> Vec<u8> {
 fn write(store: &Store, files: &[(&str, Vec<u8>)]) -> PendingRevision {
     let mut writer = store.begin_revision().unwrap();
     for (path, data) in files {
-        writer.add_file(path, if path.ends_with(".sh") { 0o755 } else { 0o644 }, &mut &data[..]).unwrap();
+        writer.add_file(path, if path.ends_with(".sh") { 0o755 } else { 0o644 }, data.len() as u64, &mut &data[..]).unwrap();
     }
     writer.finalize().unwrap()
 }
@@ -191,7 +191,7 @@ fn an_interrupted_write_leaves_nothing_after_reopen() {
         let store = open(dir.path());
         kept = attach("c1", write(&store, &[("keep", noise(6, 100_000))]));
         let mut writer = store.begin_revision().unwrap();
-        writer.add_file("lost", 0o644, &mut &noise(7, 300_000)[..]).unwrap();
+        writer.add_file("lost", 0o644, 300_000, &mut &noise(7, 300_000)[..]).unwrap();
         store.flush().unwrap();
         assert_eq!(store.stats().unwrap().revisions_staging, 1);
         writer.simulate_crash();
@@ -272,7 +272,7 @@ fn a_damaged_manifest_keeps_neither_the_store_closed_nor_its_other_revisions_fro
     assert!(matches!(store.file(damaged, "d"), Err(StorageError::Corrupt(_))));
     // A pass that would sweep (an abandoned write) stops at the damage without taking anything.
     let mut abandoned = store.begin_revision().unwrap();
-    abandoned.add_file("a", 0o644, &mut &noise(32, 1000)[..]).unwrap();
+    abandoned.add_file("a", 0o644, 1000, &mut &noise(32, 1000)[..]).unwrap();
     drop(abandoned);
     // (The background collector may have run that pass already; either way it stopped.)
     let _ = store.collect();

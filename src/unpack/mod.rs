@@ -39,8 +39,8 @@ pub use source::{Credentials, NetworkPolicy, ResolvedSource, Source, SourceConte
 /// permission bits only (`mode & 0o777`: setuid, setgid and sticky are dropped).
 pub trait EntrySink {
     type Error: std::error::Error + Send + Sync + 'static;
-    /// A regular file with permission bits `mode`; `data` yields exactly its bytes.
-    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), Self::Error>;
+    /// A regular file of `size` bytes with permission bits `mode`; `data` yields exactly its bytes.
+    fn file(&mut self, path: &str, mode: u32, size: u64, data: &mut dyn Read) -> Result<(), Self::Error>;
     /// A directory the archive names, once (directories only implied by their contents' paths
     /// are not reported; an empty directory is reported), in any order relative to its contents.
     fn dir(&mut self, path: &str, mode: u32) -> Result<(), Self::Error>;

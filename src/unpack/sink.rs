@@ -127,7 +127,7 @@ impl<'w> TreeSink<'w> {
 impl EntrySink for TreeSink<'_> {
     type Error = UnpackError;
 
-    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, mode: u32, size: u64, data: &mut dyn Read) -> Result<(), UnpackError> {
         let path = self.place(path)?;
         let mut counted =
             Counted { inner: data, size: 0, before: self.bytes, limits: self.limits, budget: &self.budget };
@@ -143,11 +143,11 @@ impl EntrySink for TreeSink<'_> {
                     } else {
                         self.inspector.observe(&path, &buffer);
                     }
-                    self.writer.add_file(&path, mode, &mut buffer.as_slice().chain(&mut counted))
+                    self.writer.add_file(&path, mode, size, &mut buffer.as_slice().chain(&mut counted))
                 }
             }
         } else {
-            self.writer.add_file(&path, mode, &mut counted)
+            self.writer.add_file(&path, mode, size, &mut counted)
         };
         self.bytes += counted.size;
         result.map_err(|e| self.refused(&path, e))

@@ -26,9 +26,10 @@ pub(crate) struct RecordingSink {
 
 impl EntrySink for RecordingSink {
     type Error = UnpackError;
-    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, mode: u32, size: u64, data: &mut dyn Read) -> Result<(), UnpackError> {
         let mut bytes = Vec::new();
         data.read_to_end(&mut bytes).map_err(|e| UnpackError::from_io(path, e))?;
+        assert_eq!(bytes.len() as u64, size, "{path}: the data is not the size announced");
         let exec = mode & 0o100 != 0;
         assert!(self.tree.insert(path.to_owned(), Node::File { data: bytes, exec }).is_none(), "{path} twice");
         self.modes.push(mode);

@@ -22,9 +22,10 @@ struct Recorder(Tree);
 
 impl EntrySink for Recorder {
     type Error = UnpackError;
-    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, mode: u32, size: u64, data: &mut dyn Read) -> Result<(), UnpackError> {
         let mut bytes = Vec::new();
         data.read_to_end(&mut bytes).map_err(|e| UnpackError::from_io(path, e))?;
+        assert_eq!(bytes.len() as u64, size, "{path}: the data is not the size announced");
         let exec = mode & 0o100 != 0;
         assert!(self.0.insert(path.to_owned(), Node::File { data: bytes, exec }).is_none(), "{path} twice");
         Ok(())
@@ -407,9 +408,9 @@ struct CancelOnFirstFile(CancellationToken, Recorder);
 
 impl EntrySink for CancelOnFirstFile {
     type Error = UnpackError;
-    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, mode: u32, size: u64, data: &mut dyn Read) -> Result<(), UnpackError> {
         self.0.cancel();
-        self.1.file(path, mode, data)
+        self.1.file(path, mode, size, data)
     }
     fn dir(&mut self, path: &str, mode: u32) -> Result<(), UnpackError> {
         self.1.dir(path, mode)

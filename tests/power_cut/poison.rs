@@ -60,7 +60,7 @@ pub fn run(root: &Path, _failing: &str) {
         let revision = (|| {
             let mut writer = store.begin_revision()?;
             let data = format!("file {i}\n").repeat(20_000);
-            writer.add_file("a.txt", 0o644, &mut data.as_bytes())?;
+            writer.add_file("a.txt", 0o644, data.len() as u64, &mut data.as_bytes())?;
             writer.finalize()
         })();
         let result = revision.and_then(|mut pending| {

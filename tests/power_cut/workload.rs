@@ -149,14 +149,14 @@ fn write_revision(store: &Store, rng: &mut Rng, shared: &[Vec<u8>]) -> Option<st
         let len = 16_384 + rng.below(150_000) as usize;
         let data = text(rng, len);
         writer
-            .add_file(&format!("dir{}/file{f}.yaml", f % 2), if f == 0 { 0o755 } else { 0o644 }, &mut &data[..])
+            .add_file(&format!("dir{}/file{f}.yaml", f % 2), if f == 0 { 0o755 } else { 0o644 }, data.len() as u64, &mut &data[..])
             .unwrap();
         if abandon == 0 && f == 1 {
             return None; // dropped mid-write: released
         }
     }
     let common = rng.pick(shared).unwrap();
-    writer.add_file("shared.yaml", 0o644, &mut &common[..]).unwrap();
+    writer.add_file("shared.yaml", 0o644, common.len() as u64, &mut &common[..]).unwrap();
     let pending = writer.finalize().unwrap();
     // Finalized, never attached: released when dropped.
     (abandon != 1).then_some(pending)
@@ -236,9 +236,9 @@ pub fn run(root: &Path, marks_path: &Path, seed: u64) {
         let mut writer = store.begin_revision().unwrap();
         for f in 0..3 {
             let data = text(&mut rng, 100_000);
-            writer.add_file(&format!("f{f}.yaml"), 0o644, &mut &data[..]).unwrap();
+            writer.add_file(&format!("f{f}.yaml"), 0o644, data.len() as u64, &mut &data[..]).unwrap();
         }
-        writer.add_file("shared.yaml", 0o644, &mut &shared[i % 2][..]).unwrap();
+        writer.add_file("shared.yaml", 0o644, shared[i % 2].len() as u64, &mut &shared[i % 2][..]).unwrap();
         put(&store, &marks, &name, 0, Some(writer.finalize().unwrap()));
         base.push(name);
     }

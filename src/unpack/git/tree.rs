@@ -119,7 +119,7 @@ pub(super) fn walk(
                 _ => {
                     // git records only whether a blob is executable.
                     let mode = if kind == EntryKind::BlobExecutable { 0o755 } else { 0o644 };
-                    sink.file(&path, mode, &mut &blob.data[..])?;
+                    sink.file(&path, mode, blob.data.len() as u64, &mut &blob.data[..])?;
                 }
             }
         }

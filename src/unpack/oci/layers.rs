@@ -139,13 +139,13 @@ impl<'s, 'a> LayerSink<'s, 'a> {
 impl EntrySink for LayerSink<'_, '_> {
     type Error = UnpackError;
 
-    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, mode: u32, size: u64, data: &mut dyn Read) -> Result<(), UnpackError> {
         if !self.admit(path)? {
             // Unread data is skipped by the archive reader.
             return Ok(());
         }
         self.layer_files.insert(path.to_owned());
-        self.inner.file(path, mode, data)
+        self.inner.file(path, mode, size, data)
     }
 
     fn dir(&mut self, path: &str, mode: u32) -> Result<(), UnpackError> {

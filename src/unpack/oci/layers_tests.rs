@@ -12,7 +12,7 @@ struct Recorder(BTreeMap<String, String>);
 
 impl EntrySink for Recorder {
     type Error = UnpackError;
-    fn file(&mut self, path: &str, _: u32, data: &mut dyn Read) -> Result<(), UnpackError> {
+    fn file(&mut self, path: &str, _: u32, _: u64, data: &mut dyn Read) -> Result<(), UnpackError> {
         let mut s = String::new();
         data.read_to_string(&mut s).map_err(|e| UnpackError::from_io(path, e))?;
         self.0.insert(path.to_owned(), s);
@@ -49,7 +49,7 @@ fn flatten(layers: &[&[E]]) -> Result<BTreeMap<String, String>, UnpackError> {
         for layer in layers.iter().rev() {
             for e in layer.iter() {
                 match e {
-                    E::F(p, d) => sink.file(p, 0o644, &mut d.as_bytes())?,
+                    E::F(p, d) => sink.file(p, 0o644, d.len() as u64, &mut d.as_bytes())?,
                     E::L(p, t) => sink.symlink(p, t)?,
                     E::H(p, t) => sink.hardlink(p, t)?,
                     E::D(p, mode) => sink.dir(p, *mode)?,

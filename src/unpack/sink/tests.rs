@@ -31,9 +31,9 @@ fn zeros(n: u64) -> impl Read {
 fn files_are_placed_under_the_destination_and_paths_are_limited() {
     with_sink(limits(), Arc::default(), |sink| {
         sink.set_destination("charts/");
-        sink.file("a.txt", 0o644, &mut zeros(3)).unwrap();
+        sink.file("a.txt", 0o644, 3, &mut zeros(3)).unwrap();
         let long = "x".repeat(40);
-        let err = sink.file(&long, 0o644, &mut zeros(1)).unwrap_err();
+        let err = sink.file(&long, 0o644, 1, &mut zeros(1)).unwrap_err();
         assert!(matches!(err, UnpackError::TooLarge(ref m) if m.contains("over the limit of 40")), "{err}");
     });
 }
@@ -41,21 +41,21 @@ fn files_are_placed_under_the_destination_and_paths_are_limited() {
 #[test]
 fn single_file_total_and_count_limits_stop_the_stream() {
     with_sink(limits(), Arc::default(), |sink| {
-        let err = sink.file("big", 0o644, &mut zeros(5 << 20)).unwrap_err();
+        let err = sink.file("big", 0o644, 5 << 20, &mut zeros(5 << 20)).unwrap_err();
         assert!(matches!(err, UnpackError::TooLarge(ref m) if m.contains("a file is larger")), "{err}");
     });
     with_sink(limits(), Arc::default(), |sink| {
         for i in 0..3 {
-            sink.file(&format!("f{i}"), 0o644, &mut zeros(3 << 20)).unwrap();
+            sink.file(&format!("f{i}"), 0o644, 3 << 20, &mut zeros(3 << 20)).unwrap();
         }
-        let err = sink.file("f3", 0o644, &mut zeros(3 << 20)).unwrap_err();
+        let err = sink.file("f3", 0o644, 3 << 20, &mut zeros(3 << 20)).unwrap_err();
         assert!(matches!(err, UnpackError::TooLarge(ref m) if m.contains("content is larger")), "{err}");
     });
     with_sink(limits(), Arc::default(), |sink| {
         for i in 0..10 {
-            sink.file(&format!("f{i}"), 0o644, &mut zeros(1)).unwrap();
+            sink.file(&format!("f{i}"), 0o644, 1, &mut zeros(1)).unwrap();
         }
-        let err = sink.file("f10", 0o644, &mut zeros(1)).unwrap_err();
+        let err = sink.file("f10", 0o644, 1, &mut zeros(1)).unwrap_err();
         assert!(matches!(err, UnpackError::TooLarge(ref m) if m.contains("more than 10 files")), "{err}");
     });
 }
@@ -66,8 +66,8 @@ fn the_expansion_ratio_counts_downloaded_bytes() {
     budget.add_downloaded(200 << 10);
     with_sink(limits(), budget.clone(), |sink| {
         // 200 KiB downloaded: 1.5 MiB is within 10x, 2 MiB is not.
-        sink.file("ok", 0o644, &mut zeros(1536 << 10)).unwrap();
-        let err = sink.file("bomb", 0o644, &mut zeros(1 << 20)).unwrap_err();
+        sink.file("ok", 0o644, 1536 << 10, &mut zeros(1536 << 10)).unwrap();
+        let err = sink.file("bomb", 0o644, 1 << 20, &mut zeros(1 << 20)).unwrap_err();
         assert!(matches!(err, UnpackError::TooLarge(ref m) if m.contains("expands more than 10x")), "{err}");
     });
 }
@@ -75,8 +75,8 @@ fn the_expansion_ratio_counts_downloaded_bytes() {
 #[test]
 fn manifests_are_inspected_as_they_pass() {
     let report = with_sink(limits(), Arc::default(), |sink| {
-        sink.file("manifests/cm.yaml", 0o644, &mut "apiVersion: v1\nkind: ConfigMap\n".as_bytes()).unwrap();
-        sink.file("manifests/svc.json", 0o644, &mut r#"{"apiVersion":"v1","kind":"Service"}"#.as_bytes()).unwrap();
+        sink.file("manifests/cm.yaml", 0o644, "apiVersion: v1\nkind: ConfigMap\n".len() as u64, &mut "apiVersion: v1\nkind: ConfigMap\n".as_bytes()).unwrap();
+        sink.file("manifests/svc.json", 0o644, r#"{"apiVersion":"v1","kind":"Service"}"#.len() as u64, &mut r#"{"apiVersion":"v1","kind":"Service"}"#.as_bytes()).unwrap();
         let mut taken = TreeSink::new(sink.writer, sink.limits, sink.budget.clone());
         std::mem::swap(&mut taken.inspector, &mut sink.inspector);
         taken.files = sink.files;
@@ -120,7 +120,7 @@ fn directories_count_against_the_entry_limit() {
         for i in 0..10 {
             sink.dir(&format!("d{i}"), 0o755).unwrap();
         }
-        let err = sink.file("f", 0o644, &mut zeros(1)).unwrap_err();
+        let err = sink.file("f", 0o644, 1, &mut zeros(1)).unwrap_err();
         assert!(matches!(err, UnpackError::TooLarge(ref m) if m.contains("more than 10 files")), "{err}");
     });
 }
@@ -130,13 +130,13 @@ fn sources_share_directories_but_not_files() {
     with_sink(limits(), Arc::default(), |sink| {
         sink.set_destination("");
         sink.dir("manifests", 0o755).unwrap();
-        sink.file("manifests/a.yaml", 0o644, &mut zeros(1)).unwrap();
+        sink.file("manifests/a.yaml", 0o644, 1, &mut zeros(1)).unwrap();
         sink.set_destination("extra");
-        sink.file("x", 0o644, &mut zeros(1)).unwrap();
+        sink.file("x", 0o644, 1, &mut zeros(1)).unwrap();
         sink.set_destination("");
         sink.dir("manifests", 0o700).expect("a directory an earlier source made is shared");
-        sink.file("manifests/b.yaml", 0o644, &mut zeros(1)).unwrap();
-        let err = sink.file("manifests/a.yaml", 0o644, &mut zeros(1)).unwrap_err();
+        sink.file("manifests/b.yaml", 0o644, 1, &mut zeros(1)).unwrap();
+        let err = sink.file("manifests/a.yaml", 0o644, 1, &mut zeros(1)).unwrap_err();
         assert_eq!(
             err.to_string(),
             "invalid entry \"manifests/a.yaml\": duplicate path: spec.sources[2] writes it, and spec.sources[0] \

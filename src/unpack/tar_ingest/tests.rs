@@ -29,7 +29,7 @@ struct VecSink {
 
 impl EntrySink for VecSink {
     type Error = SinkError;
-    fn file(&mut self, path: &str, mode: u32, data: &mut dyn Read) -> Result<(), SinkError> {
+    fn file(&mut self, path: &str, mode: u32, size: u64, data: &mut dyn Read) -> Result<(), SinkError> {
         if self.fail_on.as_deref() == Some(path) {
             return Err(SinkError("disk full".into()));
         }
@@ -40,6 +40,9 @@ impl EntrySink for VecSink {
         };
         if !self.swallow_read_errors {
             read.map_err(|e| SinkError(e.to_string()))?;
+            if self.read_limit.is_none() {
+                assert_eq!(buf.len() as u64, size, "{path}: the data is not the size announced");
+            }
         }
         self.events.push(Event::File(path.into(), mode, buf));
         Ok(())

@@ -100,7 +100,7 @@ impl<'l> Walker<'l> {
             self.add_bytes(size, state)?;
             self.tree.insert(&path, Kind::File { size }).map_err(|reason| invalid(state, path.clone(), reason))?;
             let mut data = EntryData::new(&mut *entry, size, number, &path, state);
-            let result = sink.file(&path, mode, &mut data);
+            let result = sink.file(&path, mode, size, &mut data);
             if let Some(e) = data.take_failure() {
                 // The sink saw a read error: that error, not the sink's reaction to it, counts.
                 return Err(Failure::Io(e));
