@@ -4,16 +4,19 @@
 # the work an upload cannot avoid (compress every byte, hash every byte). With BENCH_BEFORE_BIN, the
 # same upload into another stowage binary (an older build), side by side. Both builds must serve the
 # same tar: their status.digest must agree. Each upload twice, over HTTP/2 (curl's default over TLS)
-# and HTTP/1.1, each into a fresh server.
+# and HTTP/1.1, each into a fresh server. The tar lists its files in path order (as `kubectl stowage
+# push` and `git archive` do: the server lays it out as it arrives); the same files in the order
+# the tree was walked (spooled, laid out by finalize) are uploaded too, over HTTP/1.1.
 # shellcheck shell=bash
 
 INGEST_BYTES="${BENCH_INGEST_BYTES:-1073741824}"
 
 scenario_ingest() {
     local section="Ingest: 1 GiB YAML upload beside zstd -3 -T2 and b3sum"
-    local tarf="$WORK/ingest.tar"
-    log "ingest: building the tar ($INGEST_BYTES bytes of copies of $corpus)"
+    local tarf="$WORK/ingest.tar" walkf="$WORK/ingest-walk.tar"
+    log "ingest: building the tars ($INGEST_BYTES bytes of copies of $corpus, in path and walk order)"
     python3 "$repo/bench/yaml_tar.py" "$corpus" "$tarf" "$INGEST_BYTES" >&2
+    BENCH_TAR_ORDER=walk python3 "$repo/bench/yaml_tar.py" "$corpus" "$walkf" "$INGEST_BYTES" >&2
     local size
     size="$(stat -c %s "$tarf")"
     local builds=("this build=$BIN")
@@ -21,9 +24,9 @@ scenario_ingest() {
         cp "$BENCH_BEFORE_BIN" "$WORK/bench-server-before"
         builds=("before=$WORK/bench-server-before" "${builds[@]}")
     fi
-    local run build label bin out code secs t0 t1 digest first_digest=""
+    local run build label bin out code secs t0 t1 digest first_digest="" upload order
     for run in $(seq 1 "$RUNS"); do
-        cat "$tarf" >/dev/null
+        cat "$tarf" "$walkf" >/dev/null
         record "$section" "tar size" bytes "$size"
         # The limit: compress every byte (zstd's own threads) and hash every byte (b3sum's).
         t0="$(now)"
@@ -42,21 +45,23 @@ scenario_ingest() {
         for build in "${builds[@]}"; do
             # curl's default over TLS is HTTP/2 (as kubectl's client-go); HTTP/1.1 shows what the
             # store takes when the transport is not the bottleneck (see docs/benchmarks.md).
-            for proto in http2 http1.1; do
+            for upload in http2 http1.1 walk; do
                 label="${build%%=*}" bin="${build#*=}"
-                log "ingest: run $run/$RUNS, $label, $proto"
-                local data="$WORK/ingest-$run-${label// /-}-$proto"
+                proto="${upload/walk/http1.1}" order=""
+                [ "$upload" = walk ] && order=", files in walk order"
+                log "ingest: run $run/$RUNS, $label, $proto$order"
+                local data="$WORK/ingest-$run-${label// /-}-$upload"
                 BIN="$bin" start_server "$data"
                 create_bundle ingest
                 record "$section" "load average before the upload ($label, $proto)" count "$(cut -d' ' -f1 /proc/loadavg)"
-                out="$(api "--$proto" -X PUT -T "$tarf" -H 'Content-Type: application/x-tar' -o "$WORK/put.json" \
+                out="$(api "--$proto" -X PUT -T "$([ "$upload" = walk ] && echo "$walkf" || echo "$tarf")" -H 'Content-Type: application/x-tar' -o "$WORK/put.json" \
                     -w '%{http_code} %{time_total}' "$API/namespaces/$NS/bundles/ingest/content")"
                 read -r code secs <<<"$out"
                 [ "$code" = 200 ] || die "upload returned $code"
-                record "$section" "**upload ($label, curl -T file, $proto)**" MB/s "$(calc "$size / 1e6 / $secs")"
-                record "$section" "server CPU time of the upload ($label, $proto)" s \
+                record "$section" "**upload ($label, curl -T file, $proto$order)**" MB/s "$(calc "$size / 1e6 / $secs")"
+                record "$section" "server CPU time of the upload ($label, $proto$order)" s \
                     "$(awk '{print ($14 + $15) / 100}' "/proc/$SERVER_PID/stat")"
-                record "$section" "server peak RSS ($label, $proto, VmHWM)" MiB "$(calc "$(peak_rss_kib) / 1024")" "<150"
+                record "$section" "server peak RSS ($label, $proto$order, VmHWM)" MiB "$(calc "$(peak_rss_kib) / 1024")" "<150"
                 digest="$(json_field status.digest <"$WORK/put.json")"
                 [ -n "$first_digest" ] || first_digest="$digest"
                 [ "$digest" = "$first_digest" ] || die "$label serves $digest, not $first_digest"
@@ -66,10 +71,10 @@ scenario_ingest() {
                     [ "sha256:$sum" = "$digest" ] || die "$label: downloaded tar sha256:$sum != status.digest $digest"
                 fi
                 stop_server
-                record "$section" "store on disk ($label, $proto, du)" bytes "$(alloc_bytes "$data/store")"
+                record "$section" "store on disk ($label, $proto$order, du)" bytes "$(alloc_bytes "$data/store")"
                 rm -rf "$data"
             done
         done
     done
-    rm -f "$tarf"
+    rm -f "$tarf" "$walkf"
 }

@@ -251,8 +251,9 @@ impl RevisionWriter {
     }
 
     /// Whether `entry` (not yet staged) comes after every entry so far, so goes on the tar laid
-    /// out as they arrive: then its header is laid out. The first that does not ends that.
-    fn lay_out(&mut self, entry: &FileEntry) -> Result<bool> {
+    /// out as they arrive: then its header is laid out and its tar offset set. The first that does
+    /// not ends that.
+    fn lay_out(&mut self, entry: &mut FileEntry) -> Result<bool> {
         if self.in_order.is_none() {
             return Ok(false);
         }
@@ -263,14 +264,15 @@ impl RevisionWriter {
         self.last_path.clone_from(&entry.path);
         let header = tarfmt::header_bytes(&entry.header_spec());
         let Some(layout) = &mut self.in_order else { return Ok(false) };
+        entry.tar_offset = layout.pos();
         layout.filler(&mut self.seals, &header)?;
         Ok(true)
     }
 
     /// Stages an entry without data, laid out if in order.
-    fn stage_entry(&mut self, entry: &FileEntry) -> Result<()> {
-        self.lay_out(entry)?;
-        let staged = self.staging.add(entry);
+    fn stage_entry(&mut self, mut entry: FileEntry) -> Result<()> {
+        self.lay_out(&mut entry)?;
+        let staged = self.staging.add(&entry);
         if staged.is_err() {
             self.stop_laying_out()?;
         }
@@ -301,7 +303,7 @@ impl RevisionWriter {
             tar_offset: 0,
             chunks: ChunkList::None,
         };
-        if self.lay_out(&entry)? {
+        if self.lay_out(&mut entry)? {
             if let Some(layout) = &mut self.in_order {
                 layout.start_data(&mut self.seals, size)?;
             }
@@ -405,7 +407,7 @@ impl RevisionWriter {
             tar_offset: 0,
             chunks: ChunkList::None,
         };
-        self.stage_entry(&entry)
+        self.stage_entry(entry)
     }
 
     /// Adds a directory the archive names (an empty one included), with permission bits `mode`
@@ -424,7 +426,7 @@ impl RevisionWriter {
             tar_offset: 0,
             chunks: ChunkList::None,
         };
-        self.stage_entry(&entry)
+        self.stage_entry(entry)
     }
 
     /// Adds `path` as a copy of the earlier regular file `target` (sharing its chunks); returns
@@ -453,9 +455,9 @@ impl RevisionWriter {
         self.stage_all_files()?;
         let store = self.store.clone();
         let id = self.id;
+        // Laid out as the entries arrived: their tar offsets are set already.
         let laid_out_already = self.in_order.is_some();
         let mut layout = self.in_order.take().unwrap_or_default();
-        let mut offset = 0u64;
         let (mut files, mut size) = (0u64, 0u64);
         let mut manifest = ManifestBuilder::default();
         let mut meta = WriterChunks { store: &store, blocks: &mut self.blocks, pinned: &mut self.pinned };
@@ -463,10 +465,9 @@ impl RevisionWriter {
         let (staging, seals, held) = (&mut self.staging, &mut self.seals, &self.held);
         for item in staging.sorted()? {
             let mut entry = staging.read_entry(item?)?;
-            entry.tar_offset = offset;
-            let header = tarfmt::header_bytes(&entry.header_spec());
             if !laid_out_already {
-                layout.filler(seals, &header)?;
+                entry.tar_offset = layout.pos();
+                layout.filler(seals, &tarfmt::header_bytes(&entry.header_spec()))?;
             }
             if let Some((first, count)) = entry.chunks.staged() {
                 let staged = staging.read_refs(first, count)?;
@@ -476,16 +477,12 @@ impl RevisionWriter {
                 }
                 entry.chunks = chunk_list(staged.iter().map(|r| r.chunk).collect(), &mut put)?;
             }
-            offset += header.len() as u64 + entry.tar_data_len();
             // Files and symlinks: what `status.files` counts (directories hold no content).
             files += u64::from(!entry.is_dir());
             size += entry.size;
             manifest.push(&entry, &mut put)?;
         }
         let tar = layout.finish(seals)?;
-        if tar.size != offset + tarfmt::TRAILER_LEN {
-            return Err(StorageError::Corrupt("the tar laid out does not match the staged entries".into()));
-        }
         let plan = store_plan(&tar.plan, &mut put)?;
         let root = manifest.finish(&mut put)?;
         store.seal_block(&mut self.blocks)?;

@@ -51,6 +51,11 @@ pub(super) struct LaidOut {
 }
 
 impl TarLayout {
+    /// Where the next byte goes in the tar.
+    pub fn pos(&self) -> u64 {
+        self.pos
+    }
+
     /// Bytes of the tar in no chunk: an entry's header, padding.
     pub fn filler(&mut self, seals: &mut SealPipeline, bytes: &[u8]) -> Result<()> {
         self.digest.update(bytes)?;
