@@ -38,7 +38,9 @@ pub(crate) fn noise(seed: u64, len: usize) -> Vec<u8> {
 fn write(store: &Store, files: &[(&str, Vec<u8>)]) -> PendingRevision {
     let mut writer = store.begin_revision().unwrap();
     for (path, data) in files {
-        writer.add_file(path, if path.ends_with(".sh") { 0o755 } else { 0o644 }, data.len() as u64, &mut &data[..]).unwrap();
+        writer
+            .add_file(path, if path.ends_with(".sh") { 0o755 } else { 0o644 }, data.len() as u64, &mut &data[..])
+            .unwrap();
     }
     writer.finalize().unwrap()
 }

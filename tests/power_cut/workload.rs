@@ -149,7 +149,12 @@ fn write_revision(store: &Store, rng: &mut Rng, shared: &[Vec<u8>]) -> Option<st
         let len = 16_384 + rng.below(150_000) as usize;
         let data = text(rng, len);
         writer
-            .add_file(&format!("dir{}/file{f}.yaml", f % 2), if f == 0 { 0o755 } else { 0o644 }, data.len() as u64, &mut &data[..])
+            .add_file(
+                &format!("dir{}/file{f}.yaml", f % 2),
+                if f == 0 { 0o755 } else { 0o644 },
+                data.len() as u64,
+                &mut &data[..],
+            )
             .unwrap();
         if abandon == 0 && f == 1 {
             return None; // dropped mid-write: released

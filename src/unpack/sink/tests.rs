@@ -75,8 +75,12 @@ fn the_expansion_ratio_counts_downloaded_bytes() {
 #[test]
 fn manifests_are_inspected_as_they_pass() {
     let report = with_sink(limits(), Arc::default(), |sink| {
-        sink.file("manifests/cm.yaml", 0o644, "apiVersion: v1\nkind: ConfigMap\n".len() as u64, &mut "apiVersion: v1\nkind: ConfigMap\n".as_bytes()).unwrap();
-        sink.file("manifests/svc.json", 0o644, r#"{"apiVersion":"v1","kind":"Service"}"#.len() as u64, &mut r#"{"apiVersion":"v1","kind":"Service"}"#.as_bytes()).unwrap();
+        for (path, data) in [
+            ("manifests/cm.yaml", "apiVersion: v1\nkind: ConfigMap\n"),
+            ("manifests/svc.json", r#"{"apiVersion":"v1","kind":"Service"}"#),
+        ] {
+            sink.file(path, 0o644, data.len() as u64, &mut data.as_bytes()).unwrap();
+        }
         let mut taken = TreeSink::new(sink.writer, sink.limits, sink.budget.clone());
         std::mem::swap(&mut taken.inspector, &mut sink.inspector);
         taken.files = sink.files;
