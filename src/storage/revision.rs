@@ -309,7 +309,13 @@ impl RevisionWriter {
             }
         }
         let first_ref = self.staging.refs_written();
-        let count = match self.stage_file_chunks(path, size, data) {
+        let mut staged = self.stage_file_chunks(path, size, data);
+        if let (Ok(_), Some(layout)) = (&staged, &mut self.in_order) {
+            if let Err(e) = layout.end_data(&mut self.seals, size) {
+                staged = Err(e);
+            }
+        }
+        let count = match staged {
             Ok(count) => count,
             Err(e) => {
                 // The writer may go on with other files: their digests must not include these
@@ -320,9 +326,6 @@ impl RevisionWriter {
                 return Err(e);
             }
         };
-        if let Some(layout) = &mut self.in_order {
-            layout.end_data(&mut self.seals, size)?;
-        }
         self.digests.end_file()?;
         self.awaiting_paths.insert(path.to_string());
         entry.chunks = ChunkList::Staged { offset: first_ref, count };
