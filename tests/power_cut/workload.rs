@@ -243,6 +243,12 @@ pub fn run(root: &Path, marks_path: &Path, seed: u64) {
             let data = text(&mut rng, 100_000);
             writer.add_file(&format!("f{f}.yaml"), 0o644, data.len() as u64, &mut &data[..]).unwrap();
         }
+        if i == 0 {
+            // Entries in path order are laid out as they arrive: blocks are sealed into packs
+            // before finalize, so crash points fall between them too.
+            let data = text(&mut rng, 2_500_000);
+            writer.add_file("g-big.yaml", 0o644, data.len() as u64, &mut &data[..]).unwrap();
+        }
         writer.add_file("shared.yaml", 0o644, shared[i % 2].len() as u64, &mut &shared[i % 2][..]).unwrap();
         put(&store, &marks, &name, 0, Some(writer.finalize().unwrap()));
         base.push(name);
