@@ -17,6 +17,8 @@ scenario_ingest() {
     log "ingest: building the tars ($INGEST_BYTES bytes of copies of $corpus, in path and walk order)"
     python3 "$repo/bench/yaml_tar.py" "$corpus" "$tarf" "$INGEST_BYTES" >&2
     BENCH_TAR_ORDER=walk python3 "$repo/bench/yaml_tar.py" "$corpus" "$walkf" "$INGEST_BYTES" >&2
+    # Written back now, not during the first uploads (2 GiB of dirty pages took CPU from them).
+    sync
     local size
     size="$(stat -c %s "$tarf")"
     local builds=("this build=$BIN")
