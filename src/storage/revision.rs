@@ -24,8 +24,9 @@
 //! no spool: while every entry so far came in that order, the writer lays the tar out as the bytes
 //! arrive — the same [`TarLayout`] finalize would feed — and finalize only writes the manifest and
 //! the plan. The first entry out of order, a hard link or a file that fails part way ends that:
-//! the blocks built so far are sealed and waited for, and finalize lays the tar out afresh from
-//! the spool and the store (those early blocks then get no place in the plan).
+//! the blocks handed to the seal workers are waited for (they get no place in the plan), the one
+//! being built is kept unsealed, and finalize lays the tar out afresh from the spool, that kept
+//! block and the store.
 
 use std::collections::{HashSet, VecDeque};
 use std::io::Read;
