@@ -16,12 +16,13 @@ use crate::harness::corpus;
 use crate::tarutil::{assert_trees_equal, file, tree_from_dir, Node, Tree};
 
 /// Collects what a source writes: path → file bytes/exec bit or symlink target; the directories
-/// named and every file's mode apart.
+/// named, every file's mode, and the order of the files and symlinks apart.
 #[derive(Default)]
 pub(crate) struct RecordingSink {
     pub tree: Tree,
     pub dirs: Vec<(String, u32)>,
     pub modes: Vec<u32>,
+    pub order: Vec<String>,
 }
 
 impl EntrySink for RecordingSink {
@@ -33,6 +34,7 @@ impl EntrySink for RecordingSink {
         let exec = mode & 0o100 != 0;
         assert!(self.tree.insert(path.to_owned(), Node::File { data: bytes, exec }).is_none(), "{path} twice");
         self.modes.push(mode);
+        self.order.push(path.to_owned());
         Ok(())
     }
     fn dir(&mut self, path: &str, mode: u32) -> Result<(), UnpackError> {
@@ -41,6 +43,7 @@ impl EntrySink for RecordingSink {
     }
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {
         assert!(self.tree.insert(path.to_owned(), Node::Symlink(target.to_owned())).is_none(), "{path} twice");
+        self.order.push(path.to_owned());
         Ok(())
     }
     fn hardlink(&mut self, path: &str, target: &str) -> Result<(), UnpackError> {
@@ -90,6 +93,8 @@ async fn fetch(
         // git records no directory of its own (they hold files) and two modes.
         assert!(sink.dirs.is_empty(), "a git tree named directories: {:?}", sink.dirs);
         assert!(sink.modes.iter().all(|m| *m == 0o644 || *m == 0o755), "git modes: {:?}", sink.modes);
+        // In path order, as the store serves them: it lays such a tree out as it arrives.
+        assert!(sink.order.windows(2).all(|w| w[0] < w[1]), "not in path order: {:?}", sink.order);
         fetched.map(|r| (r, sink.tree))
     })
     .await
@@ -270,6 +275,28 @@ async fn git_plain_http_needs_the_insecure_host_flag() {
     assert!(matches!(err, UnpackError::Unsupported(_)), "{err:?}");
     let expected = format!("--insecure-source-host {}", server.host_port());
     assert!(err.to_string().contains(&expected), "{err}");
+}
+
+/// A directory's files come where the directory sorts (as if its name ended in `/`): `a-b` before
+/// `a/x`, and `b` after it, not a tree's own files before its subtrees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_files_come_in_path_order() {
+    let server = GitServer::start().await;
+    server.create("r");
+    let tree = tree_from([("b", "1"), ("a/x", "2"), ("a-b", "3"), ("a/y/z", "4"), ("a.d/w", "5")]);
+    let c1 = server.commit("r", "main", &tree);
+    let ctx = context(&[server.host_port()], None);
+    let s = spec(&server.url("r"), &c1, "", "");
+    let pinned = git::resolve(&s, &ctx, None).await.unwrap();
+    let (spec, ctx2) = (s.clone(), ctx.clone());
+    let order = tokio::task::spawn_blocking(move || {
+        let mut sink = RecordingSink::default();
+        git::fetch(&spec, &ctx2, &pinned, &mut sink).unwrap();
+        sink.order
+    })
+    .await
+    .unwrap();
+    assert_eq!(order, ["a-b", "a.d/w", "a/x", "a/y/z", "b"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

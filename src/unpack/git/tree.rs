@@ -1,7 +1,8 @@
 //! Streams a commit's tree (or one subdirectory of it) into a sink: blobs become files (mode
 //! 100755 → 0755, else 0644: all git records), symlinks are kept when their target stays inside
 //! the tree, submodules are skipped; directories are implied by their files (git has no empty
-//! ones) and so are not entries. Enforces the unpack limits and checks cancellation between entries.
+//! ones) and so are not entries. Files come in path order. Enforces the unpack limits and checks
+//! cancellation between entries.
 //!
 //! Each blob is decoded whole by gix before it is written (gix reads objects only whole: packed
 //! ones may be deltas), so memory is bounded by the largest single file, which is checked against
@@ -27,11 +28,20 @@ pub(super) fn walk(
         UnpackError::CorruptArchive(format!("git commit {commit}: {what}"))
     };
     let start = subdirectory(repo, root, directory, commit)?;
-    let limits = &ctx.limits;
-    let (mut files, mut total) = (0u64, 0u64);
-    // Depth-first over (path prefix, tree id); paths are relative to `start`.
-    let mut stack = vec![(String::new(), start)];
-    while let Some((prefix, tree_id)) = stack.pop() {
+    let mut added = Added::default();
+    // Depth-first, a subtree's entries where the subtree sits: git sorts a tree's entries by name,
+    // a subtree's as if it ended in `/`, so the files come in path order, the order the store
+    // serves them in (it lays them out as they arrive). Paths are relative to `start`.
+    let mut stack = vec![Pending::Tree(String::new(), start)];
+    while let Some(pending) = stack.pop() {
+        let (prefix, tree_id) = match pending {
+            Pending::Tree(prefix, tree_id) => (prefix, tree_id),
+            Pending::Entry(kind, path, oid) => {
+                ctx.check_cancelled()?;
+                add_entry(repo, (kind, &path, oid), ctx, sink, &mut added, commit)?;
+                continue;
+            }
+        };
         ctx.check_cancelled()?;
         let tree = repo.find_tree(tree_id).map_err(|e| corrupt(format!("tree {tree_id} is missing or corrupt"), &e))?;
         let decoded = tree.decode().map_err(|e| corrupt(format!("tree {tree_id} does not decode"), &e))?;
@@ -46,6 +56,7 @@ pub(super) fn walk(
         // A hostile server may send a tree naming one entry twice (e.g. as a file and as a
         // directory); names unique per tree make every path unique and never both kinds.
         let mut names = std::collections::HashSet::with_capacity(entries.len());
+        let mut items = Vec::with_capacity(entries.len());
         for (kind, name, oid) in entries {
             let Ok(name) = name else {
                 return Err(UnpackError::InvalidEntry {
@@ -64,64 +75,95 @@ pub(super) fn walk(
             if !names.insert(name) {
                 return Err(UnpackError::InvalidEntry { path, reason: "duplicate name in git tree".into() });
             }
-            if kind == EntryKind::Tree {
-                stack.push((format!("{path}/"), oid));
-                continue;
-            }
-            if kind == EntryKind::Commit {
-                continue; // a submodule: its content lives in another repository
-            }
-            ctx.check_cancelled()?;
-            if path.len() > limits.max_path_bytes {
-                return Err(UnpackError::TooLarge(format!(
-                    "path {path:?} is longer than the limit of {} bytes",
-                    limits.max_path_bytes
-                )));
-            }
-            files += 1;
-            if files > limits.max_files {
-                return Err(UnpackError::TooLarge(format!(
-                    "git commit {commit} has more than the limit of {} files",
-                    limits.max_files
-                )));
-            }
-            let size =
-                repo.find_header(oid).map_err(|e| corrupt(format!("object {oid} is missing or corrupt"), &e))?.size();
-            if size > limits.max_file_bytes {
-                return Err(UnpackError::TooLarge(format!(
-                    "{path}: {size} bytes is more than the limit of {} per file",
-                    limits.max_file_bytes
-                )));
-            }
-            if size > limits.max_git_file_bytes {
-                return Err(UnpackError::TooLarge(format!(
-                    "{path}: {size} bytes is more than the limit of {} per git file (--max-git-file-bytes)",
-                    limits.max_git_file_bytes
-                )));
-            }
-            total = total.saturating_add(size);
-            if total > limits.max_total_bytes {
-                return Err(UnpackError::TooLarge(format!(
-                    "git commit {commit} unpacks to more than the limit of {} bytes",
-                    limits.max_total_bytes
-                )));
-            }
-            let blob = repo.find_blob(oid).map_err(|e| corrupt(format!("blob {oid} is missing or corrupt"), &e))?;
-            match kind {
-                EntryKind::Link => {
-                    let target = std::str::from_utf8(&blob.data).map_err(|_| UnpackError::InvalidEntry {
-                        path: path.clone(),
-                        reason: "symlink target is not UTF-8".into(),
-                    })?;
-                    check_symlink(&path, target)?;
-                    sink.symlink(&path, target)?;
-                }
-                _ => {
-                    // git records only whether a blob is executable.
-                    let mode = if kind == EntryKind::BlobExecutable { 0o755 } else { 0o644 };
-                    sink.file(&path, mode, blob.data.len() as u64, &mut &blob.data[..])?;
-                }
-            }
+            items.push(match kind {
+                EntryKind::Tree => Pending::Tree(format!("{path}/"), oid),
+                _ => Pending::Entry(kind, path, oid),
+            });
+        }
+        // Popped in the tree's order.
+        stack.extend(items.into_iter().rev());
+    }
+    Ok(())
+}
+
+/// What the walk has still to do: a tree to list, or a tree's entry to add.
+enum Pending {
+    Tree(String, gix::ObjectId),
+    Entry(EntryKind, String, gix::ObjectId),
+}
+
+/// Files and bytes added so far (the limits count them).
+#[derive(Default)]
+struct Added {
+    files: u64,
+    bytes: u64,
+}
+
+/// Adds one entry of a tree (a file, a symlink; a submodule is skipped) within the limits.
+fn add_entry(
+    repo: &gix::Repository,
+    (kind, path, oid): (EntryKind, &str, gix::ObjectId),
+    ctx: &SourceContext,
+    sink: &mut Sink<'_>,
+    added: &mut Added,
+    commit: gix::ObjectId,
+) -> Result<(), UnpackError> {
+    let corrupt = |what: String, e: &dyn std::fmt::Display| {
+        tracing::debug!(%commit, error = %e, "{what}");
+        UnpackError::CorruptArchive(format!("git commit {commit}: {what}"))
+    };
+    let limits = &ctx.limits;
+    if kind == EntryKind::Commit {
+        return Ok(()); // a submodule: its content lives in another repository
+    }
+    if path.len() > limits.max_path_bytes {
+        return Err(UnpackError::TooLarge(format!(
+            "path {path:?} is longer than the limit of {} bytes",
+            limits.max_path_bytes
+        )));
+    }
+    added.files += 1;
+    if added.files > limits.max_files {
+        return Err(UnpackError::TooLarge(format!(
+            "git commit {commit} has more than the limit of {} files",
+            limits.max_files
+        )));
+    }
+    let size =
+        repo.find_header(oid).map_err(|e| corrupt(format!("object {oid} is missing or corrupt"), &e))?.size();
+    if size > limits.max_file_bytes {
+        return Err(UnpackError::TooLarge(format!(
+            "{path}: {size} bytes is more than the limit of {} per file",
+            limits.max_file_bytes
+        )));
+    }
+    if size > limits.max_git_file_bytes {
+        return Err(UnpackError::TooLarge(format!(
+            "{path}: {size} bytes is more than the limit of {} per git file (--max-git-file-bytes)",
+            limits.max_git_file_bytes
+        )));
+    }
+    added.bytes = added.bytes.saturating_add(size);
+    if added.bytes > limits.max_total_bytes {
+        return Err(UnpackError::TooLarge(format!(
+            "git commit {commit} unpacks to more than the limit of {} bytes",
+            limits.max_total_bytes
+        )));
+    }
+    let blob = repo.find_blob(oid).map_err(|e| corrupt(format!("blob {oid} is missing or corrupt"), &e))?;
+    match kind {
+        EntryKind::Link => {
+            let target = std::str::from_utf8(&blob.data).map_err(|_| UnpackError::InvalidEntry {
+                path: path.into(),
+                reason: "symlink target is not UTF-8".into(),
+            })?;
+            check_symlink(path, target)?;
+            sink.symlink(path, target)?;
+        }
+        _ => {
+            // git records only whether a blob is executable.
+            let mode = if kind == EntryKind::BlobExecutable { 0o755 } else { 0o644 };
+            sink.file(path, mode, blob.data.len() as u64, &mut &blob.data[..])?;
         }
     }
     Ok(())
