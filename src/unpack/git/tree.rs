@@ -129,8 +129,7 @@ fn add_entry(
             limits.max_files
         )));
     }
-    let size =
-        repo.find_header(oid).map_err(|e| corrupt(format!("object {oid} is missing or corrupt"), &e))?.size();
+    let size = repo.find_header(oid).map_err(|e| corrupt(format!("object {oid} is missing or corrupt"), &e))?.size();
     if size > limits.max_file_bytes {
         return Err(UnpackError::TooLarge(format!(
             "{path}: {size} bytes is more than the limit of {} per file",
