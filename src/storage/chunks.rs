@@ -362,12 +362,12 @@ fn slice_verified(hash: &Hash, at: &Location, block: &[u8]) -> Result<Vec<u8>> {
 }
 
 impl Store {
-    /// Pins `hash` and tells whether the store already has the chunk. The caller unpins it with
-    /// [`Store::unpin_all`] once its manifest is recorded (or it gave up).
-    pub(super) fn pin_and_check(&self, hash: Hash) -> Result<bool> {
+    /// Pins `hash` and tells where the store already has the chunk, if it has it. The caller
+    /// unpins it with [`Store::unpin_all`] once its manifest is recorded (or it gave up).
+    pub(super) fn pin_and_check(&self, hash: Hash) -> Result<Option<Location>> {
         self.lock_pins().pin(hash);
-        match self.tree().contains_key(chunk_key(&hash)) {
-            Ok(known) => Ok(known),
+        match self.chunk_location(&hash) {
+            Ok(at) => Ok(at),
             Err(e) => {
                 self.lock_pins().unpin(&hash);
                 Err(e)

@@ -42,7 +42,6 @@ use super::objects::key_revision;
 use super::seal::SealPipeline;
 use super::staging::{StagedRef, Staging, DUPLICATE_PATH};
 use super::tar_blocks::TarLayout;
-use super::tarfmt;
 use super::{
     encode_json, EntryKind, FileEntry, ObjectWrite, Result, RevisionId, RevisionRecord, RevisionState, StorageError,
     Store, WriteOutcome, PERMISSION_BITS,
@@ -199,7 +198,7 @@ impl WriterChunks<'_> {
             }
             return Ok(chunk);
         }
-        let known = self.store.pin_and_check(hash)?;
+        let known = self.store.pin_and_check(hash)?.is_some();
         self.pinned.push(hash);
         if !known && !self.blocks.contains(&hash) {
             self.blocks.push(hash, bytes);
@@ -218,12 +217,13 @@ impl RevisionWriter {
     /// sealed, so every chunk is new here).
     fn stage_chunk(&mut self, bytes: &[u8]) -> Result<StagedRef> {
         let hash = *blake3::hash(bytes).as_bytes();
-        let known = if self.store.remote().is_some() {
+        let stored_at = if self.store.remote().is_some() {
             self.store.pin_locally(hash);
-            false
+            None
         } else {
             self.store.pin_and_check(hash)?
         };
+        let known = stored_at.is_some();
         self.pinned.push(hash);
         let chunk = ChunkRef { hash, len: bytes.len() as u32 };
         if !known {
@@ -238,36 +238,32 @@ impl RevisionWriter {
             let spooled = if known { None } else { Some(self.staging.spool(bytes)?) };
             return Ok(StagedRef { chunk, spooled });
         };
-        if known {
+        match stored_at {
             // Found stored: before this revision (its share counts), or in a block of this one.
-            let share = match self.store.chunk_location(&hash)? {
-                Some(at) if !self.seals.holds(&hash) && !self.seals.wrote(&at.block) => at.stored_share(),
-                _ => 0,
-            };
-            layout.stored_chunk(&mut self.seals, bytes, share)?;
-        } else {
-            layout.new_chunk(&self.store, &mut self.seals, hash, bytes)?;
+            Some(at) => {
+                let ours = self.seals.holds(&hash) || self.seals.wrote(&at.block);
+                layout.stored_chunk(&mut self.seals, bytes, if ours { 0 } else { at.stored_share() })?;
+            }
+            None => layout.new_chunk(&self.store, &mut self.seals, hash, bytes)?,
         }
         Ok(StagedRef { chunk, spooled: None })
     }
 
-    /// Whether `entry` (not yet staged) comes after every entry so far, so goes on the tar laid
-    /// out as they arrive: then its header is laid out and its tar offset set. The first that does
-    /// not ends that.
-    fn lay_out(&mut self, entry: &mut FileEntry) -> Result<bool> {
+    /// If `entry` (not yet staged) comes after every entry so far, it goes on the tar laid out
+    /// as they arrive: its header is laid out and its tar offset set. The first that does not
+    /// ends that.
+    fn lay_out(&mut self, entry: &mut FileEntry) -> Result<()> {
         if self.in_order.is_none() {
-            return Ok(false);
+            return Ok(());
         }
         if entry.path <= self.last_path {
-            self.stop_laying_out()?;
-            return Ok(false);
+            return self.stop_laying_out();
         }
         self.last_path.clone_from(&entry.path);
-        let header = tarfmt::header_bytes(&entry.header_spec());
-        let Some(layout) = &mut self.in_order else { return Ok(false) };
-        entry.tar_offset = layout.pos();
-        layout.filler(&mut self.seals, &header)?;
-        Ok(true)
+        match &mut self.in_order {
+            Some(layout) => layout.start_entry(&mut self.seals, entry),
+            None => Ok(()),
+        }
     }
 
     /// Stages an entry without data, laid out if in order.
@@ -304,11 +300,7 @@ impl RevisionWriter {
             tar_offset: 0,
             chunks: ChunkList::None,
         };
-        if self.lay_out(&mut entry)? {
-            if let Some(layout) = &mut self.in_order {
-                layout.start_data(&mut self.seals, size)?;
-            }
-        }
+        self.lay_out(&mut entry)?;
         let first_ref = self.staging.refs_written();
         let mut staged = self.stage_file_chunks(path, size, data);
         if let (Ok(_), Some(layout)) = (&staged, &mut self.in_order) {
@@ -470,8 +462,7 @@ impl RevisionWriter {
         for item in staging.sorted()? {
             let mut entry = staging.read_entry(item?)?;
             if !laid_out_already {
-                entry.tar_offset = layout.pos();
-                layout.filler(seals, &tarfmt::header_bytes(&entry.header_spec()))?;
+                layout.start_entry(seals, &mut entry)?;
             }
             if let Some((first, count)) = entry.chunks.staged() {
                 let staged = staging.read_refs(first, count)?;
@@ -558,7 +549,6 @@ fn lay_out_data(
     staged: &[StagedRef],
 ) -> Result<()> {
     let ChunkSources { store, staging, held } = sources;
-    layout.start_data(seals, entry.size)?;
     let mut size = 0u64;
     for r in staged {
         // Each source returns exactly `r.chunk.len` bytes (checked there; held: as hashed).

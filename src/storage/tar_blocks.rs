@@ -24,7 +24,7 @@ use super::frames::PlanEntry;
 use super::hashing::FileDigests;
 use super::seal::SealPipeline;
 use super::tarfmt::{self, padded};
-use super::{Result, Store};
+use super::{EntryKind, FileEntry, Result, Store};
 
 /// A chunk stored before interrupts the block being built; it is sealed if it holds this much.
 const SEAL_AT_GAP: usize = BLOCK_TARGET / 4;
@@ -51,11 +51,6 @@ pub(super) struct LaidOut {
 }
 
 impl TarLayout {
-    /// Where the next byte goes in the tar.
-    pub fn pos(&self) -> u64 {
-        self.pos
-    }
-
     /// Bytes of the tar in no chunk: an entry's header, padding.
     pub fn filler(&mut self, seals: &mut SealPipeline, bytes: &[u8]) -> Result<()> {
         self.digest.update(bytes)?;
@@ -64,9 +59,12 @@ impl TarLayout {
         Ok(())
     }
 
-    /// A file's data of `size` bytes follows (its header was laid out).
-    pub fn start_data(&mut self, seals: &mut SealPipeline, size: u64) -> Result<()> {
-        if size >= BLOCK_TARGET as u64 {
+    /// The next entry: sets its tar offset and lays out its header. A file of a block or more
+    /// starts a block.
+    pub fn start_entry(&mut self, seals: &mut SealPipeline, entry: &mut FileEntry) -> Result<()> {
+        entry.tar_offset = self.pos;
+        self.filler(seals, &tarfmt::header_bytes(&entry.header_spec()))?;
+        if entry.kind == EntryKind::File && entry.size >= BLOCK_TARGET as u64 {
             self.blocks.cut(seals)?;
         }
         Ok(())

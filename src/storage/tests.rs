@@ -221,7 +221,7 @@ fn a_chunk_sealed_before_its_reference_survives_no_sweep_after_a_crash() {
         let store = open(dir.path());
         let data = noise(11, 40_000);
         let hash = *blake3::hash(&data).as_bytes();
-        assert!(!store.pin_and_check(hash).unwrap());
+        assert!(store.pin_and_check(hash).unwrap().is_none());
         let mut block = chunks::BlockBuilder::default();
         block.push(hash, &data);
         store.seal_block(&mut block).unwrap();
