@@ -22,11 +22,6 @@ pub(super) fn walk(
     ctx: &SourceContext,
     sink: &mut Sink<'_>,
 ) -> Result<(), UnpackError> {
-    // gix's wording is logged, not shown: the user learns which object of the commit is bad.
-    let corrupt = |what: String, e: &dyn std::fmt::Display| {
-        tracing::debug!(%commit, error = %e, "{what}");
-        UnpackError::CorruptArchive(format!("git commit {commit}: {what}"))
-    };
     let start = subdirectory(repo, root, directory, commit)?;
     let mut added = Added::default();
     // Depth-first, a subtree's entries where the subtree sits: git sorts a tree's entries by name,
@@ -43,8 +38,10 @@ pub(super) fn walk(
             }
         };
         ctx.check_cancelled()?;
-        let tree = repo.find_tree(tree_id).map_err(|e| corrupt(format!("tree {tree_id} is missing or corrupt"), &e))?;
-        let decoded = tree.decode().map_err(|e| corrupt(format!("tree {tree_id} does not decode"), &e))?;
+        let tree = repo
+            .find_tree(tree_id)
+            .map_err(|e| corrupt(commit, format!("tree {tree_id} is missing or corrupt"), &e))?;
+        let decoded = tree.decode().map_err(|e| corrupt(commit, format!("tree {tree_id} does not decode"), &e))?;
         let entries: Vec<(EntryKind, Result<String, ()>, gix::ObjectId)> = decoded
             .entries
             .iter()
@@ -86,6 +83,13 @@ pub(super) fn walk(
     Ok(())
 }
 
+/// A bad object of `commit`: gix's wording is logged, not shown; the user learns which object of
+/// the commit is bad.
+fn corrupt(commit: gix::ObjectId, what: String, e: &dyn std::fmt::Display) -> UnpackError {
+    tracing::debug!(%commit, error = %e, "{what}");
+    UnpackError::CorruptArchive(format!("git commit {commit}: {what}"))
+}
+
 /// What the walk has still to do: a tree to list, or a tree's entry to add.
 enum Pending {
     Tree(String, gix::ObjectId),
@@ -108,10 +112,6 @@ fn add_entry(
     added: &mut Added,
     commit: gix::ObjectId,
 ) -> Result<(), UnpackError> {
-    let corrupt = |what: String, e: &dyn std::fmt::Display| {
-        tracing::debug!(%commit, error = %e, "{what}");
-        UnpackError::CorruptArchive(format!("git commit {commit}: {what}"))
-    };
     let limits = &ctx.limits;
     if kind == EntryKind::Commit {
         return Ok(()); // a submodule: its content lives in another repository
@@ -129,7 +129,8 @@ fn add_entry(
             limits.max_files
         )));
     }
-    let size = repo.find_header(oid).map_err(|e| corrupt(format!("object {oid} is missing or corrupt"), &e))?.size();
+    let size =
+        repo.find_header(oid).map_err(|e| corrupt(commit, format!("object {oid} is missing or corrupt"), &e))?.size();
     if size > limits.max_file_bytes {
         return Err(UnpackError::TooLarge(format!(
             "{path}: {size} bytes is more than the limit of {} per file",
@@ -149,7 +150,7 @@ fn add_entry(
             limits.max_total_bytes
         )));
     }
-    let blob = repo.find_blob(oid).map_err(|e| corrupt(format!("blob {oid} is missing or corrupt"), &e))?;
+    let blob = repo.find_blob(oid).map_err(|e| corrupt(commit, format!("blob {oid} is missing or corrupt"), &e))?;
     match kind {
         EntryKind::Link => {
             let target = std::str::from_utf8(&blob.data).map_err(|_| UnpackError::InvalidEntry {
