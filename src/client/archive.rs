@@ -57,42 +57,15 @@ fn is_tar_header(head: &[u8]) -> bool {
     stored == Some(sum) && block.iter().any(|b| *b != 0)
 }
 
-/// An entry of a directory being packed: its name in the archive, its path, whether it is a
-/// directory.
-struct TreeEntry {
-    name: PathBuf,
-    path: PathBuf,
-    is_dir: bool,
-}
-
-/// Every entry under `dir` (not following symlinks), in path order: the order the server serves
-/// them in (a directory's name sorting as if it ended in `/`), so an upload is laid out as it
-/// arrives, without spooling (`storage::revision`).
-fn tree_in_path_order(dir: &Path) -> Result<Vec<TreeEntry>, ClientError> {
+/// Where a directory entry sorts among its siblings in the served order: by name, a
+/// directory's as if it ended in `/` (so `a-b` and `a.d` before the directory `a`).
+fn served_order_key(entry: &walkdir::DirEntry) -> Vec<u8> {
     use std::os::unix::ffi::OsStrExt;
-    let mut entries = Vec::new();
-    let mut pending = vec![(PathBuf::new(), dir.to_owned())];
-    while let Some((name, path)) = pending.pop() {
-        let io = |source| ClientError::Io { path: path.clone(), source };
-        for item in std::fs::read_dir(&path).map_err(io)? {
-            let item = item.map_err(io)?;
-            let entry = TreeEntry {
-                name: name.join(item.file_name()),
-                path: item.path(),
-                is_dir: item.file_type().map_err(io)?.is_dir(),
-            };
-            if entry.is_dir {
-                pending.push((entry.name.clone(), entry.path.clone()));
-            }
-            entries.push(entry);
-        }
+    let mut key = entry.file_name().as_bytes().to_vec();
+    if entry.file_type().is_dir() {
+        key.push(b'/');
     }
-    entries.sort_by_cached_key(|e| {
-        let mut key = e.name.as_os_str().as_bytes().to_vec();
-        key.extend_from_slice(if e.is_dir { b"/" } else { b"" });
-        key
-    });
-    Ok(entries)
+    key
 }
 
 /// Bytes ready to upload, with their sha256.
@@ -122,11 +95,20 @@ impl Archive {
         let encoder = zstd::Encoder::new(hashing, 3).map_err(spool)?;
         let mut builder = tar::Builder::new(encoder);
         builder.follow_symlinks(false);
-        for entry in tree_in_path_order(dir)? {
-            let io = |source| ClientError::Io { path: entry.path.clone(), source };
-            match entry.is_dir {
-                true => builder.append_dir(&entry.name, &entry.path).map_err(io)?,
-                false => builder.append_path_with_name(&entry.path, &entry.name).map_err(io)?,
+        // In path order, the order the server serves the tree in: an upload in that order is laid
+        // out as it arrives, without spooling (`storage::revision`).
+        let walk =
+            walkdir::WalkDir::new(dir).min_depth(1).sort_by(|a, b| served_order_key(a).cmp(&served_order_key(b)));
+        for entry in walk {
+            let entry = entry.map_err(|e| {
+                let path = e.path().unwrap_or(dir).to_owned();
+                ClientError::Io { path, source: e.into() }
+            })?;
+            let io = |source| ClientError::Io { path: entry.path().to_owned(), source };
+            let name = entry.path().strip_prefix(dir).unwrap_or(entry.path());
+            match entry.file_type().is_dir() {
+                true => builder.append_dir(name, entry.path()).map_err(io)?,
+                false => builder.append_path_with_name(entry.path(), name).map_err(io)?,
             }
         }
         let mut hashing = builder.into_inner().and_then(|encoder| encoder.finish()).map_err(spool)?;
