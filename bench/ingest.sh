@@ -6,7 +6,9 @@
 # same tar: their status.digest must agree. Each upload twice, over HTTP/2 (curl's default over TLS)
 # and HTTP/1.1, each into a fresh server. The tar lists its files in path order (as `kubectl stowage
 # push` and `git archive` do: the server lays it out as it arrives); the same files in the order
-# the tree was walked (spooled, laid out by finalize) are uploaded too, over HTTP/1.1.
+# the tree was walked (spooled, laid out by finalize) are uploaded too, over HTTP/1.1. And what a
+# user of the kubectl plugin gets (this build only): `kubectl stowage push` of the tar file, and of
+# the tree it holds (packed by the plugin as tar.zst), each in 16 MiB pieces and a commit.
 # shellcheck shell=bash
 
 INGEST_BYTES="${BENCH_INGEST_BYTES:-1073741824}"
@@ -78,5 +80,36 @@ scenario_ingest() {
             done
         done
     done
+    push_figures "$section" "$tarf" "$size"
     rm -f "$tarf" "$walkf"
+}
+
+# push_figures SECTION TAR SIZE: `kubectl stowage push` of TAR and of the tree it holds, each into a
+# fresh server, MB/s of SIZE (the tree's served tar adds only its directory entries).
+push_figures() {
+    local section="$1" tarf="$2" size="$3" tree="$WORK/ingest-tree" run what src t0 secs
+    [ -x "$PLUGIN" ] || die "no kubectl-stowage binary (build it, or set BENCH_PLUGIN)"
+    mkdir -p "$tree"
+    tar -C "$tree" -xf "$tarf"
+    sync
+    for run in $(seq 1 "$RUNS"); do
+        for what in file directory; do
+            src="$tarf"
+            [ "$what" = directory ] && src="$tree"
+            log "ingest: run $run/$RUNS, kubectl stowage push of the $what"
+            local data="$WORK/push-$run-$what"
+            start_server "$data"
+            t0="$(now)"
+            "$PLUGIN" push --kubeconfig "$data/admin.kubeconfig" -n "$NS" --create pushed "$src" >"$WORK/push.out" 2>&1 \
+                || { cat "$WORK/push.out" >&2; die "kubectl stowage push of the $what failed"; }
+            secs="$(calc "$(now) - $t0")"
+            record "$section" "**kubectl stowage push of the $what (this build)**" MB/s "$(calc "$size / 1e6 / $secs")"
+            record "$section" "server CPU time of the push of the $what" s \
+                "$(awk '{print ($14 + $15) / 100}' "/proc/$SERVER_PID/stat")"
+            record "$section" "server peak RSS (push of the $what, VmHWM)" MiB "$(calc "$(peak_rss_kib) / 1024")" "<150"
+            stop_server
+            rm -rf "$data"
+        done
+    done
+    rm -rf "$tree"
 }

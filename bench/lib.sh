@@ -90,6 +90,15 @@ elif [ -x "$repo/target/release/examples/ociimage" ]; then
     cp "$repo/target/release/examples/ociimage" "$OCIIMAGE"
 fi
 if [ -n "${BENCH_LOADGEN:-}" ]; then cp "$BENCH_LOADGEN" "$LOADGEN"; fi
+# The kubectl plugin of the same build (ingest: `kubectl stowage push`): BENCH_PLUGIN, else the one
+# beside BENCH_BIN, else the release build's.
+PLUGIN="$WORK/bench-kubectl-stowage"
+for candidate in "${BENCH_PLUGIN:-}" "$(dirname "${BENCH_BIN:-.}")/kubectl-stowage" "$repo/target/release/kubectl-stowage"; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ]; then
+        cp "$candidate" "$PLUGIN"
+        break
+    fi
+done
 : >"$RESULTS"
 SERVER_PID=""
 SERVER_DIR=""

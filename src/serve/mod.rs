@@ -163,6 +163,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         access,
         shutdown: shutdown.clone(),
         uploads,
+        early_ingests: Arc::default(),
         limits: Arc::new(Limits {
             max_body_bytes: options.max_body_bytes,
             upload_session_timeout: options.upload_session_timeout,

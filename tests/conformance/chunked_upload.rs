@@ -176,6 +176,79 @@ async fn pieces_commit_to_the_same_content_as_one_put() {
     assert_eq!(str_at(&b, "/status/digest"), digest);
 }
 
+/// Revisions being written: a session's pieces are ingested as they arrive.
+async fn staging_revisions(server: &Server) -> f64 {
+    server.metrics().await.get(r#"stowage_revisions{state="staging"}"#).copied().unwrap_or(0.0)
+}
+
+async fn wait_staging(server: &Server, expected: f64, what: &str) {
+    eventually(Duration::from_secs(20), what, || async {
+        let found = staging_revisions(server).await;
+        if found == expected {
+            Ok(())
+        } else {
+            Err(format!("{found} staging revisions"))
+        }
+    })
+    .await;
+}
+
+/// The pieces are ingested as they arrive (the commit then waits only for the last one): a
+/// revision is being written from the first piece on, the commit serves it, an aborted session's
+/// is released, and a spec changed after the first piece still decides the committed content.
+#[tokio::test(flavor = "multi_thread")]
+async fn pieces_are_ingested_as_they_arrive() {
+    let server = Server::start_temp(&[]);
+    let dir = corpus().join("kube-prometheus-stack/88.5.3");
+    let tar = system_tar(&dir);
+    server.create_bundle(NS, "early").await;
+    let pieces = cuts(tar.len(), 4);
+
+    let id = start(&server, "early", None).await;
+    assert_eq!(staging_revisions(&server).await, 0.0);
+    let (s, e) = pieces[0];
+    patch_ok(&server, "early", &id, s as u64, &tar[s..e]).await;
+    wait_staging(&server, 1.0, "a revision being written after the first piece").await;
+    for &(s, e) in &pieces[1..] {
+        patch_ok(&server, "early", &id, s as u64, &tar[s..e]).await;
+    }
+    let b = commit_ok(&server, "early", &id, &digest_of(&tar)).await;
+    assert_eq!(staging_revisions(&server).await, 0.0, "the commit took the revision");
+    let served = server.download(&bundle_content(NS, "early")).await;
+    assert_eq!(digest_of(&served), str_at(&b, "/status/digest"));
+    assert_trees_equal(&tree_from_dir(&dir), &parse_served_tar(&served), "pieces ingested as they arrived");
+
+    // Aborted after two pieces: the revision being written is released.
+    let id = start(&server, "early", None).await;
+    for &(s, e) in &pieces[..2] {
+        patch_ok(&server, "early", &id, s as u64, &tar[s..e]).await;
+    }
+    wait_staging(&server, 1.0, "a revision being written for the second session").await;
+    let resp = server.client().delete(session_url(&server, "early", &id)).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    wait_staging(&server, 0.0, "the aborted session's revision released").await;
+
+    // The spec changes after the first piece (content now goes under a destination): the commit
+    // checks against the spec it finds, as a commit ingesting only then would.
+    let id = start(&server, "early", None).await;
+    let (s, e) = pieces[0];
+    patch_ok(&server, "early", &id, s as u64, &tar[s..e]).await;
+    wait_staging(&server, 1.0, "a revision being written for the third session").await;
+    let spec = serde_json::json!({"spec": {"sources": [{"upload": {}, "destination": "charts/kps"}]}});
+    server.merge_patch_ok(&bundle(NS, "early"), &spec).await;
+    for &(s, e) in &pieces[1..] {
+        patch_ok(&server, "early", &id, s as u64, &tar[s..e]).await;
+    }
+    commit_ok(&server, "early", &id, &digest_of(&tar)).await;
+    let served = parse_served_tar(&server.download(&bundle_content(NS, "early")).await);
+    let paths: Vec<&String> = served.keys().collect();
+    assert!(
+        !paths.is_empty() && paths.iter().all(|p| p.starts_with("charts/kps/") || "charts/kps/".starts_with(p.as_str())),
+        "every served path under the new destination: {paths:?}"
+    );
+    wait_staging(&server, 0.0, "nothing left being written").await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sessions_survive_kill9_and_can_be_aborted() {
     let mut server = Server::start_temp(&[]);

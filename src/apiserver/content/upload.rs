@@ -21,13 +21,14 @@ use crate::api::strategy::bundle::BUNDLE;
 use crate::apiserver::handlers::{get_object, json_response, resource_def};
 use crate::apiserver::status::{ApiError, ApiResult, BodyTooLarge, UploadFailure};
 use crate::apiserver::{blocking, AppState};
-use crate::storage::StorageError;
+use crate::storage::{PendingRevision, StorageError, Store};
 use crate::unpack::read_ahead::ReadAhead;
 use crate::unpack::revisions::{self, CommitError, Expect};
 use crate::unpack::sink::TreeSink;
 use crate::unpack::source::Budget;
 use crate::unpack::tar_ingest::{self, Encoding};
-use crate::unpack::ResolvedSource;
+use crate::unpack::format::FormatReport;
+use crate::unpack::{ResolvedSource, UnpackLimits};
 
 pub(super) fn encoding(headers: &HeaderMap) -> ApiResult<Encoding> {
     let value = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok());
@@ -83,12 +84,13 @@ pub(super) fn writable(resource: &str) -> ApiResult<()> {
 }
 
 /// The Bundle an upload goes to, and what of its spec the upload needs.
+#[derive(Clone)]
 pub(super) struct UploadTarget {
     pub namespace: String,
     pub name: String,
     pub uid: String,
     /// The generation whose spec (format, allowEmpty, destination) the upload is checked against.
-    generation: i64,
+    pub generation: i64,
     destination: String,
     declared_format: String,
     /// `spec.allowEmpty`: an archive without files is content, not a mistake.
@@ -133,31 +135,52 @@ where
     R: Read + Send + 'static,
     V: FnOnce(&mut R) -> ApiResult<()> + Send + 'static,
 {
-    let limits = app.limits.unpack;
-    let store = app.store.clone();
-    let bundle_name = target.name.clone();
-    let destination = target.destination.clone();
-    let declared_format = target.declared_format.clone();
-    let allow_empty = target.allow_empty;
-    let (pending, report) = tokio::task::spawn_blocking(move || {
-        // The body's bytes count as downloaded ones: an upload obeys the same expansion-ratio
-        // limit (--max-expansion-ratio) as an image layer or an http source.
-        let budget = Arc::new(Budget::default());
-        let mut reader = Received { inner: reader, budget: budget.clone() };
-        let mut writer = store.begin_revision().map_err(ApiError::from)?;
-        let mut sink = TreeSink::new(&mut writer, limits, budget);
-        sink.set_destination(&destination);
-        let ingested = tar_ingest::ingest(&mut reader, encoding, &limits.ingest(), &mut sink);
-        verify(&mut reader.inner)?;
-        ingested.map_err(|e| UploadFailure::ingest(&bundle_name, e))?;
-        // Uploads bring their own tree: an undetected format is accepted, a declared one checked.
-        let report =
-            sink.finish(&declared_format, false, allow_empty).map_err(|e| UploadFailure::unpack(&bundle_name, e))?;
-        Ok::<_, ApiError>((writer.finalize().map_err(ApiError::from)?, report))
-    })
-    .await
-    .map_err(ApiError::from)??;
+    let (store, limits, checked) = (app.store.clone(), app.limits.unpack, target.clone());
+    let ingested = tokio::task::spawn_blocking(move || ingest(&store, limits, &checked, reader, encoding, verify))
+        .await
+        .map_err(ApiError::from)??;
+    commit_ingested(app, target, ingested).await
+}
 
+/// A finalized revision of an upload and what its content was found to be, not yet committed.
+pub(super) struct Ingested {
+    pending: PendingRevision,
+    report: FormatReport,
+}
+
+/// The blocking half of [`ingest_and_commit`]: the archive from `reader` into a finalized revision.
+pub(super) fn ingest<R, V>(
+    store: &Store,
+    limits: UnpackLimits,
+    target: &UploadTarget,
+    reader: R,
+    encoding: Encoding,
+    verify: V,
+) -> ApiResult<Ingested>
+where
+    R: Read,
+    V: FnOnce(&mut R) -> ApiResult<()>,
+{
+    // The body's bytes count as downloaded ones: an upload obeys the same expansion-ratio limit
+    // (--max-expansion-ratio) as an image layer or an http source.
+    let budget = Arc::new(Budget::default());
+    let mut reader = Received { inner: reader, budget: budget.clone() };
+    let mut writer = store.begin_revision().map_err(ApiError::from)?;
+    let mut sink = TreeSink::new(&mut writer, limits, budget);
+    sink.set_destination(&target.destination);
+    let ingested = tar_ingest::ingest(&mut reader, encoding, &limits.ingest(), &mut sink);
+    verify(&mut reader.inner)?;
+    ingested.map_err(|e| UploadFailure::ingest(&target.name, e))?;
+    // Uploads bring their own tree: an undetected format is accepted, a declared one checked.
+    let report = sink
+        .finish(&target.declared_format, false, target.allow_empty)
+        .map_err(|e| UploadFailure::unpack(&target.name, e))?;
+    Ok(Ingested { pending: writer.finalize().map_err(ApiError::from)?, report })
+}
+
+/// The async half of [`ingest_and_commit`]: commits an ingested revision to `target`.
+pub(super) async fn commit_ingested(app: &AppState, target: UploadTarget, ingested: Ingested) -> ApiResult<Value> {
+    let Ingested { pending, report } = ingested;
     // Any generation: a spec changed meanwhile gets the content checked again (the status says
     // which generation this check was for).
     let expect = Expect {

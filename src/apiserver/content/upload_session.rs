@@ -26,7 +26,8 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::sync::OwnedMutexGuard;
 
-use super::upload::{encoding, ingest_and_commit, writable, UploadTarget};
+use super::upload::{commit_ingested, encoding, ingest_and_commit, writable, UploadTarget};
+use super::upload_early::Start;
 use super::upload_spool::{AppendError, Piece, SessionMeta, Spool};
 use crate::api::strategy::bundle::BUNDLE;
 use crate::apiserver::handlers::{get_object, json_response};
@@ -93,9 +94,11 @@ pub async fn patch_bundle_content(
         return Err(ApiError::conflict_message(format!("upload session {id:?} was already committed")));
     }
     let piece = piece(&headers, session.meta.offset)?;
+    let first = session.meta.offset == 0;
     if let Err(e) = session.append(&app, piece, body).await {
         return Ok(e);
     }
+    session.piece_added(&app, first);
     Ok(session_response(StatusCode::ACCEPTED, &namespace, &name, id, session.meta.offset))
 }
 
@@ -116,6 +119,7 @@ pub async fn delete_bundle_content(
     let id = upload_id(&params, "DELETE")?;
     let session = Session::open(&app, &namespace, &name, id).await?;
     session.remove(&app).await?;
+    app.early_ingests.cancel(id);
     tracing::info!(upload = %id, "upload session aborted");
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -145,6 +149,7 @@ pub async fn commit(
     if let Err(e) = session.append(app, piece, body).await {
         return Ok(e);
     }
+    session.piece_added(app, false);
     // Replicated: a commit of this session re-sent to another replica waits for that one.
     app.uploads
         .claim_commit(id, &mut session.meta)
@@ -160,27 +165,38 @@ pub async fn commit(
     let (app, id) = (app.clone(), id.to_string());
     let work = tokio::spawn(async move {
         let target = UploadTarget::of(&session.bundle, &session.meta.namespace, &session.meta.name)?;
-        let encoding = Encoding::from_content_encoding(Some(&session.meta.encoding)).unwrap_or(Encoding::Identity);
-        let data = app
-            .uploads
-            .open_data(&id, &session.meta)
-            .map_err(|e| ApiError::internal(format!("opening the spool of upload {id:?}: {e}")))?;
         let length = session.meta.offset;
-        let reader =
-            HashingReader { inner: io::BufReader::with_capacity(1 << 20, data).take(length), hasher: Sha256::new() };
-        let verify = move |reader: &mut HashingReader| {
-            io::copy(reader, &mut io::sink())
-                .map_err(|e| ApiError::internal(format!("reading the spool of the upload: {e}")))?;
-            let computed = hex::encode(reader.hasher.clone().finalize());
-            if computed != expected {
-                return Err(ApiError::bad_request(format!(
-                    "digest mismatch: the {length} bytes received hash to sha256:{computed}, not sha256:{expected}; \
-                     nothing was committed and the upload session is kept"
-                )));
+        let early = app.early_ingests.take(&id, length, &expected, target.generation).await;
+        let ingested_early = early.is_some();
+        let committed = match early {
+            Some(ingested) => commit_ingested(&app, target, ingested).await,
+            None => {
+                let encoding =
+                    Encoding::from_content_encoding(Some(&session.meta.encoding)).unwrap_or(Encoding::Identity);
+                let data = app
+                    .uploads
+                    .open_data(&id, &session.meta)
+                    .map_err(|e| ApiError::internal(format!("opening the spool of upload {id:?}: {e}")))?;
+                let reader = HashingReader {
+                    inner: io::BufReader::with_capacity(1 << 20, data).take(length),
+                    hasher: Sha256::new(),
+                };
+                let verify = move |reader: &mut HashingReader| {
+                    io::copy(reader, &mut io::sink())
+                        .map_err(|e| ApiError::internal(format!("reading the spool of the upload: {e}")))?;
+                    let computed = hex::encode(reader.hasher.clone().finalize());
+                    if computed != expected {
+                        return Err(ApiError::bad_request(format!(
+                            "digest mismatch: the {length} bytes received hash to sha256:{computed}, not \
+                             sha256:{expected}; nothing was committed and the upload session is kept"
+                        )));
+                    }
+                    Ok(())
+                };
+                ingest_and_commit(&app, target, reader, encoding, verify).await
             }
-            Ok(())
         };
-        let written = match ingest_and_commit(&app, target, reader, encoding, verify).await {
+        let written = match committed {
             Ok(written) => written,
             Err(e) => {
                 session.release_commit(&app).await;
@@ -188,7 +204,7 @@ pub async fn commit(
             }
         };
         session.mark_committed(&app).await?;
-        tracing::info!(upload = %id, bytes = length, "upload session committed");
+        tracing::info!(upload = %id, bytes = length, ingested_early, "upload session committed");
         Ok::<_, ApiError>(written)
     });
     let written = work.await.map_err(ApiError::from)??;
@@ -226,6 +242,17 @@ impl Session {
             return Err(not_found());
         }
         Ok(Session { id: id.to_string(), meta, bundle, guard: Some(guard) })
+    }
+
+    /// After a piece was appended: its bytes go to the session's early ingest, which the
+    /// session's `first` piece starts ([`super::upload_early`]).
+    fn piece_added(&self, app: &AppState, first: bool) {
+        let start = || {
+            let target = UploadTarget::of(&self.bundle, &self.meta.namespace, &self.meta.name).ok()?;
+            let encoding = Encoding::from_content_encoding(Some(&self.meta.encoding)).unwrap_or(Encoding::Identity);
+            Some(Start { target, encoding })
+        };
+        app.early_ingests.piece_added(app, &self.id, self.meta.offset, first && self.meta.offset > 0, start);
     }
 
     /// Appends a piece; a refusal comes back as the response to send.

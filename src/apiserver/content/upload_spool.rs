@@ -199,6 +199,11 @@ impl Spool {
         Ok(Box::new(File::open(self.data_path(id))?))
     }
 
+    /// Session `id`'s spool file, when its bytes are on this server's disk (embedded store).
+    pub fn local_data(&self, id: &str) -> Option<PathBuf> {
+        self.shared.is_none().then(|| self.data_path(id))
+    }
+
     /// Makes this server the one committing session `id`: at once in the embedded store (the
     /// session's lock is enough); in the replicated one, once no other live replica is committing
     /// it. `meta` is the record as it stands after (committed, if the other replica finished).
