@@ -78,6 +78,9 @@ pub struct Archive {
     compression: Compression,
 }
 
+/// zstd worker threads packing a directory, at most.
+const PACK_WORKERS: usize = 4;
+
 impl Archive {
     /// `dir` as a zstd-compressed tar in an anonymous temporary file (symlinks kept as links).
     pub fn pack(dir: &Path) -> Result<Archive, ClientError> {
@@ -92,7 +95,11 @@ impl Archive {
         let _ = std::fs::remove_file(&path);
         let spool = |source| ClientError::Io { path: path.clone(), source };
         let hashing = Hashing { inner: std::io::BufWriter::new(file), sha: Sha256::new(), len: 0 };
-        let encoder = zstd::Encoder::new(hashing, 3).map_err(spool)?;
+        let mut encoder = zstd::Encoder::new(hashing, 3).map_err(spool)?;
+        // Compressed on zstd's worker threads while this one walks and reads the tree (the output
+        // is the same for any number of workers, so a resumed push finds its session).
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get().min(PACK_WORKERS));
+        encoder.multithread(workers as u32).map_err(spool)?;
         let mut builder = tar::Builder::new(encoder);
         builder.follow_symlinks(false);
         // In path order, the order the server serves the tree in: an upload in that order is laid

@@ -243,7 +243,8 @@ async fn pieces_are_ingested_as_they_arrive() {
     let served = parse_served_tar(&server.download(&bundle_content(NS, "early")).await);
     let paths: Vec<&String> = served.keys().collect();
     assert!(
-        !paths.is_empty() && paths.iter().all(|p| p.starts_with("charts/kps/") || "charts/kps/".starts_with(p.as_str())),
+        !paths.is_empty()
+            && paths.iter().all(|p| p.starts_with("charts/kps/") || "charts/kps/".starts_with(p.as_str())),
         "every served path under the new destination: {paths:?}"
     );
     wait_staging(&server, 0.0, "nothing left being written").await;

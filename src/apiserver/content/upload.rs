@@ -22,12 +22,12 @@ use crate::apiserver::handlers::{get_object, json_response, resource_def};
 use crate::apiserver::status::{ApiError, ApiResult, BodyTooLarge, UploadFailure};
 use crate::apiserver::{blocking, AppState};
 use crate::storage::{PendingRevision, StorageError, Store};
+use crate::unpack::format::FormatReport;
 use crate::unpack::read_ahead::ReadAhead;
 use crate::unpack::revisions::{self, CommitError, Expect};
 use crate::unpack::sink::TreeSink;
 use crate::unpack::source::Budget;
 use crate::unpack::tar_ingest::{self, Encoding};
-use crate::unpack::format::FormatReport;
 use crate::unpack::{ResolvedSource, UnpackLimits};
 
 pub(super) fn encoding(headers: &HeaderMap) -> ApiResult<Encoding> {

@@ -107,7 +107,8 @@ impl EarlyIngests {
             outcome: Mutex::new(Some(receive)),
             generation: start.target.generation,
         });
-        let tail = Tail { file, path, pos: 0, early: early.clone(), shutdown: app.shutdown.clone(), sha: Sha256::new() };
+        let tail =
+            Tail { file, path, pos: 0, early: early.clone(), shutdown: app.shutdown.clone(), sha: Sha256::new() };
         let (store, limits) = (app.store.clone(), app.limits.unpack);
         let (registry, own, session) = (Arc::downgrade(self), early.clone(), id.to_string());
         let spawned = std::thread::Builder::new().name("stowage-upload".into()).spawn(move || {
@@ -222,8 +223,7 @@ impl Tail {
             if progress.end.is_some_and(|end| end <= self.pos) {
                 return Ok(None);
             }
-            let (next, waited) =
-                self.early.more.wait_timeout(progress, POLL).unwrap_or_else(|e| e.into_inner());
+            let (next, waited) = self.early.more.wait_timeout(progress, POLL).unwrap_or_else(|e| e.into_inner());
             progress = next;
             // The idle sweep removes a session's files, not its ingest.
             if waited.timed_out() && !self.path.exists() {
