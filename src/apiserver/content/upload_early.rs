@@ -31,7 +31,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::upload::{ingest, Ingested, UploadTarget};
-use crate::apiserver::status::ApiResult;
+use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::AppState;
 use crate::unpack::tar_ingest::Encoding;
 
@@ -117,7 +117,7 @@ impl EarlyIngests {
             // The bytes after the archive (a tar's padding) count toward the digest too.
             if ingested.is_ok() {
                 if let Err(e) = io::copy(&mut reader, &mut io::sink()) {
-                    ingested = Err(crate::apiserver::status::ApiError::internal(format!("reading the spool: {e}")));
+                    ingested = Err(ApiError::internal(format!("reading the spool: {e}")));
                 }
             }
             let tail = reader.into_inner();
