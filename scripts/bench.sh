@@ -34,6 +34,8 @@
 #   STOWAGE_GARAGE  replicas: the Garage binary (default ~/.cache/stowage-tools/garage-2.5.0/bin/garage)
 #   BENCH_ROUNDS    churn rounds (default 20)
 #   BENCH_INGEST_BYTES  ingest: size of the uploaded tar (default 1073741824)
+#   BENCH_PLUGIN    ingest: the kubectl-stowage binary to push with (default: the one beside BENCH_BIN,
+#                   else target/release/kubectl-stowage)
 #   BENCH_WRITES_ONE / _MANY  writes: creates by 1 writer / by 32 writers (default 1000 / 4000)
 #   BENCH_SLOW_FSYNC_US  writes: delay added to every fsync on the "slow" disk (default 2000)
 #   BENCH_BEFORE_BIN     ingest, writes, many_files, api (seed, store size, wrk figures): also measure this stowage

@@ -170,31 +170,7 @@ pub async fn commit(
         let ingested_early = early.is_some();
         let committed = match early {
             Some(ingested) => commit_ingested(&app, target, ingested).await,
-            None => {
-                let encoding =
-                    Encoding::from_content_encoding(Some(&session.meta.encoding)).unwrap_or(Encoding::Identity);
-                let data = app
-                    .uploads
-                    .open_data(&id, &session.meta)
-                    .map_err(|e| ApiError::internal(format!("opening the spool of upload {id:?}: {e}")))?;
-                let reader = HashingReader {
-                    inner: io::BufReader::with_capacity(1 << 20, data).take(length),
-                    hasher: Sha256::new(),
-                };
-                let verify = move |reader: &mut HashingReader| {
-                    io::copy(reader, &mut io::sink())
-                        .map_err(|e| ApiError::internal(format!("reading the spool of the upload: {e}")))?;
-                    let computed = hex::encode(reader.hasher.clone().finalize());
-                    if computed != expected {
-                        return Err(ApiError::bad_request(format!(
-                            "digest mismatch: the {length} bytes received hash to sha256:{computed}, not \
-                             sha256:{expected}; nothing was committed and the upload session is kept"
-                        )));
-                    }
-                    Ok(())
-                };
-                ingest_and_commit(&app, target, reader, encoding, verify).await
-            }
+            None => ingest_spooled(&app, &id, &session.meta, target, expected).await,
         };
         let written = match committed {
             Ok(written) => written,
@@ -209,6 +185,38 @@ pub async fn commit(
     });
     let written = work.await.map_err(ApiError::from)??;
     Ok(json_response(StatusCode::OK, &written, &[]))
+}
+
+/// Ingests and commits a session's spooled bytes, checking that they hash to `expected` (hex): at
+/// its commit, when no early ingest ([`super::upload_early`]) made the revision.
+async fn ingest_spooled(
+    app: &AppState,
+    id: &str,
+    meta: &SessionMeta,
+    target: UploadTarget,
+    expected: String,
+) -> ApiResult<Value> {
+    let encoding = Encoding::from_content_encoding(Some(&meta.encoding)).unwrap_or(Encoding::Identity);
+    let data = app
+        .uploads
+        .open_data(id, meta)
+        .map_err(|e| ApiError::internal(format!("opening the spool of upload {id:?}: {e}")))?;
+    let length = meta.offset;
+    let reader =
+        HashingReader { inner: io::BufReader::with_capacity(1 << 20, data).take(length), hasher: Sha256::new() };
+    let verify = move |reader: &mut HashingReader| {
+        io::copy(reader, &mut io::sink())
+            .map_err(|e| ApiError::internal(format!("reading the spool of the upload: {e}")))?;
+        let computed = hex::encode(reader.hasher.clone().finalize());
+        if computed != expected {
+            return Err(ApiError::bad_request(format!(
+                "digest mismatch: the {length} bytes received hash to sha256:{computed}, not sha256:{expected}; \
+                 nothing was committed and the upload session is kept"
+            )));
+        }
+        Ok(())
+    };
+    ingest_and_commit(app, target, reader, encoding, verify).await
 }
 
 /// A session, locked for the request, with the Bundle it belongs to.

@@ -1,6 +1,6 @@
-//! Reading one blob from a blocking thread: the registry's async byte stream as a
-//! `std::io::Read` that gives up when the context is cancelled, and the check that the bytes
-//! are exactly the ones the descriptor names (sha256 and size), computed as they flow.
+//! Reading one blob from a blocking thread: the registry's async byte stream as a `std::io::Read`,
+//! read ahead, that gives up when the context is cancelled; and the check that the bytes are
+//! exactly the ones the descriptor names (sha256 and size), computed as they flow.
 
 use std::io::{self, Read};
 
@@ -9,44 +9,24 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
-use super::client::until_cancelled;
 use crate::unpack::error::UnpackError;
+use crate::unpack::read_ahead::ReadAhead;
 use crate::unpack::source::SourceContext;
 
-/// An async stream of bytes read synchronously, one chunk at a time (what `SyncIoBridge` does,
-/// plus cancellation while waiting for a slow registry).
-pub struct StreamReader<'c> {
-    ctx: &'c SourceContext,
-    stream: BoxStream<'static, Result<Bytes, io::Error>>,
-    chunk: Bytes,
-    done: bool,
-}
-
-impl<'c> StreamReader<'c> {
-    pub fn new(ctx: &'c SourceContext, stream: BoxStream<'static, Result<Bytes, io::Error>>) -> Self {
-        StreamReader { ctx, stream, chunk: Bytes::new(), done: false }
-    }
-}
-
-impl Read for StreamReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.chunk.is_empty() && !self.done {
-            let (ctx, stream) = (self.ctx, &mut self.stream);
-            let next = ctx.runtime.block_on(until_cancelled(ctx, async move { Ok(stream.next().await) }));
-            match next {
-                Ok(Some(Ok(chunk))) => self.chunk = chunk,
-                Ok(Some(Err(e))) => return Err(e),
-                Ok(None) => self.done = true,
-                Err(cancelled) => return Err(cancelled.into_io()),
-            }
+/// The registry's byte stream read ahead of the blocking thread that ingests it ([`ReadAhead`]:
+/// the network keeps a few batches ahead instead of taking turns with the reader), failing with
+/// [`UnpackError::Cancelled`] once the context is cancelled, also while waiting for a slow
+/// registry.
+pub fn read_ahead(ctx: &SourceContext, stream: BoxStream<'static, Result<Bytes, io::Error>>) -> ReadAhead {
+    let cancellable = futures_util::stream::unfold(Some((stream, ctx.cancel.clone())), |state| async move {
+        let (mut stream, cancel) = state?;
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => Some((Err(UnpackError::Cancelled.into_io()), None)),
+            next = stream.next() => next.map(|item| (item, Some((stream, cancel)))),
         }
-        let n = buf.len().min(self.chunk.len());
-        if let (Some(dst), Some(src)) = (buf.get_mut(..n), self.chunk.get(..n)) {
-            dst.copy_from_slice(src);
-        }
-        let _ = self.chunk.split_to(n);
-        Ok(n)
-    }
+    });
+    ReadAhead::spawn(&ctx.runtime, cancellable)
 }
 
 /// Hashes and counts the raw bytes of a blob. Reads stop one byte past the expected size (a
