@@ -213,7 +213,7 @@ async fn pieces_are_ingested_as_they_arrive() {
         patch_ok(&server, "early", &id, s as u64, &tar[s..e]).await;
     }
     let b = commit_ok(&server, "early", &id, &digest_of(&tar)).await;
-    assert_eq!(staging_revisions(&server).await, 0.0, "the commit took the revision");
+    wait_staging(&server, 0.0, "the commit took the revision").await;
     let served = server.download(&bundle_content(NS, "early")).await;
     assert_eq!(digest_of(&served), str_at(&b, "/status/digest"));
     assert_trees_equal(&tree_from_dir(&dir), &parse_served_tar(&served), "pieces ingested as they arrived");
