@@ -1,6 +1,7 @@
 //! Chunked, resumable uploads (`POST …/content?uploads`, `PATCH ?upload=ID` pieces, `PUT
-//! ?upload=ID&digest=…` to commit): the result equals a single PUT of the same tar; re-sent pieces,
-//! gaps, a kill -9 mid-session, a wrong digest, aborts, expiry and foreign Bundles.
+//! ?upload=ID&digest=…` to commit): the result equals a single PUT of the same tar; pieces ingested
+//! as they arrive, re-sent pieces, gaps, a kill -9 mid-session, a wrong digest, aborts, expiry and
+//! foreign Bundles.
 
 use std::path::Path;
 use std::time::Duration;
