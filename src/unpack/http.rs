@@ -31,7 +31,7 @@ use super::download_spool::{content_range_start, Rest};
 use super::error::UnpackError;
 use super::git::{check_scheme, redact};
 use super::read_ahead::ReadAhead;
-use super::source::{Credentials, HttpSource, NetworkPolicy, ResolvedSource, Sink, SourceContext};
+use super::source::{Credentials, HashingReader, HttpSource, NetworkPolicy, ResolvedSource, Sink, SourceContext};
 use super::tar_ingest::{self, Encoding};
 
 /// What `spec` points at now, fetching metadata only. Returns a value equal to `previous` when
@@ -186,7 +186,7 @@ fn ingest(
     expected: &[String],
     sink: &mut Sink<'_>,
 ) -> Result<String, UnpackError> {
-    let mut hashing = HashingReader { inner: ctx.download_reader(raw), hasher: Sha256::new() };
+    let mut hashing = HashingReader::new(ctx.download_reader(raw));
     tar_ingest::ingest(&mut hashing, Encoding::Identity, &ctx.limits.ingest(), sink)
         .map_err(|e| UnpackError::from_ingest(shown, e))?;
     // The digest covers the whole file: read whatever follows the archive (bounded, as a body
@@ -197,7 +197,7 @@ fn ingest(
     if rest == allowance {
         return Err(UnpackError::TooLarge(format!("{shown}: too much data after the end of the archive")));
     }
-    let actual = hex::encode(hashing.hasher.finalize());
+    let actual = hashing.hex_digest();
     if let Some(want) = expected.iter().find(|want| **want != actual) {
         return Err(UnpackError::DigestMismatch { what: shown.to_owned(), expected: want.clone(), actual });
     }
@@ -318,20 +318,6 @@ fn validators(headers: &HeaderMap) -> (String, String) {
     let get =
         |name| headers.get(name).and_then(|v: &reqwest::header::HeaderValue| v.to_str().ok()).unwrap_or("").to_owned();
     (get(ETAG), get(LAST_MODIFIED))
-}
-
-/// Hashes every byte read through it.
-struct HashingReader<R> {
-    inner: R,
-    hasher: Sha256,
-}
-
-impl<R: Read> Read for HashingReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hasher.update(buf.get(..n).unwrap_or_default());
-        Ok(n)
-    }
 }
 
 #[cfg(test)]

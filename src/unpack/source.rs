@@ -217,3 +217,29 @@ impl<R: Read> Read for DownloadReader<R> {
         Ok(n)
     }
 }
+
+/// Hashes (SHA-256) every byte read through it: a download, or an upload's bytes, checked against
+/// the digest its sender named once they are all read.
+pub struct HashingReader<R> {
+    inner: R,
+    sha: sha2::Sha256,
+}
+
+impl<R> HashingReader<R> {
+    pub fn new(inner: R) -> HashingReader<R> {
+        HashingReader { inner, sha: sha2::Digest::new() }
+    }
+
+    /// The hex SHA-256 of the bytes read so far.
+    pub fn hex_digest(&self) -> String {
+        hex::encode(sha2::Digest::finalize(self.sha.clone()))
+    }
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        sha2::Digest::update(&mut self.sha, buf.get(..n).unwrap_or_default());
+        Ok(n)
+    }
+}

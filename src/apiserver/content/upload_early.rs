@@ -26,13 +26,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::upload::{ingest, Ingested, UploadTarget};
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::AppState;
+use crate::unpack::source::HashingReader;
 use crate::unpack::tar_ingest::Encoding;
 
 /// Sessions ingested as their pieces arrive, at most, per server.
@@ -64,11 +64,11 @@ struct Progress {
     stopped: bool,
 }
 
-/// What an ingest came to: the revision, and the sha256 and count of the bytes it read.
+/// What an ingest came to: the revision, and the sha256 of the bytes it read (all of them, up to
+/// the end the commit gave, when it succeeded).
 struct Outcome {
     ingested: ApiResult<Ingested>,
     sha256: String,
-    bytes: u64,
 }
 
 impl EarlyIngests {
@@ -107,12 +107,11 @@ impl EarlyIngests {
             outcome: Mutex::new(Some(receive)),
             generation: start.target.generation,
         });
-        let tail =
-            Tail { file, path, pos: 0, early: early.clone(), shutdown: app.shutdown.clone(), sha: Sha256::new() };
+        let tail = Tail { file, path, pos: 0, early: early.clone(), shutdown: app.shutdown.clone() };
         let (store, limits) = (app.store.clone(), app.limits.unpack);
         let (registry, own, session) = (Arc::downgrade(self), early.clone(), id.to_string());
         let spawned = std::thread::Builder::new().name("stowage-upload".into()).spawn(move || {
-            let mut reader = BufReader::with_capacity(1 << 20, tail);
+            let mut reader = HashingReader::new(BufReader::with_capacity(1 << 20, tail));
             let mut ingested = ingest(&store, limits, &start.target, &mut reader, start.encoding, |_| Ok(()));
             // The bytes after the archive (a tar's padding) count toward the digest too.
             if ingested.is_ok() {
@@ -120,14 +119,13 @@ impl EarlyIngests {
                     ingested = Err(ApiError::internal(format!("reading the spool: {e}")));
                 }
             }
-            let tail = reader.into_inner();
             if ingested.is_err() {
                 // Its slot is free for another session; the commit will ingest from the spool.
                 if let Some(registry) = registry.upgrade() {
                     registry.forget(&session, &own);
                 }
             }
-            let _ = send.send(Outcome { ingested, sha256: hex::encode(tail.sha.finalize()), bytes: tail.pos });
+            let _ = send.send(Outcome { ingested, sha256: reader.hex_digest() });
         });
         match spawned {
             Ok(_) => {
@@ -150,7 +148,7 @@ impl EarlyIngests {
         let receive = early.outcome.lock().unwrap_or_else(|e| e.into_inner()).take()?;
         let outcome = receive.await.ok()?;
         match outcome.ingested {
-            Ok(ingested) if outcome.bytes == end && outcome.sha256 == sha256 => Some(ingested),
+            Ok(ingested) if outcome.sha256 == sha256 => Some(ingested),
             // Dropped: the commit ingests again and refuses in its own words.
             _ => None,
         }
@@ -197,14 +195,13 @@ impl Early {
     }
 }
 
-/// A session's spool file read behind its acknowledged offset, hashed as it is read.
+/// A session's spool file read behind its acknowledged offset, up to the end the commit gives.
 struct Tail {
     file: File,
     path: PathBuf,
     pos: u64,
     early: Arc<Early>,
     shutdown: CancellationToken,
-    sha: Sha256,
 }
 
 impl Tail {
@@ -242,7 +239,6 @@ impl Read for Tail {
         if n == 0 && want > 0 {
             return Err(io::Error::other("the spool file is shorter than its acknowledged offset"));
         }
-        self.sha.update(into.get(..n).unwrap_or_default());
         self.pos += n as u64;
         Ok(n)
     }

@@ -23,7 +23,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use tokio::sync::OwnedMutexGuard;
 
 use super::upload::{commit_ingested, encoding, ingest_and_commit, writable, UploadTarget};
@@ -33,6 +32,7 @@ use crate::api::strategy::bundle::BUNDLE;
 use crate::apiserver::handlers::{get_object, json_response};
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::{AppState, API_VERSION};
+use crate::unpack::source::HashingReader;
 use crate::unpack::tar_ingest::Encoding;
 
 /// `?uploads` starts a session.
@@ -202,12 +202,11 @@ async fn ingest_spooled(
         .open_data(id, meta)
         .map_err(|e| ApiError::internal(format!("opening the spool of upload {id:?}: {e}")))?;
     let length = meta.offset;
-    let reader =
-        HashingReader { inner: io::BufReader::with_capacity(1 << 20, data).take(length), hasher: Sha256::new() };
-    let verify = move |reader: &mut HashingReader| {
+    let reader = HashingReader::new(io::BufReader::with_capacity(1 << 20, data).take(length));
+    let verify = move |reader: &mut HashingReader<_>| {
         io::copy(reader, &mut io::sink())
             .map_err(|e| ApiError::internal(format!("reading the spool of the upload: {e}")))?;
-        let computed = hex::encode(reader.hasher.clone().finalize());
+        let computed = reader.hex_digest();
         if computed != expected {
             return Err(ApiError::bad_request(format!(
                 "digest mismatch: the {length} bytes received hash to sha256:{computed}, not sha256:{expected}; \
@@ -396,20 +395,6 @@ fn session_response(code: StatusCode, namespace: &str, name: &str, id: &str, off
         response.headers_mut().insert(header::LOCATION, location);
     }
     response
-}
-
-/// The spool's bytes on their way to the tar validator, hashed as they pass.
-struct HashingReader {
-    inner: io::Take<io::BufReader<Box<dyn Read + Send>>>,
-    hasher: Sha256,
-}
-
-impl Read for HashingReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hasher.update(buf.get(..n).unwrap_or_default());
-        Ok(n)
-    }
 }
 
 #[cfg(test)]
