@@ -1,6 +1,7 @@
 //! The served tar laid out as entries arrive (in path order) or by finalize (in any other order):
 //! the same revision either way.
 
+use super::chunks::BLOCK_TARGET;
 use super::frames_tests::{identity_tar, tar_download, text};
 use super::tests::{attach, open};
 use super::*;
@@ -152,4 +153,79 @@ fn a_file_not_of_its_declared_size_is_refused_and_the_rest_is_kept() {
     let expected = attach("clean", writer.finalize().unwrap());
     assert_eq!(store.revision(rev).unwrap().digest, clean.revision(expected).unwrap().digest);
     assert!(identity_tar(&store, rev) == identity_tar(&clean, expected));
+}
+
+/// Files of about 50 kB under `dir`, in path order.
+fn files_under(dir: &str, seed: u64, count: u64) -> Vec<(String, Vec<u8>)> {
+    (0..count).map(|i| (format!("{dir}/{i:04}.yaml"), text(seed + i, 40_000 + (i as usize * 7_919) % 20_000))).collect()
+}
+
+/// The tar written in path order into a store of its own: (digest, tar).
+fn written_in_order(files: &[(String, Vec<u8>)]) -> (String, Vec<u8>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut sorted = files.to_vec();
+    sorted.sort();
+    let mut writer = store.begin_revision().unwrap();
+    for (path, data) in &sorted {
+        writer.add_file(path, 0o644, data.len() as u64, &mut &data[..]).unwrap();
+    }
+    let rev = attach("in-order", writer.finalize().unwrap());
+    (store.revision(rev).unwrap().digest, identity_tar(&store, rev))
+}
+
+/// In order for 6 MB, then entries that sort before all of it and between two of its directories:
+/// the blocks sealed before the break whose stretch no later entry splits are sent as they are
+/// stored, at their new offsets; the download is still exactly the tar.
+#[test]
+fn a_late_break_keeps_the_blocks_sealed_before_it_in_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let (a, c) = (files_under("a", 1_000, 60), files_under("c", 2_000, 60));
+    let late = [files_under("b", 3_000, 20), files_under("0-first", 4_000, 2)].concat();
+    let before_break: u64 = a.iter().chain(&c).map(|(_, d)| d.len() as u64).sum();
+    let mut writer = store.begin_revision().unwrap();
+    for (path, data) in a.iter().chain(&c).chain(&late) {
+        writer.add_file(path, 0o644, data.len() as u64, &mut &data[..]).unwrap();
+    }
+    assert!(writer.spooled_bytes() < 1_500_000, "the break came late ({} bytes spooled)", writer.spooled_bytes());
+    let rev = attach("late", writer.finalize().unwrap());
+
+    let tar = identity_tar(&store, rev);
+    let (digest, expected) = written_in_order(&[a.clone(), c.clone(), late.clone()].concat());
+    assert_eq!(store.revision(rev).unwrap().digest, digest);
+    assert!(tar == expected, "the same tar as written in path order");
+    let (_, plain, stats) = tar_download(&store, rev).unwrap();
+    assert!(plain == tar, "the zstd download decodes to the tar");
+    // All of `a/` and `c/` but the block holding both ends and the one built at the break.
+    let kept_at_least = before_break - 3 * BLOCK_TARGET as u64;
+    assert!(stats.stored >= kept_at_least, "{stats:?}: {before_break} bytes came before the break");
+}
+
+/// A file that fails part way after blocks of it were sealed is no entry of the revision: the
+/// blocks holding its bytes (and the one holding its header) get no place in the plan.
+#[test]
+fn blocks_holding_a_file_that_failed_part_way_are_not_placed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = files_under("a", 1_000, 30);
+    let mut writer = store.begin_revision().unwrap();
+    for (path, data) in &a {
+        writer.add_file(path, 0o644, data.len() as u64, &mut &data[..]).unwrap();
+    }
+    let cut_short = text(9, 2_600_000);
+    let err = writer.add_file("b/cut-short.yaml", 0o644, 3_000_000, &mut &cut_short[..]).unwrap_err();
+    assert!(matches!(err, StorageError::InvalidEntry { .. }), "{err:?}");
+    let c = files_under("c", 2_000, 10);
+    for (path, data) in &c {
+        writer.add_file(path, 0o644, data.len() as u64, &mut &data[..]).unwrap();
+    }
+    let rev = attach("failed", writer.finalize().unwrap());
+
+    let tar = identity_tar(&store, rev);
+    let (digest, expected) = written_in_order(&[a.clone(), c.clone()].concat());
+    assert_eq!(store.revision(rev).unwrap().digest, digest);
+    assert!(tar == expected);
+    let (_, plain, stats) = tar_download(&store, rev).unwrap();
+    assert!(plain == tar, "no block of the failed file is sent: {stats:?}");
 }

@@ -24,9 +24,10 @@
 //! no spool: while every entry so far came in that order, the writer lays the tar out as the bytes
 //! arrive — the same [`TarLayout`] finalize would feed — and finalize only writes the manifest and
 //! the plan. The first entry out of order, a hard link or a file that fails part way ends that:
-//! the blocks handed to the seal workers are waited for (they get no place in the plan), the one
-//! being built is kept unsealed, and finalize lays the tar out afresh from the spool, that kept
-//! block and the store.
+//! the blocks handed to the seal workers are waited for, the one being built is kept unsealed,
+//! and finalize lays the tar out afresh from the spool, that block and the store. The blocks
+//! sealed before keep their place in the plan wherever no later entry sorts inside their stretch
+//! ([`super::tar_blocks::KeptBlocks`]).
 
 use std::collections::{HashSet, VecDeque};
 use std::io::Read;
@@ -41,7 +42,7 @@ use super::manifest::{chunk_list, ChunkList, ManifestBuilder};
 use super::objects::key_revision;
 use super::seal::SealPipeline;
 use super::staging::{StagedRef, Staging, DUPLICATE_PATH};
-use super::tar_blocks::TarLayout;
+use super::tar_blocks::{KeptBlocks, TarLayout};
 use super::{
     encode_json, EntryKind, FileEntry, ObjectWrite, Result, RevisionId, RevisionRecord, RevisionState, StorageError,
     Store, WriteOutcome, PERMISSION_BITS,
@@ -86,7 +87,12 @@ pub struct RevisionWriter {
     last_path: String,
     /// The block being built when laying out stopped: new chunks no spool or store holds.
     held: BlockBuilder,
+    /// The blocks sealed before laying out stopped, placed again by finalize where they fit.
+    kept: KeptBlocks,
 }
+
+/// The tar offset of an entry not laid out as it arrived (finalize sets it).
+const NOT_LAID_OUT: u64 = u64::MAX;
 
 /// The counter of revision ids in the replicated store's map.
 const REVISION_ID: &[u8] = b"mrevid";
@@ -150,6 +156,7 @@ impl Store {
             in_order: Some(TarLayout::default()),
             last_path: String::new(),
             held: BlockBuilder::default(),
+            kept: KeptBlocks::default(),
         })
     }
 
@@ -279,8 +286,8 @@ impl RevisionWriter {
     /// Ends laying out the tar as entries arrive (finalize lays it out from the staged entries).
     fn stop_laying_out(&mut self) -> Result<()> {
         let Some(layout) = self.in_order.take() else { return Ok(()) };
-        let (held, finished) = layout.abandon(&mut self.seals);
-        self.held = held;
+        let (held, kept, finished) = layout.abandon(&mut self.seals);
+        (self.held, self.kept) = (held, kept);
         finished
     }
 
@@ -297,7 +304,7 @@ impl RevisionWriter {
             mode: mode & PERMISSION_BITS,
             size,
             sha256: String::new(),
-            tar_offset: 0,
+            tar_offset: NOT_LAID_OUT,
             chunks: ChunkList::None,
         };
         self.lay_out(&mut entry)?;
@@ -400,7 +407,7 @@ impl RevisionWriter {
             mode: 0o777,
             size: 0,
             sha256: hex::encode(Sha256::digest(target.as_bytes())),
-            tar_offset: 0,
+            tar_offset: NOT_LAID_OUT,
             chunks: ChunkList::None,
         };
         self.stage_entry(entry)
@@ -419,7 +426,7 @@ impl RevisionWriter {
             mode: mode & PERMISSION_BITS,
             size: 0,
             sha256: hex::encode(Sha256::digest(b"")),
-            tar_offset: 0,
+            tar_offset: NOT_LAID_OUT,
             chunks: ChunkList::None,
         };
         self.stage_entry(entry)
@@ -439,7 +446,7 @@ impl RevisionWriter {
             return Err(StorageError::InvalidEntry { path: path.into(), reason: reason.into() });
         };
         // The source's pins cover the shared chunks.
-        let entry = FileEntry { path: path.to_string(), ..source };
+        let entry = FileEntry { path: path.to_string(), tar_offset: NOT_LAID_OUT, ..source };
         self.staging.add(&entry)?;
         Ok(entry.size)
     }
@@ -459,9 +466,15 @@ impl RevisionWriter {
         let mut meta = WriterChunks { store: &store, blocks: &mut self.blocks, pinned: &mut self.pinned };
         let mut put = |bytes: &[u8]| meta.put(bytes);
         let (staging, seals, held) = (&mut self.staging, &mut self.seals, &self.held);
+        let mut kept = std::mem::take(&mut self.kept);
         for item in staging.sorted()? {
             let mut entry = staging.read_entry(item?)?;
+            // Where the entry was when the tar was laid out as entries arrived, if it was.
+            let first_layout = Some(entry.tar_offset).filter(|&o| o != NOT_LAID_OUT && !laid_out_already);
             if !laid_out_already {
+                if first_layout.is_some_and(|old| kept.starts_at(old)) {
+                    layout.cut(seals)?;
+                }
                 layout.start_entry(seals, &mut entry)?;
             }
             if let Some((first, count)) = entry.chunks.staged() {
@@ -472,12 +485,15 @@ impl RevisionWriter {
                 }
                 entry.chunks = chunk_list(staged.iter().map(|r| r.chunk).collect(), &mut put)?;
             }
+            if let Some(old) = first_layout {
+                kept.moved(old, layout.position() - entry.tar_offset, entry.tar_offset);
+            }
             // Files and symlinks: what `status.files` counts (directories hold no content).
             files += u64::from(!entry.is_dir());
             size += entry.size;
             manifest.push(&entry, &mut put)?;
         }
-        let tar = layout.finish(seals)?;
+        let tar = layout.finish(seals, kept)?;
         let plan = store_plan(&tar.plan, &mut put)?;
         let root = manifest.finish(&mut put)?;
         store.seal_block(&mut self.blocks)?;

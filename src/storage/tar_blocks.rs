@@ -9,7 +9,9 @@
 //! Two writers feed it ([`super::revision`]): finalize, walking the staged entries in path order
 //! and reading their chunks from the spool; or, while every entry arrives in that order, the
 //! writer itself as the bytes arrive (then nothing is spooled and finalize only writes the
-//! manifest and the plan).
+//! manifest and the plan). When an entry out of order stops the second, the blocks sealed so far
+//! keep their place in the plan wherever their stretch is still one stretch of the tar finalize
+//! lays out ([`KeptBlocks`]): no later entry sorts inside it, so only its offset moved.
 //!
 //! A chunk stored already — before this revision, or earlier in it — interrupts the stretch (it is
 //! stored once: keeping a repeat as filler would make zstd downloads cheaper but cost its bytes
@@ -59,6 +61,17 @@ impl TarLayout {
         Ok(())
     }
 
+    /// Where the tar stands: the offset of its next byte.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Seals the block being built here, so that the next bytes start a block (where a kept block
+    /// starts, lest a new one take its first bytes).
+    pub fn cut(&mut self, seals: &mut SealPipeline) -> Result<()> {
+        self.blocks.cut(seals)
+    }
+
     /// The next entry: sets its tar offset and lays out its header. A file of a block or more
     /// starts a block.
     pub fn start_entry(&mut self, seals: &mut SealPipeline, entry: &mut FileEntry) -> Result<()> {
@@ -95,28 +108,114 @@ impl TarLayout {
     }
 
     /// Lays out the trailer and waits for every block to be sealed (so indexed: the plan names
-    /// them).
-    pub fn finish(mut self, seals: &mut SealPipeline) -> Result<LaidOut> {
+    /// them). `kept`: blocks of an earlier layout of this tar placed in this one.
+    pub fn finish(mut self, seals: &mut SealPipeline, kept: KeptBlocks) -> Result<LaidOut> {
         self.filler(seals, &[0u8; tarfmt::TRAILER_LEN as usize])?;
         self.blocks.cut(seals)?;
         seals.finish()?;
         let sealed = seals.take_sealed();
         let stored = self.stored + sealed.iter().map(|(_, b)| b.at.stored_len as u64).sum::<u64>();
-        let plan = self.blocks.plan(sealed);
+        let plan = merge_plans(self.blocks.plan(sealed), kept.placed());
         self.digest.end_file()?;
         let digest = self.digest.wait()?;
         Ok(LaidOut { digest, size: self.pos, plan, stored })
     }
 
     /// Stops laying out. The blocks handed over are waited for, so their chunks are in the store
-    /// (read back from there as any stored chunk when the tar is laid out again; those blocks get
-    /// no place in its plan). The block being built is handed back unsealed: its chunks are laid
-    /// out again as new, from there (also when waiting failed).
-    pub fn abandon(self, seals: &mut SealPipeline) -> (BlockBuilder, Result<()>) {
+    /// (read back from there as any stored chunk when the tar is laid out again); they come back
+    /// as [`KeptBlocks`], with the stretch of tar each held. The block being built is handed back
+    /// unsealed: its chunks are laid out again as new, from there (also when waiting failed).
+    pub fn abandon(self, seals: &mut SealPipeline) -> (BlockBuilder, KeptBlocks, Result<()>) {
         let finished = seals.finish();
-        drop(seals.take_sealed());
-        (self.blocks.builder, finished)
+        let kept = match finished {
+            Ok(()) => KeptBlocks::new(self.blocks.plan(seals.take_sealed())),
+            Err(_) => KeptBlocks::default(),
+        };
+        (self.blocks.builder, kept, finished)
     }
+}
+
+/// The blocks a layout stopped by an entry out of order had sealed, each with the stretch of the
+/// tar as it was then. Finalize lays the tar out again and tells where each entry of the first
+/// layout went ([`KeptBlocks::moved`]); a block keeps its place if every entry it holds bytes of
+/// moved by the same amount (then no entry came between them) and all of its bytes were found
+/// again (a file that failed part way is no entry any more).
+#[derive(Default)]
+pub(super) struct KeptBlocks {
+    /// In tar order of the first layout, without overlaps (as any plan).
+    blocks: Vec<Kept>,
+}
+
+struct Kept {
+    entry: PlanEntry,
+    /// Where the entries it holds bytes of went, less where they were: the same for all, or
+    /// `Err` once two differ.
+    shift: Option<std::result::Result<i128, ()>>,
+    /// Its bytes found in entries laid out again.
+    found: u64,
+}
+
+impl Kept {
+    fn end(&self) -> u64 {
+        self.entry.tar_start + self.entry.block.at.raw_len as u64
+    }
+}
+
+impl KeptBlocks {
+    fn new(plan: Vec<PlanEntry>) -> KeptBlocks {
+        KeptBlocks { blocks: plan.into_iter().map(|entry| Kept { entry, shift: None, found: 0 }).collect() }
+    }
+
+    /// Whether a kept block starts at `old`, a tar offset of the first layout.
+    pub fn starts_at(&self, old: u64) -> bool {
+        self.blocks.binary_search_by_key(&old, |k| k.entry.tar_start).is_ok()
+    }
+
+    /// The entry of `len` bytes (header, data, padding) at `old` in the first layout is at `new`.
+    pub fn moved(&mut self, old: u64, len: u64, new: u64) {
+        let end = old.saturating_add(len);
+        let shift = i128::from(new) - i128::from(old);
+        let first = self.blocks.partition_point(|k| k.end() <= old);
+        for kept in self.blocks.iter_mut().skip(first).take_while(|k| k.entry.tar_start < end) {
+            kept.found += end.min(kept.end()) - old.max(kept.entry.tar_start);
+            kept.shift = match kept.shift {
+                None => Some(Ok(shift)),
+                Some(Ok(s)) if s == shift => Some(Ok(s)),
+                _ => Some(Err(())),
+            };
+        }
+    }
+
+    /// The blocks whose stretch is whole in the new layout, at their new offsets.
+    fn placed(self) -> Vec<PlanEntry> {
+        self.blocks
+            .into_iter()
+            .filter(|k| k.found == k.entry.block.at.raw_len as u64)
+            .filter_map(|k| {
+                let Some(Ok(shift)) = k.shift else { return None };
+                let tar_start = u64::try_from(i128::from(k.entry.tar_start) + shift).ok()?;
+                Some(PlanEntry { tar_start, ..k.entry })
+            })
+            .collect()
+    }
+}
+
+/// Two plans as one, in tar order; where two blocks' stretches overlap, the later is left out (a
+/// plan's stretches never overlap).
+fn merge_plans(new: Vec<PlanEntry>, kept: Vec<PlanEntry>) -> Vec<PlanEntry> {
+    if kept.is_empty() {
+        return new;
+    }
+    let mut all: Vec<PlanEntry> = new.into_iter().chain(kept).collect();
+    all.sort_by_key(|e| e.tar_start);
+    let mut plan: Vec<PlanEntry> = Vec::with_capacity(all.len());
+    for entry in all {
+        let free_from = plan.last().map_or(0, |e| e.tar_start + e.block.at.raw_len as u64);
+        if entry.tar_start >= free_from {
+            plan.push(entry);
+        }
+    }
+    plan
 }
 
 #[derive(Default)]
