@@ -30,7 +30,6 @@ use sha2::{Digest, Sha256};
 use super::download_spool::{content_range_start, Rest};
 use super::error::UnpackError;
 use super::git::{check_scheme, redact};
-use super::read_ahead::ReadAhead;
 use super::source::{Credentials, HashingReader, HttpSource, NetworkPolicy, ResolvedSource, Sink, SourceContext};
 use super::tar_ingest::{self, Encoding};
 
@@ -161,7 +160,7 @@ pub fn fetch(
         }
         seen.replace(Some(got));
         let stream = response.bytes_stream().map_err(|e| std::io::Error::other(e.without_url()));
-        let body = Box::new(ReadAhead::spawn(&ctx.runtime, stream));
+        let body = Box::new(ctx.read_ahead(stream));
         Ok(if partial { Rest::From(body) } else { Rest::Whole(body) })
     };
     let result = match &download {

@@ -18,6 +18,7 @@ pub use crate::api::{GitRef, GitSource, HttpSource, ImageSource, ResolvedSource,
 
 use super::download_spool::Spool;
 use super::error::UnpackError;
+use super::read_ahead::ReadAhead;
 use super::tar_ingest::IngestLimits;
 use super::EntrySink;
 use crate::storage::{Store, WriteKind};
@@ -190,6 +191,25 @@ impl SourceContext {
         } else {
             Ok(())
         }
+    }
+
+    /// A source's byte stream read ahead of the blocking thread that ingests it ([`ReadAhead`]:
+    /// the network keeps a few batches ahead instead of taking turns with the reader), failing
+    /// with [`UnpackError::Cancelled`] once the context is cancelled, also while the server is
+    /// slow to send the next bytes.
+    pub fn read_ahead<S>(&self, stream: S) -> ReadAhead
+    where
+        S: futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + Unpin + 'static,
+    {
+        let cancellable = futures_util::stream::unfold(Some((stream, self.cancel.clone())), |state| async move {
+            let (mut stream, cancel) = state?;
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => Some((Err(UnpackError::Cancelled.into_io()), None)),
+                next = futures_util::StreamExt::next(&mut stream) => next.map(|item| (item, Some((stream, cancel)))),
+            }
+        });
+        ReadAhead::spawn(&self.runtime, cancellable)
     }
 
     /// Wraps a reader of downloaded (still compressed) bytes: counts them for the expansion-ratio

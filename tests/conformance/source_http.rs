@@ -2,6 +2,8 @@
 //! basic and bearer auth, conditional re-checks, plain-http policy and a malicious archive. Calls
 //! `stowage::unpack::http::{resolve, fetch}` directly with a recording sink.
 
+use std::time::{Duration, Instant};
+
 use stowage::unpack::error::UnpackError;
 use stowage::unpack::http;
 use stowage::unpack::source::HttpSource;
@@ -205,4 +207,32 @@ async fn http_traversal_tarball_is_refused() {
 
     let err = fetch(&spec(&server.url("not-there.tar"), ""), &ctx, &resolved).await.unwrap_err();
     assert!(matches!(err, UnpackError::NotFound(ref m) if m.contains("404")), "{err:?}");
+}
+
+/// A server that sends the first bytes of a file and then nothing: cancelling the unpack (a spec
+/// change, the Bundle deleted, shutdown) ends the download at once, not when the server gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_download_ends_as_soon_as_it_is_cancelled() {
+    let entry = raw_entry("big.yaml", b'0', &vec![b'x'; 200_000], "");
+    let host = crate::hostile_http::serve(move |_request, stream| {
+        use std::io::Write;
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", entry.len());
+        let _ = stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(&entry[..4096]));
+        let _ = stream.flush();
+        std::thread::sleep(Duration::from_secs(60));
+    });
+    let s = spec(&format!("http://{host}/big.tar"), "");
+    let pinned = ResolvedSource::http(&s.url, String::new(), String::new(), String::new());
+    let ctx = context(&[host.clone()], None);
+    let fetching = tokio::spawn({
+        let ctx = ctx.clone();
+        async move { fetch(&s, &ctx, &pinned).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!fetching.is_finished(), "the download waits for the server");
+    let cancelled = Instant::now();
+    ctx.cancel.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(10), fetching).await.expect("ends once cancelled").unwrap();
+    assert!(matches!(result, Err(UnpackError::Cancelled)), "{result:?}");
+    assert!(cancelled.elapsed() < Duration::from_secs(2), "ended {:?} after the cancel", cancelled.elapsed());
 }

@@ -1,33 +1,12 @@
-//! Reading one blob from a blocking thread: the registry's async byte stream as a `std::io::Read`,
-//! read ahead, that gives up when the context is cancelled; and the check that the bytes are
-//! exactly the ones the descriptor names (sha256 and size), computed as they flow.
+//! Reading one blob from a blocking thread: the check that the bytes are exactly the ones the
+//! descriptor names (sha256 and size), computed as they flow (the stream is read ahead by
+//! [`SourceContext::read_ahead`](crate::unpack::source::SourceContext::read_ahead)).
 
 use std::io::{self, Read};
 
-use bytes::Bytes;
-use futures_util::stream::BoxStream;
-use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
 use crate::unpack::error::UnpackError;
-use crate::unpack::read_ahead::ReadAhead;
-use crate::unpack::source::SourceContext;
-
-/// The registry's byte stream read ahead of the blocking thread that ingests it ([`ReadAhead`]:
-/// the network keeps a few batches ahead instead of taking turns with the reader), failing with
-/// [`UnpackError::Cancelled`] once the context is cancelled, also while waiting for a slow
-/// registry.
-pub fn read_ahead(ctx: &SourceContext, stream: BoxStream<'static, Result<Bytes, io::Error>>) -> ReadAhead {
-    let cancellable = futures_util::stream::unfold(Some((stream, ctx.cancel.clone())), |state| async move {
-        let (mut stream, cancel) = state?;
-        tokio::select! {
-            biased;
-            () = cancel.cancelled() => Some((Err(UnpackError::Cancelled.into_io()), None)),
-            next = stream.next() => next.map(|item| (item, Some((stream, cancel)))),
-        }
-    });
-    ReadAhead::spawn(&ctx.runtime, cancellable)
-}
 
 /// Hashes and counts the raw bytes of a blob. Reads stop one byte past the expected size (a
 /// registry sending more than it should cannot make us read forever); at the end of the stream

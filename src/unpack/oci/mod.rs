@@ -167,7 +167,7 @@ impl Puller<'_> {
         let digest: &str = &layer.digest;
         let Some(spool) = &self.ctx.downloads else {
             let (_, stream) = block_on(self.ctx, self.registry.blob(digest, 0, &what))?;
-            return self.ingest(blob::read_ahead(self.ctx, stream), layer, encoding, sink, &what);
+            return self.ingest(self.ctx.read_ahead(stream), layer, encoding, sink, &what);
         };
         let download = spool.open(&digest.replace(':', "-"), Some(layer.size), &self.ctx.scratch)?;
         let result =
@@ -179,7 +179,7 @@ impl Puller<'_> {
     fn rest<'s>(&'s self, digest: &'s str, what: &'s str) -> download_spool::OpenRest<'s> {
         Box::new(move |offset| {
             let (start, stream) = block_on(self.ctx, self.registry.blob(digest, offset, what))?;
-            let body = Box::new(blob::read_ahead(self.ctx, stream));
+            let body = Box::new(self.ctx.read_ahead(stream));
             Ok(if start == offset { download_spool::Rest::From(body) } else { download_spool::Rest::Whole(body) })
         })
     }
