@@ -223,7 +223,7 @@ async fn a_stalled_download_ends_as_soon_as_it_is_cancelled() {
     });
     let s = spec(&format!("http://{host}/big.tar"), "");
     let pinned = ResolvedSource::http(&s.url, String::new(), String::new(), String::new());
-    let ctx = context(&[host.clone()], None);
+    let ctx = context(std::slice::from_ref(&host), None);
     let fetching = tokio::spawn({
         let ctx = ctx.clone();
         async move { fetch(&s, &ctx, &pinned).await }
