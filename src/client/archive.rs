@@ -1,11 +1,12 @@
 //! What a push uploads: a directory packed as a zstd-compressed tar, or an archive file taken as is
-//! (tar, tar.gz, tar.zst, told apart by their first bytes). Either way the bytes are hashed before
-//! anything is sent, so the commit can carry the sha256 and an interrupted push can be recognised
-//! when it is run again with the same content.
+//! (tar, tar.gz, tar.zst, told apart by their first bytes). A packed directory is hashed as it is
+//! packed; a file as its pieces are sent (hashing it first cost a whole read before the first
+//! byte went out). The commit carries the sha256; an interrupted push is recognised when it is run
+//! again by [`Archive::identity`].
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -68,12 +69,14 @@ fn served_order_key(entry: &walkdir::DirEntry) -> Vec<u8> {
     key
 }
 
-/// Bytes ready to upload, with their sha256.
+/// Bytes ready to upload.
 #[derive(Debug)]
 pub struct Archive {
     file: File,
     path: PathBuf,
-    digest: String,
+    /// `sha256:<hex>`, when known before sending (a packed directory).
+    digest: Option<String>,
+    identity: String,
     len: u64,
     compression: Compression,
 }
@@ -122,7 +125,8 @@ impl Archive {
         hashing.flush().map_err(spool)?;
         let digest = format!("sha256:{}", hex::encode(hashing.sha.finalize()));
         let file = hashing.inner.into_inner().map_err(|e| spool(e.into_error()))?;
-        Ok(Archive { file, path: dir.to_owned(), digest, len: hashing.len, compression: Compression::Zstd })
+        let (identity, digest) = (digest.clone(), Some(digest));
+        Ok(Archive { file, path: dir.to_owned(), digest, identity, len: hashing.len, compression: Compression::Zstd })
     }
 
     /// The archive file at `path`, read in place; anything but a tar, tar.gz or tar.zst is refused.
@@ -132,13 +136,31 @@ impl Archive {
         let mut head = Vec::with_capacity(512);
         (&file).take(512).read_to_end(&mut head).map_err(io)?;
         let compression = Compression::sniff(&head).ok_or_else(|| ClientError::NotAnArchive(path.to_owned()))?;
-        let (digest, len) = hash_file(&file).map_err(io)?;
-        Ok(Archive { file, path: path.to_owned(), digest, len, compression })
+        let meta = file.metadata().map_err(io)?;
+        let shown = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+        let identity = format!(
+            "file {} dev {} inode {} size {} modified {}.{:09}",
+            shown.display(),
+            meta.dev(),
+            meta.ino(),
+            meta.len(),
+            meta.mtime(),
+            meta.mtime_nsec()
+        );
+        Ok(Archive { file, path: path.to_owned(), digest: None, identity, len: meta.len(), compression })
     }
 
-    /// `sha256:<hex>` of the bytes.
-    pub fn digest(&self) -> &str {
-        &self.digest
+    /// `sha256:<hex>` of the bytes, if known before sending them.
+    pub fn digest(&self) -> Option<&str> {
+        self.digest.as_deref()
+    }
+
+    /// What tells these bytes from others across runs: the sha256 of a packed directory; for a
+    /// file taken as is, its path, inode, size and modification time. (A file changed in place
+    /// without any of them changing is caught at the commit: the sha256 the push sends is of the
+    /// bytes read now.)
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
 
     pub fn len(&self) -> u64 {
@@ -163,17 +185,50 @@ impl Archive {
     }
 }
 
-/// (`sha256:<hex>`, length) of the whole file.
-fn hash_file(file: &File) -> std::io::Result<(String, u64)> {
-    let mut sha = Sha256::new();
-    let (mut offset, mut buf) = (0u64, vec![0u8; 1 << 20]);
-    loop {
-        let n = file.read_at(&mut buf, offset)?;
-        if n == 0 {
-            return Ok((format!("sha256:{}", hex::encode(sha.finalize())), offset));
+/// The sha256 of an archive whose digest was not known before sending: each byte is hashed once,
+/// in order, as the pieces are read; bytes the server held already (a resumed push) and any not
+/// sent at all are read for it alone.
+pub(super) struct RunningDigest {
+    sha: Sha256,
+    /// Bytes hashed so far, from the first.
+    hashed: u64,
+}
+
+impl RunningDigest {
+    pub fn new() -> RunningDigest {
+        RunningDigest { sha: Sha256::new(), hashed: 0 }
+    }
+
+    /// `piece`, read at `offset`: its bytes not hashed yet are (the bytes before it first).
+    pub fn piece(&mut self, archive: &Archive, offset: u64, piece: &[u8]) -> Result<(), ClientError> {
+        self.catch_up(archive, offset)?;
+        let skip = usize::try_from(self.hashed - offset).unwrap_or(usize::MAX);
+        if let Some(fresh) = piece.get(skip..) {
+            self.sha.update(fresh);
+            self.hashed += fresh.len() as u64;
         }
-        sha.update(buf.get(..n).unwrap_or(&buf));
-        offset += n as u64;
+        Ok(())
+    }
+
+    /// `sha256:<hex>` of the whole archive.
+    pub fn finish(mut self, archive: &Archive) -> Result<String, ClientError> {
+        self.catch_up(archive, archive.len())?;
+        Ok(format!("sha256:{}", hex::encode(self.sha.finalize())))
+    }
+
+    fn catch_up(&mut self, archive: &Archive, to: u64) -> Result<(), ClientError> {
+        let mut buf = vec![0u8; 1 << 20];
+        while self.hashed < to {
+            let want = buf.len().min(usize::try_from(to - self.hashed).unwrap_or(usize::MAX));
+            let chunk = buf.get_mut(..want).unwrap_or_default();
+            archive
+                .file
+                .read_exact_at(chunk, self.hashed)
+                .map_err(|source| ClientError::Io { path: archive.path.clone(), source })?;
+            self.sha.update(&*chunk);
+            self.hashed += want as u64;
+        }
+        Ok(())
     }
 }
 
@@ -216,6 +271,40 @@ mod tests {
         assert_eq!(Compression::sniff(v7.as_bytes()), Some(Compression::None));
         assert_eq!(Compression::sniff(b"# a README, not an archive\n"), None);
         assert_eq!(Compression::sniff(&[0u8; 1024]), None);
+    }
+
+    /// However the pieces of a file went (in order, resumed part way, a piece re-sent after a
+    /// failure, none sent), the digest is the file's sha256; its identity changes with its bytes.
+    #[test]
+    fn a_files_digest_is_its_sha256_however_its_pieces_went() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.tar");
+        let mut tar = tar::Builder::new(Vec::new());
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_cksum();
+        tar.append_data(&mut header, "a", &data[..]).unwrap();
+        std::fs::write(&path, tar.into_inner().unwrap()).unwrap();
+        let archive = Archive::open(&path).unwrap();
+        assert_eq!(archive.digest(), None, "not hashed before sending");
+        let want = format!("sha256:{}", hex::encode(Sha256::digest(std::fs::read(&path).unwrap())));
+        let m = 1u64 << 20;
+        let plans: [&[(u64, u64)]; 4] = [
+            &[(0, m), (m, m), (2 * m, archive.len() - 2 * m)],
+            &[(m + 7, m), (2 * m + 7, archive.len() - 2 * m - 7)],
+            &[(0, m), (m, m), (m / 2, m), (3 * m / 2, archive.len() - 3 * m / 2)],
+            &[],
+        ];
+        for plan in plans {
+            let mut running = RunningDigest::new();
+            for &(offset, len) in plan {
+                running.piece(&archive, offset, &archive.read_at(offset, len).unwrap()).unwrap();
+            }
+            assert_eq!(running.finish(&archive).unwrap(), want, "{plan:?}");
+        }
+        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(&[0u8; 512]).unwrap();
+        assert_ne!(Archive::open(&path).unwrap().identity(), archive.identity());
     }
 
     /// A pushed directory's tar lists its entries in the served order (so it is not spooled):

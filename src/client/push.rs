@@ -1,12 +1,14 @@
 //! Uploading an [`Archive`] as a Bundle's content in resumable pieces (the chunked-upload protocol
 //! of `bundles/NAME/content`): start a session (or take up one the caller remembered, from the
 //! offset the server reports), send `PATCH` pieces with `Content-Range`, re-ask the offset after a
-//! failed piece and go on from there, commit with the sha256.
+//! failed piece and go on from there, commit with the sha256 (of a file taken as is, computed as
+//! its pieces are read).
 
 use std::time::Duration;
 
 use serde_json::Value;
 
+use super::archive::RunningDigest;
 use super::{Archive, ClientError, ContentClient, Transferred, API};
 use crate::api::Bundle;
 
@@ -63,9 +65,13 @@ impl ContentClient {
         events(PushEvent::Session { upload_id: &id, offset });
         let mut failures = 0u32;
         let piece_bytes = options.piece_bytes.max(1);
+        let mut running = archive.digest().is_none().then(RunningDigest::new);
         while offset < total {
             let len = piece_bytes.min(total - offset);
             let piece = archive.read_at(offset, len)?;
+            if let Some(running) = &mut running {
+                running.piece(archive, offset, &piece)?;
+            }
             let range = format!("bytes {offset}-{}/*", offset + len - 1);
             match self.send_json::<Value>("PATCH", &session, &[("Content-Range", &range)], piece).await {
                 Ok(_) => {
@@ -86,10 +92,15 @@ impl ContentClient {
                 }
             }
         }
+        let digest = match (archive.digest(), running) {
+            (Some(digest), _) => digest.to_string(),
+            (None, Some(running)) => running.finish(archive)?,
+            (None, None) => RunningDigest::new().finish(archive)?,
+        };
         events(PushEvent::Committing);
         // The commit unpacks everything: behind the aggregator a large one is cut at 60 s (504)
         // while the server carries on. Re-sending it waits for that work and gets the Bundle.
-        let commit = format!("{session}&digest={}", archive.digest());
+        let commit = format!("{session}&digest={digest}");
         let mut tries = 0;
         loop {
             match self.send_json("PUT", &commit, &[], Vec::new()).await {

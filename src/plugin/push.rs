@@ -85,7 +85,7 @@ pub async fn run(
         server: connection.server.clone(),
         namespace: namespace.to_string(),
         name: name.to_string(),
-        digest: archive.digest().to_string(),
+        archive: archive.identity().to_string(),
     };
     let options = PushOptions { piece_bytes, resume: sessions.recall(&key) };
     let bar = Bar::new(&format!("pushing {name}"), Some(archive.len()));

@@ -1,6 +1,7 @@
 //! Upload sessions remembered across runs, so a push that was interrupted (Ctrl-C, a lost
 //! connection, a killed process) takes up where it stopped when run again with the same content:
-//! one small JSON file per (server, namespace, Bundle, sha256 of the archive) under
+//! one small JSON file per (server, namespace, Bundle, archive: the sha256 of a packed directory,
+//! or a file's path, inode, size and modification time) under
 //! `$XDG_STATE_HOME/stowage/uploads` (default `~/.local/state/stowage/uploads`, else the temporary
 //! directory). Best effort: a file that cannot be read or written only means starting afresh.
 
@@ -15,7 +16,8 @@ pub struct Key {
     pub server: String,
     pub namespace: String,
     pub name: String,
-    pub digest: String,
+    /// [`crate::client::Archive::identity`].
+    pub archive: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -44,7 +46,7 @@ impl Sessions {
 
     fn path(&self, key: &Key) -> PathBuf {
         let mut sha = Sha256::new();
-        for part in [&key.server, &key.namespace, &key.name, &key.digest] {
+        for part in [&key.server, &key.namespace, &key.name, &key.archive] {
             sha.update(part.as_bytes());
             sha.update([0]);
         }

@@ -279,7 +279,9 @@ impl Spool {
         file.set_len(offset)?;
         let mut file = tokio::fs::File::from_std(file);
         tokio::io::AsyncSeekExt::seek(&mut file, io::SeekFrom::Start(offset)).await?;
-        let position = receive(piece, offset, body, max_total, &mut file).await?;
+        let mut writer = SpoolWriter { file, written: offset, writeback_from: offset };
+        let position = receive(piece, offset, body, max_total, &mut writer).await?;
+        let mut file = writer.file;
         file.flush().await?;
         file.sync_data().await?;
         meta.offset = position;
@@ -349,10 +351,45 @@ pub(super) trait PieceSink {
     async fn write(&mut self, bytes: Bytes) -> io::Result<()>;
 }
 
-impl PieceSink for tokio::fs::File {
+/// The disk's writeback of a piece is started after this many bytes of it.
+const WRITEBACK_EVERY: u64 = 4 << 20;
+
+/// A piece appended to its session's spool file. The disk's writeback is started as the bytes
+/// arrive, so the fsync before the piece is acknowledged waits for the last few MiB rather than
+/// for the whole piece (a 16 MiB piece took as long to fsync as to arrive).
+struct SpoolWriter {
+    file: tokio::fs::File,
+    /// The file's length once the writes so far are done.
+    written: u64,
+    /// Where the writeback not yet started begins.
+    writeback_from: u64,
+}
+
+impl PieceSink for SpoolWriter {
     async fn write(&mut self, bytes: Bytes) -> io::Result<()> {
-        self.write_all(&bytes).await
+        self.file.write_all(&bytes).await?;
+        self.written += bytes.len() as u64;
+        if self.written - self.writeback_from >= WRITEBACK_EVERY {
+            start_writeback(&self.file, self.writeback_from, self.written - self.writeback_from);
+            self.writeback_from = self.written;
+        }
+        Ok(())
     }
+}
+
+/// Starts writing the dirty pages of `len` bytes at `offset` to the disk without waiting for it
+/// (the fsync that follows is what makes them durable; bytes still in flight in the runtime's
+/// write are left to it). Only a hint: nothing to do where the call is missing.
+fn start_writeback(file: &tokio::fs::File, offset: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else { return };
+        // SAFETY: a plain system call on a descriptor the file owns for the whole call.
+        unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE) };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len);
 }
 
 /// Reads `body` as `piece` of an upload holding `offset` bytes: skips what it re-sends, writes
