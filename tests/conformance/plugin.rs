@@ -203,18 +203,23 @@ async fn push_checks_before_it_writes_and_errors_read_like_kubectl() {
 }
 
 /// A push killed midway is taken up where the server's bytes end when run again with the same
-/// content; a session the server no longer has is replaced by a new one.
+/// content (a directory, or a tar file hashed as it is sent); a session the server no longer has is
+/// replaced by a new one.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_interrupted_push_resumes_when_run_again() {
     let server = Server::start_temp(&[]);
     let kubectl = Kubectl::new(&server);
     let kps = corpus().join("kube-prometheus-stack/88.5.3");
-    let kps = kps.to_str().unwrap();
+    let tar_file = kubectl.state.path().join("kps.tar");
+    std::fs::write(&tar_file, crate::tarutil::system_tar(&kps)).unwrap();
+    let (kps, tar_file) = (kps.to_str().unwrap(), tar_file.to_str().unwrap());
     let sessions = kubectl.state.path().join("stowage/uploads");
 
-    for (name, forget_on_server) in [("resumed", false), ("restarted", true)] {
+    for (name, source, forget_on_server) in
+        [("resumed", kps, false), ("restarted", kps, true), ("resumed-file", tar_file, false)]
+    {
         // 1 KiB pieces: hundreds of requests, time enough to kill it in the middle.
-        let mut push = kubectl.command(&["push", name, kps, "--create", "--piece-bytes", "1024"]);
+        let mut push = kubectl.command(&["push", name, source, "--create", "--piece-bytes", "1024"]);
         let mut child = push.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
         let started = Instant::now();
         let (id, held) = loop {
@@ -236,7 +241,7 @@ async fn an_interrupted_push_resumes_when_run_again() {
             let session = format!("{}?upload={id}", bundle_content(NS, name));
             assert_eq!(server.delete(&session).await.status(), 204);
         }
-        let pushed = kubectl.ok(&["push", name, kps]);
+        let pushed = kubectl.ok(&["push", name, source]);
         let b = server.get_json(&bundle(NS, name)).await;
         assert_unpacked(&b);
         assert!(pushed.contains(str_at(&b, "/status/digest")), "{pushed}");
@@ -248,7 +253,7 @@ async fn an_interrupted_push_resumes_when_run_again() {
         }
         assert_eq!(std::fs::read_dir(&sessions).unwrap().count(), 0, "a finished push forgets its session");
     }
-    assert_eq!(server.bundlecontent_names(NS).await.len(), 2);
+    assert_eq!(server.bundlecontent_names(NS).await.len(), 3);
 }
 
 /// `ls | head -1` with more output than a pipe holds: the header, nothing on stderr, success.
