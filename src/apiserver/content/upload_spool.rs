@@ -18,7 +18,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncWriteExt;
 
 use super::upload_shared::SharedSpool;
 use crate::storage::remote::Remote;
@@ -277,13 +276,9 @@ impl Spool {
         let file = OpenOptions::new().write(true).open(self.data_path(id))?;
         // Whatever lies past the durable offset was never acknowledged.
         file.set_len(offset)?;
-        let mut file = tokio::fs::File::from_std(file);
-        tokio::io::AsyncSeekExt::seek(&mut file, io::SeekFrom::Start(offset)).await?;
-        let mut writer = SpoolWriter { file, written: offset, writeback_from: offset };
+        let mut writer = SpoolWriter::new(file, offset);
         let position = receive(piece, offset, body, max_total, &mut writer).await?;
-        let mut file = writer.file;
-        file.flush().await?;
-        file.sync_data().await?;
+        writer.write_batch(true).await?;
         meta.offset = position;
         meta.last_activity_ms = now_ms();
         let (dir, id, saved) = (self.dir.clone(), id.to_string(), meta.clone());
@@ -351,36 +346,77 @@ pub(super) trait PieceSink {
     async fn write(&mut self, bytes: Bytes) -> io::Result<()>;
 }
 
+/// Received bytes are written to the spool file in batches of about this many (one hand-off to a
+/// blocking thread each, not one per network frame).
+const WRITE_BATCH: usize = 1 << 20;
 /// The disk's writeback of a piece is started after this many bytes of it.
 const WRITEBACK_EVERY: u64 = 4 << 20;
 
-/// A piece appended to its session's spool file. The disk's writeback is started as the bytes
-/// arrive, so the fsync before the piece is acknowledged waits for the last few MiB rather than
-/// for the whole piece (a 16 MiB piece took as long to fsync as to arrive).
+/// A piece appended to its session's spool file, in batches written on a blocking thread. The
+/// disk's writeback is started as the bytes arrive, so the fsync before the piece is acknowledged
+/// waits for the last few MiB rather than for the whole piece (a 16 MiB piece took as long to
+/// fsync as to arrive).
 struct SpoolWriter {
-    file: tokio::fs::File,
-    /// The file's length once the writes so far are done.
+    file: Arc<File>,
+    /// Received and not written yet: at most about [`WRITE_BATCH`] bytes.
+    batch: Vec<Bytes>,
+    batched: usize,
+    /// The file's length before the batch.
     written: u64,
     /// Where the writeback not yet started begins.
     writeback_from: u64,
 }
 
+impl SpoolWriter {
+    /// Appends to `file`, which holds `len` bytes.
+    fn new(file: File, len: u64) -> SpoolWriter {
+        SpoolWriter { file: Arc::new(file), batch: Vec::new(), batched: 0, written: len, writeback_from: len }
+    }
+
+    /// Writes the batch; with `sync`, then makes the file's bytes durable.
+    async fn write_batch(&mut self, sync: bool) -> io::Result<()> {
+        let (file, batch, at) = (self.file.clone(), std::mem::take(&mut self.batch), self.written);
+        let end = at + std::mem::take(&mut self.batched) as u64;
+        let writeback = (!sync && end - self.writeback_from >= WRITEBACK_EVERY).then_some(self.writeback_from);
+        tokio::task::spawn_blocking(move || {
+            let mut pos = at;
+            for bytes in &batch {
+                std::os::unix::fs::FileExt::write_all_at(&*file, bytes, pos)?;
+                pos += bytes.len() as u64;
+            }
+            if let Some(from) = writeback {
+                start_writeback(&file, from, end - from);
+            }
+            if sync {
+                file.sync_data()?;
+            }
+            Ok::<_, io::Error>(())
+        })
+        .await
+        .map_err(io::Error::other)??;
+        self.written = end;
+        if writeback.is_some() {
+            self.writeback_from = end;
+        }
+        Ok(())
+    }
+}
+
 impl PieceSink for SpoolWriter {
     async fn write(&mut self, bytes: Bytes) -> io::Result<()> {
-        self.file.write_all(&bytes).await?;
-        self.written += bytes.len() as u64;
-        if self.written - self.writeback_from >= WRITEBACK_EVERY {
-            start_writeback(&self.file, self.writeback_from, self.written - self.writeback_from);
-            self.writeback_from = self.written;
+        self.batched += bytes.len();
+        self.batch.push(bytes);
+        if self.batched >= WRITE_BATCH {
+            self.write_batch(false).await?;
         }
         Ok(())
     }
 }
 
 /// Starts writing the dirty pages of `len` bytes at `offset` to the disk without waiting for it
-/// (the fsync that follows is what makes them durable; bytes still in flight in the runtime's
-/// write are left to it). Only a hint: nothing to do where the call is missing.
-fn start_writeback(file: &tokio::fs::File, offset: u64, len: u64) {
+/// (the fsync that follows is what makes them durable). Only a hint: nothing to do where the call
+/// is missing.
+fn start_writeback(file: &File, offset: u64, len: u64) {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
