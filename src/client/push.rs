@@ -92,10 +92,9 @@ impl ContentClient {
                 }
             }
         }
-        let digest = match (archive.digest(), running) {
-            (Some(digest), _) => digest.to_string(),
-            (None, Some(running)) => running.finish(archive)?,
-            (None, None) => RunningDigest::new().finish(archive)?,
+        let digest = match archive.digest() {
+            Some(digest) => digest.to_string(),
+            None => running.unwrap_or_else(RunningDigest::new).finish(archive)?,
         };
         events(PushEvent::Committing);
         // The commit unpacks everything: behind the aggregator a large one is cut at 60 s (504)
