@@ -2,7 +2,13 @@
 //! bytes with BLAKE3 (and cutting them into chunks) or reading them back does not also pay for
 //! SHA-256 on its own core: each file's `sha256` while it is added, and the tar's digest (the tar
 //! as one stream) while it is laid out ([`super::tar_blocks`]).
+//!
+//! A file whose chunks are those of a file hashed lately is not hashed again ([`KnownDigests`]):
+//! the same chunk ids in the same order are the same bytes, so the same SHA-256. Revisions of a
+//! bundle share most of their files, and so do the copies of a chart in one tree.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -34,24 +40,48 @@ pub(super) struct FileDigests {
     thread: Option<JoinHandle<()>>,
     /// Files ended whose digest was not taken yet.
     outstanding: usize,
+    /// Where the current file's bytes not handed to the thread yet start in `batch`.
+    file_start: usize,
+    /// A file's bytes are held back from the thread up to this many (0: none), so that they can
+    /// be dropped unhashed if its digest turns out to be known ([`FileDigests::end_known_file`]).
+    hold: usize,
 }
 
 /// File ends per batch, at most (a batch of many tiny files still goes out soon).
 pub const MAX_ENDS: usize = 256;
 
-/// Bytes of consecutive files; `ends` are the offsets in `data` where a file ends, and whether its
-/// digest is wanted (no: the file was abandoned part way, its bytes are dropped from the hash).
+/// Bytes of consecutive files; `ends` are the offsets in `data` where a file ends, and how.
 #[derive(Default)]
 struct DigestBatch {
     data: Vec<u8>,
-    ends: Vec<(usize, bool)>,
+    ends: Vec<(usize, FileEnd)>,
+}
+
+#[derive(Clone, Copy)]
+enum FileEnd {
+    /// Its digest is wanted.
+    Hashed,
+    /// It failed part way: its bytes are dropped from the hash, no digest is sent.
+    Abandoned,
+    /// Its digest was known and its bytes were dropped unhashed: this digest is sent in its turn.
+    Known([u8; 32]),
 }
 
 impl FileDigests {
+    /// Holds each file's first `hold` bytes back until its end, so that a file found in
+    /// [`KnownDigests`] by then costs no hashing.
+    pub fn holding(hold: usize) -> FileDigests {
+        let mut digests = FileDigests::default();
+        digests.hold = hold;
+        digests
+    }
+
     /// Hashes `bytes` as the next bytes of the current file.
     pub fn update(&mut self, bytes: &[u8]) -> Result<()> {
         self.batch.data.extend_from_slice(bytes);
-        if self.batch.data.len() >= BATCH {
+        let len = self.batch.data.len();
+        let holding = len.saturating_sub(self.file_start) <= self.hold;
+        if len >= BATCH && !holding {
             self.send()?;
         }
         Ok(())
@@ -61,16 +91,26 @@ impl FileDigests {
     /// after those of the files ended before it.
     pub fn end_file(&mut self) -> Result<()> {
         self.outstanding += 1;
-        self.mark_end(true)
+        self.mark_end(FileEnd::Hashed)
+    }
+
+    /// Ends the current file whose digest is `digest` (found in [`KnownDigests`]): its bytes not
+    /// handed to the thread yet (all of a file up to the hold) are dropped unhashed, and `digest`
+    /// comes back in its turn.
+    pub fn end_known_file(&mut self, digest: [u8; 32]) -> Result<()> {
+        self.batch.data.truncate(self.file_start);
+        self.outstanding += 1;
+        self.mark_end(FileEnd::Known(digest))
     }
 
     /// Drops the current file's bytes (it failed part way): the next file's digest starts afresh.
     pub fn abandon_file(&mut self) -> Result<()> {
-        self.mark_end(false)
+        self.mark_end(FileEnd::Abandoned)
     }
 
-    fn mark_end(&mut self, wanted: bool) -> Result<()> {
-        self.batch.ends.push((self.batch.data.len(), wanted));
+    fn mark_end(&mut self, end: FileEnd) -> Result<()> {
+        self.batch.ends.push((self.batch.data.len(), end));
+        self.file_start = self.batch.data.len();
         if self.batch.ends.len() >= MAX_ENDS {
             self.send()?;
         }
@@ -104,6 +144,7 @@ impl FileDigests {
         }
         let batch =
             std::mem::replace(&mut self.batch, DigestBatch { data: Vec::with_capacity(BATCH), ends: Vec::new() });
+        self.file_start = 0;
         let batches = self.batches.as_ref().ok_or_else(gone)?;
         batches.send(batch).map_err(|_| gone())
     }
@@ -116,10 +157,18 @@ impl FileDigests {
             let mut state = Sha256::new();
             for batch in receive {
                 let mut start = 0;
-                for &(end, wanted) in &batch.ends {
+                for &(end, how) in &batch.ends {
                     state.update(batch.data.get(start..end).unwrap_or_default());
-                    let digest: [u8; 32] = state.finalize_reset().into();
-                    if wanted && send_digest.send(digest).is_err() {
+                    let hashed: [u8; 32] = state.finalize_reset().into();
+                    let digest = match how {
+                        FileEnd::Hashed => hashed,
+                        FileEnd::Known(known) => known,
+                        FileEnd::Abandoned => {
+                            start = end;
+                            continue;
+                        }
+                    };
+                    if send_digest.send(digest).is_err() {
                         return;
                     }
                     start = end;
@@ -129,6 +178,30 @@ impl FileDigests {
         })?;
         (self.batches, self.digests, self.thread) = (Some(batches), Some(digests), Some(thread));
         Ok(())
+    }
+}
+
+/// Files hashed lately: the SHA-256 of a file by its content key (BLAKE3 of its chunk ids in
+/// order). Shared by the store's writers; bounded: emptied when full.
+#[derive(Default)]
+pub struct KnownDigests {
+    entries: Mutex<HashMap<[u8; 32], [u8; 32]>>,
+}
+
+/// Files remembered by [`KnownDigests`], at most (about 1 MiB).
+const KNOWN_DIGESTS: usize = 16_384;
+
+impl KnownDigests {
+    pub fn get(&self, key: &[u8; 32]) -> Option<[u8; 32]> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).get(key).copied()
+    }
+
+    pub fn put(&self, key: [u8; 32], digest: [u8; 32]) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= KNOWN_DIGESTS {
+            entries.clear();
+        }
+        entries.insert(key, digest);
     }
 }
 
@@ -197,5 +270,47 @@ mod tests {
         assert_eq!(got.len(), files.len());
         assert!(got == expected, "digests out of order or wrong");
         assert!(digests.wait().is_err(), "nothing outstanding to wait for");
+    }
+
+    /// Files ended as known send the digest given, in their turn, whatever part of their bytes
+    /// was hashed already (here made-up digests, so a file hashed instead would show); the files
+    /// around them (held, abandoned, or too large to hold) keep their own digests.
+    #[test]
+    fn a_known_file_is_dropped_unhashed_and_keeps_its_turn() {
+        const HOLD: usize = 4096;
+        let mut digests = FileDigests::holding(HOLD);
+        let mut expected = Vec::new();
+        let mut got = Vec::new();
+        for i in 0..900usize {
+            let len = match i % 6 {
+                0 => 0,
+                1 => 300_001,
+                2 => HOLD + 1,
+                _ => (i * 37) % HOLD,
+            };
+            let file: Vec<u8> = (0..len).map(|j| ((i * 7 + j) % 251) as u8).collect();
+            if i % 11 == 0 {
+                digests.update(&file[..len / 2]).unwrap();
+                digests.abandon_file().unwrap();
+            }
+            for piece in file.chunks(1_500) {
+                digests.update(piece).unwrap();
+            }
+            if i % 5 == 0 {
+                let given = [i as u8; 32];
+                digests.end_known_file(given).unwrap();
+                expected.push(given);
+            } else {
+                digests.end_file().unwrap();
+                expected.push(Sha256::digest(&file).into());
+            }
+            while let Some(d) = digests.ready() {
+                got.push(d);
+            }
+        }
+        for _ in got.len()..expected.len() {
+            got.push(digests.wait().unwrap());
+        }
+        assert!(got == expected, "digests out of order or wrong");
     }
 }

@@ -295,6 +295,8 @@ struct Inner {
     /// Bumped whenever a finalize records a manifest: a collection in progress marks it too.
     manifest_generation: std::sync::atomic::AtomicU64,
     manifests: manifest::ManifestCache,
+    /// The SHA-256 of files hashed lately, so a file met again is not hashed again ([`hashing`]).
+    known_digests: hashing::KnownDigests,
     /// Compressed bytes in the change log, and the lock of its trimming.
     log_bytes: std::sync::atomic::AtomicU64,
     log_trim: Mutex<()>,
@@ -423,6 +425,7 @@ impl Store {
                 pins: Mutex::new(chunks::Pins::default()),
                 manifest_generation: std::sync::atomic::AtomicU64::new(0),
                 manifests: manifest::ManifestCache::default(),
+                known_digests: hashing::KnownDigests::default(),
                 log_bytes: std::sync::atomic::AtomicU64::new(0),
                 log_trim: Mutex::new(()),
                 gc_lock: Mutex::new(()),

@@ -52,6 +52,9 @@ use super::{
 const REF_BUFFER: usize = 256;
 /// Files added whose SHA-256 is still being computed, at most; the writer then waits for one.
 const MAX_AWAITING_DIGEST: usize = 1024;
+/// A file's bytes held back from hashing until its end, at most: a file this small whose chunks
+/// are those of a file hashed lately is not hashed again ([`super::hashing::KnownDigests`]).
+const HELD_FILE_BYTES: usize = 1 << 20;
 /// Free space is checked each time this much more new content was spooled or laid out.
 const SPACE_CHECK: u64 = 1 << 20;
 
@@ -77,8 +80,9 @@ pub struct RevisionWriter {
     chunk_buffer: Vec<u8>,
     /// Each file's SHA-256, computed beside the writer.
     digests: FileDigests,
-    /// Files added whose digest has not come back, in the order added (staged once it has).
-    awaiting_digest: VecDeque<FileEntry>,
+    /// Files added whose digest has not come back, in the order added (staged once it has), with
+    /// their content keys.
+    awaiting_digest: VecDeque<(FileEntry, ContentKey)>,
     /// Their paths (a later entry with one of them is a duplicate).
     awaiting_paths: HashSet<String>,
     /// While every entry so far came in path order: the tar laid out as they arrived.
@@ -90,6 +94,9 @@ pub struct RevisionWriter {
     /// The blocks sealed before laying out stopped, placed again by finalize where they fit.
     kept: KeptBlocks,
 }
+
+/// BLAKE3 of a file's chunk ids in order: files with the same key hold the same bytes.
+type ContentKey = [u8; 32];
 
 /// The tar offset of an entry not laid out as it arrived (finalize sets it).
 const NOT_LAID_OUT: u64 = u64::MAX;
@@ -150,7 +157,7 @@ impl Store {
             lease_epoch: self.remote().map_or(0, |r| r.lease_epoch()),
             seals: SealPipeline::new(self.clone()),
             chunk_buffer: Vec::new(),
-            digests: FileDigests::default(),
+            digests: FileDigests::holding(HELD_FILE_BYTES),
             awaiting_digest: VecDeque::new(),
             awaiting_paths: HashSet::new(),
             in_order: Some(TarLayout::default()),
@@ -315,8 +322,8 @@ impl RevisionWriter {
                 staged = Err(e);
             }
         }
-        let count = match staged {
-            Ok(count) => count,
+        let (count, key) = match staged {
+            Ok(staged) => staged,
             Err(e) => {
                 // The writer may go on with other files: their digests must not include these
                 // bytes, nor the tar laid out so far.
@@ -326,17 +333,22 @@ impl RevisionWriter {
                 return Err(e);
             }
         };
-        self.digests.end_file()?;
+        match self.store.inner.known_digests.get(&key) {
+            Some(digest) => self.digests.end_known_file(digest)?,
+            None => self.digests.end_file()?,
+        }
         self.awaiting_paths.insert(path.to_string());
         entry.chunks = ChunkList::Staged { offset: first_ref, count };
-        self.awaiting_digest.push_back(entry);
+        self.awaiting_digest.push_back((entry, key));
         self.stage_digested(self.awaiting_digest.len() > MAX_AWAITING_DIGEST)
     }
 
-    /// Chunks, stages and hashes a file's bytes, `size` of them; returns its count of chunk refs.
-    fn stage_file_chunks(&mut self, path: &str, expected: u64, data: &mut dyn Read) -> Result<u64> {
+    /// Chunks, stages and hashes a file's bytes, `size` of them; returns its count of chunk refs
+    /// and its content key.
+    fn stage_file_chunks(&mut self, path: &str, expected: u64, data: &mut dyn Read) -> Result<(u64, ContentKey)> {
         let mut size = 0u64;
         let mut count = 0u64;
+        let mut key = blake3::Hasher::new();
         let mut refs: Vec<StagedRef> = Vec::with_capacity(REF_BUFFER);
         let mut buffer = std::mem::take(&mut self.chunk_buffer);
         let mut chunker = Chunker::new(data, &mut buffer);
@@ -345,7 +357,9 @@ impl RevisionWriter {
             if size > expected {
                 break;
             }
-            refs.push(self.stage_chunk(chunk)?);
+            let staged = self.stage_chunk(chunk)?;
+            key.update(&staged.chunk.hash);
+            refs.push(staged);
             self.digests.update(chunk)?;
             if refs.len() == REF_BUFFER {
                 self.staging.push_refs(&refs)?;
@@ -360,7 +374,7 @@ impl RevisionWriter {
         }
         self.staging.push_refs(&refs)?;
         count += refs.len() as u64;
-        Ok(count)
+        Ok((count, *key.finalize().as_bytes()))
     }
 
     /// Stages the files whose digest is back; with `wait`, waits for (at least) the oldest.
@@ -374,7 +388,8 @@ impl RevisionWriter {
                 },
             };
             wait = false;
-            let Some(mut entry) = self.awaiting_digest.pop_front() else { break };
+            let Some((mut entry, key)) = self.awaiting_digest.pop_front() else { break };
+            self.store.inner.known_digests.put(key, digest);
             entry.sha256 = hex::encode(digest);
             self.awaiting_paths.remove(&entry.path);
             self.staging.add(&entry)?;

@@ -152,6 +152,41 @@ fn a_file_whose_chunk_list_spans_segments_reads_back_across_them() {
     }
 }
 
+/// Files met again (in the same revision or a later one) are not hashed again, yet every file's
+/// `sha256` is its own: one sharing only its first chunks with another, or only its last, one
+/// too large to be held back from hashing, and an empty one.
+#[test]
+fn every_file_keeps_its_own_sha256_when_its_content_was_met_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let base = noise(11, 400_000);
+    let mut head_changed = noise(12, 1_000);
+    head_changed.extend_from_slice(&base[1_000..]);
+    let mut tail_changed = base[..390_000].to_vec();
+    tail_changed.extend_from_slice(&noise(13, 10_000));
+    let large = noise(14, 3_000_000);
+    let files = [
+        ("a/base", base.clone()),
+        ("a/empty", Vec::new()),
+        ("a/large", large.clone()),
+        ("b/base", base.clone()),
+        ("b/empty", Vec::new()),
+        ("b/head-changed", head_changed),
+        ("b/large", large),
+        ("b/tail-changed", tail_changed),
+    ];
+    let first = attach("k1", write(&store, &files));
+    let mut again: Vec<(&str, Vec<u8>)> = files.iter().map(|(p, d)| (*p, d.clone())).collect();
+    again.push(("c/short", base[..200_000].to_vec()));
+    let second = attach("k2", write(&store, &again));
+    for (rev, files) in [(first, &files[..]), (second, &again[..])] {
+        for (path, data) in files {
+            let entry = store.file(rev, path).unwrap().unwrap();
+            assert_eq!(entry.sha256, hex::encode(sha2::Sha256::digest(data)), "{path} in revision {rev:?}");
+        }
+    }
+}
+
 #[test]
 fn identical_files_are_stored_once_and_deleting_releases_space() {
     let dir = tempfile::tempdir().unwrap();
