@@ -1,16 +1,18 @@
-//! What a push uploads: a directory packed as a zstd-compressed tar, or an archive file taken as is
-//! (tar, tar.gz, tar.zst, told apart by their first bytes). A packed directory is hashed as it is
-//! packed; a file as its pieces are sent (hashing it first cost a whole read before the first
-//! byte went out). The commit carries the sha256; an interrupted push is recognised when it is run
-//! again by [`Archive::identity`].
+//! What a push uploads: a directory packed as a zstd-compressed tar, a plain tar compressed with
+//! zstd, both as they are sent ([`super::packer`]), or a tar.gz or tar.zst file taken as is (told
+//! apart by their first bytes). Packed bytes are hashed as they are packed; a file taken as is as
+//! its pieces are sent (hashing it first cost a whole read before the first byte went out). The
+//! commit carries the sha256; an interrupted push is recognised when it is run again by
+//! [`Archive::identity`].
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::packer::{Input, Packer};
 use super::ClientError;
 
 /// How an archive's tar is compressed: its upload's `Content-Encoding`.
@@ -69,67 +71,45 @@ fn served_order_key(entry: &walkdir::DirEntry) -> Vec<u8> {
     key
 }
 
-/// Bytes ready to upload.
-#[derive(Debug)]
-pub struct Archive {
-    file: File,
-    path: PathBuf,
-    /// `sha256:<hex>`, when known before sending (a packed directory).
-    digest: Option<String>,
-    identity: String,
-    len: u64,
-    compression: Compression,
+/// `dir`'s entries (not itself) in the served order: an upload in that order is laid out as it
+/// arrives, without spooling (`storage::revision`).
+pub(super) fn walk(dir: &Path) -> impl Iterator<Item = Result<walkdir::DirEntry, ClientError>> + '_ {
+    let walk = walkdir::WalkDir::new(dir).min_depth(1).sort_by(|a, b| served_order_key(a).cmp(&served_order_key(b)));
+    walk.into_iter().map(move |entry| {
+        entry.map_err(|e| {
+            let path = e.path().unwrap_or(dir).to_owned();
+            ClientError::Io { path, source: e.into() }
+        })
+    })
 }
 
-/// zstd worker threads packing a directory, at most.
-const PACK_WORKERS: usize = 4;
+/// Bytes to upload: a file sent as it is, or packed on a thread as the pieces go.
+#[derive(Debug)]
+pub struct Archive {
+    path: PathBuf,
+    identity: String,
+    compression: Compression,
+    bytes: Bytes,
+}
+
+#[derive(Debug)]
+enum Bytes {
+    /// A compressed archive file, hashed as its pieces are read ([`RunningDigest`]).
+    AsIs { file: File, len: u64 },
+    /// zstd packed on a thread, hashed as written.
+    Packed(Packer),
+}
 
 impl Archive {
-    /// `dir` as a zstd-compressed tar in an anonymous temporary file (symlinks kept as links).
+    /// `dir` as a zstd-compressed tar (symlinks kept as links), packed as it is sent.
     pub fn pack(dir: &Path) -> Result<Archive, ClientError> {
-        let path = std::env::temp_dir().join(format!("stowage-push-{}", uuid::Uuid::new_v4()));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(|source| ClientError::Io { path: path.clone(), source })?;
-        // Unlinked at once: the open handle keeps it until the push ends, whatever happens.
-        let _ = std::fs::remove_file(&path);
-        let spool = |source| ClientError::Io { path: path.clone(), source };
-        let hashing = Hashing { inner: std::io::BufWriter::new(file), sha: Sha256::new(), len: 0 };
-        let mut encoder = zstd::Encoder::new(hashing, 3).map_err(spool)?;
-        // Compressed on zstd's worker threads while this one walks and reads the tree (the output
-        // is the same for any number of workers, so a resumed push finds its session).
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get().min(PACK_WORKERS));
-        encoder.multithread(workers as u32).map_err(spool)?;
-        let mut builder = tar::Builder::new(encoder);
-        builder.follow_symlinks(false);
-        // In path order, the order the server serves the tree in: an upload in that order is laid
-        // out as it arrives, without spooling (`storage::revision`).
-        let walk =
-            walkdir::WalkDir::new(dir).min_depth(1).sort_by(|a, b| served_order_key(a).cmp(&served_order_key(b)));
-        for entry in walk {
-            let entry = entry.map_err(|e| {
-                let path = e.path().unwrap_or(dir).to_owned();
-                ClientError::Io { path, source: e.into() }
-            })?;
-            let io = |source| ClientError::Io { path: entry.path().to_owned(), source };
-            let name = entry.path().strip_prefix(dir).unwrap_or(entry.path());
-            match entry.file_type().is_dir() {
-                true => builder.append_dir(name, entry.path()).map_err(io)?,
-                false => builder.append_path_with_name(entry.path(), name).map_err(io)?,
-            }
-        }
-        let mut hashing = builder.into_inner().and_then(|encoder| encoder.finish()).map_err(spool)?;
-        hashing.flush().map_err(spool)?;
-        let digest = format!("sha256:{}", hex::encode(hashing.sha.finalize()));
-        let file = hashing.inner.into_inner().map_err(|e| spool(e.into_error()))?;
-        let (identity, digest) = (digest.clone(), Some(digest));
-        Ok(Archive { file, path: dir.to_owned(), digest, identity, len: hashing.len, compression: Compression::Zstd })
+        let identity = tree_identity(dir)?;
+        let packer = Packer::start(Input::Tree(dir.to_owned()), dir)?;
+        Ok(Archive { path: dir.to_owned(), identity, compression: Compression::Zstd, bytes: Bytes::Packed(packer) })
     }
 
-    /// The archive file at `path`, read in place; anything but a tar, tar.gz or tar.zst is refused.
+    /// The archive file at `path`; anything but a tar, tar.gz or tar.zst is refused. A tar.gz or
+    /// tar.zst is sent as it is, a plain tar compressed with zstd as it is sent.
     pub fn open(path: &Path) -> Result<Archive, ClientError> {
         let io = |source| ClientError::Io { path: path.to_owned(), source };
         let file = File::open(path).map_err(io)?;
@@ -147,42 +127,98 @@ impl Archive {
             meta.mtime(),
             meta.mtime_nsec()
         );
-        Ok(Archive { file, path: path.to_owned(), digest: None, identity, len: meta.len(), compression })
+        let path = path.to_owned();
+        match compression {
+            Compression::None => {
+                (&file).seek(SeekFrom::Start(0)).map_err(io)?;
+                let packer = Packer::start(Input::Tar(Box::new(file), path.clone()), &path)?;
+                Ok(Archive { path, identity, compression: Compression::Zstd, bytes: Bytes::Packed(packer) })
+            }
+            _ => Ok(Archive { path, identity, compression, bytes: Bytes::AsIs { file, len: meta.len() } }),
+        }
     }
 
-    /// `sha256:<hex>` of the bytes, if known before sending them.
-    pub fn digest(&self) -> Option<&str> {
-        self.digest.as_deref()
+    /// `sha256:<hex>` of the bytes, once known: a packed archive's when packing ended; a file's
+    /// sent as it is comes from [`RunningDigest`].
+    pub fn digest(&self) -> Option<String> {
+        match &self.bytes {
+            Bytes::AsIs { .. } => None,
+            Bytes::Packed(packer) => packer.digest(),
+        }
     }
 
-    /// What tells these bytes from others across runs: the sha256 of a packed directory; for a
-    /// file taken as is, its path, inode, size and modification time. (A file changed in place
-    /// without any of them changing is caught at the commit: the sha256 the push sends is of the
-    /// bytes read now.)
+    /// What tells these bytes from others across runs: for a directory, its entries' paths,
+    /// kinds, modes, sizes, inodes and modification times; for a file, its path, inode, size and
+    /// modification time. (Content changed without any of them changing is caught at the commit:
+    /// the sha256 the push sends is of the bytes sent now.)
     pub fn identity(&self) -> &str {
         &self.identity
     }
 
-    pub fn len(&self) -> u64 {
-        self.len
+    /// The length of the bytes sent, once known (a packed archive's when packing ended).
+    pub fn known_len(&self) -> Option<u64> {
+        match &self.bytes {
+            Bytes::AsIs { len, .. } => Some(*len),
+            Bytes::Packed(packer) => packer.len(),
+        }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
+    /// How the bytes sent are compressed: the upload's `Content-Encoding`.
     pub fn compression(&self) -> Compression {
         self.compression
     }
 
-    /// `len` bytes from `offset`.
-    pub(super) fn read_at(&self, offset: u64, len: u64) -> Result<Vec<u8>, ClientError> {
-        let mut piece = vec![0u8; len as usize];
-        self.file
-            .read_exact_at(&mut piece, offset)
-            .map_err(|source| ClientError::Io { path: self.path.clone(), source })?;
-        Ok(piece)
+    /// Whether the digest comes from [`RunningDigest`] (the bytes are not hashed as packed).
+    pub(super) fn needs_running_digest(&self) -> bool {
+        matches!(self.bytes, Bytes::AsIs { .. })
     }
+
+    /// Up to `len` bytes from `offset`, waiting for them to be packed: fewer at the end, none past it.
+    pub(super) async fn piece(&self, offset: u64, len: u64) -> Result<Vec<u8>, ClientError> {
+        match &self.bytes {
+            Bytes::AsIs { file, len: total } => {
+                let end = offset.saturating_add(len).min(*total);
+                let mut piece = vec![0u8; usize::try_from(end.saturating_sub(offset)).unwrap_or(0)];
+                file.read_exact_at(&mut piece, offset)
+                    .map_err(|source| ClientError::Io { path: self.path.clone(), source })?;
+                Ok(piece)
+            }
+            Bytes::Packed(packer) => packer.piece(offset, len).await,
+        }
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of a file sent as it is.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<(), ClientError> {
+        let io = |source| ClientError::Io { path: self.path.clone(), source };
+        match &self.bytes {
+            Bytes::AsIs { file, .. } => file.read_exact_at(buf, offset).map_err(io),
+            Bytes::Packed(_) => Err(io(std::io::Error::other("a packed archive is hashed as it is packed"))),
+        }
+    }
+}
+
+/// A directory's identity: the sha256 of what a walk sees of each entry, without reading files.
+fn tree_identity(dir: &Path) -> Result<String, ClientError> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut sha = Sha256::new();
+    for entry in walk(dir) {
+        let entry = entry?;
+        let io = |source| ClientError::Io { path: entry.path().to_owned(), source };
+        let meta = entry.path().symlink_metadata().map_err(io)?;
+        let target = match meta.file_type().is_symlink() {
+            true => std::fs::read_link(entry.path()).map_err(io)?,
+            false => PathBuf::new(),
+        };
+        sha.update(entry.path().as_os_str().as_bytes());
+        sha.update([0]);
+        sha.update(target.as_os_str().as_bytes());
+        let stat = [meta.mode().into(), meta.len(), meta.ino(), meta.mtime() as u64, meta.mtime_nsec() as u64];
+        for field in stat {
+            sha.update(field.to_le_bytes());
+        }
+    }
+    let shown = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned());
+    Ok(format!("directory {} entries sha256:{}", shown.display(), hex::encode(sha.finalize())))
 }
 
 /// The sha256 of an archive whose digest was not known before sending: each byte is hashed once,
@@ -210,9 +246,9 @@ impl RunningDigest {
         Ok(())
     }
 
-    /// `sha256:<hex>` of the whole archive.
+    /// `sha256:<hex>` of the whole archive (a file sent as it is).
     pub fn finish(mut self, archive: &Archive) -> Result<String, ClientError> {
-        self.catch_up(archive, archive.len())?;
+        self.catch_up(archive, archive.known_len().unwrap_or(0))?;
         Ok(format!("sha256:{}", hex::encode(self.sha.finalize())))
     }
 
@@ -224,10 +260,7 @@ impl RunningDigest {
         while self.hashed < to {
             let want = buf.len().min(usize::try_from(to - self.hashed).unwrap_or(usize::MAX));
             let chunk = buf.get_mut(..want).unwrap_or_default();
-            archive
-                .file
-                .read_exact_at(chunk, self.hashed)
-                .map_err(|source| ClientError::Io { path: archive.path.clone(), source })?;
+            archive.read_exact_at(chunk, self.hashed)?;
             self.sha.update(&*chunk);
             self.hashed += want as u64;
         }
@@ -235,27 +268,10 @@ impl RunningDigest {
     }
 }
 
-struct Hashing<W> {
-    inner: W,
-    sha: Sha256,
-    len: u64,
-}
-
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        // `write` never reports more than it was given.
-        self.sha.update(buf.get(..n).unwrap_or(buf));
-        self.len += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
     use super::*;
 
     #[test]
@@ -276,33 +292,44 @@ mod tests {
         assert_eq!(Compression::sniff(&[0u8; 1024]), None);
     }
 
-    /// However the pieces of a file went (in order, resumed part way, a piece re-sent after a
-    /// failure, none sent), the digest is the file's sha256; its identity changes with its bytes.
-    #[test]
-    fn a_files_digest_is_its_sha256_however_its_pieces_went() {
+    /// However the pieces of a file taken as is went (in order, resumed part way, a piece
+    /// re-sent after a failure, none sent), the digest is the file's sha256; its identity changes
+    /// with its bytes.
+    #[tokio::test]
+    async fn a_files_digest_is_its_sha256_however_its_pieces_went() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("a.tar");
+        let path = dir.path().join("a.tar.zst");
         let mut tar = tar::Builder::new(Vec::new());
-        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let data: Vec<u8> = (0..3_000_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
         let mut header = tar::Header::new_gnu();
         header.set_size(data.len() as u64);
         header.set_cksum();
         tar.append_data(&mut header, "a", &data[..]).unwrap();
-        std::fs::write(&path, tar.into_inner().unwrap()).unwrap();
+        std::fs::write(&path, zstd::encode_all(&tar.into_inner().unwrap()[..], 1).unwrap()).unwrap();
         let archive = Archive::open(&path).unwrap();
+        assert_eq!(archive.compression(), Compression::Zstd);
         assert_eq!(archive.digest(), None, "not hashed before sending");
         let want = format!("sha256:{}", hex::encode(Sha256::digest(std::fs::read(&path).unwrap())));
-        let m = 1u64 << 20;
+        let (m, len) = (1u64 << 20, archive.known_len().unwrap());
+        assert!(len > 2 * m, "{len}");
         let plans: [&[(u64, u64)]; 4] = [
-            &[(0, m), (m, m), (2 * m, archive.len() - 2 * m)],
-            &[(m + 7, m), (2 * m + 7, archive.len() - 2 * m - 7)],
-            &[(0, m), (m, m), (m / 2, m), (3 * m / 2, archive.len() - 3 * m / 2)],
+            &[(0, m), (m, m), (2 * m, len - 2 * m)],
+            &[(m + 7, m), (2 * m + 7, len - 2 * m - 7)],
+            &[(0, m), (m, m), (m / 2, m), (3 * m / 2, len - 3 * m / 2)],
             &[],
         ];
         for plan in plans {
             let mut running = RunningDigest::new();
             for &(offset, len) in plan {
-                running.piece(&archive, offset, &archive.read_at(offset, len).unwrap()).unwrap();
+                running.piece(&archive, offset, &archive.piece(offset, len).await.unwrap()).unwrap();
             }
             assert_eq!(running.finish(&archive).unwrap(), want, "{plan:?}");
         }
@@ -310,10 +337,43 @@ mod tests {
         assert_ne!(Archive::open(&path).unwrap().identity(), archive.identity());
     }
 
+    /// A plain tar goes out zstd-compressed, the same bytes on every run (a push run again takes
+    /// up its session), hashed as packed.
+    #[tokio::test]
+    async fn a_plain_tar_is_sent_compressed_the_same_every_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.tar");
+        let mut tar = tar::Builder::new(Vec::new());
+        for i in 0..40u32 {
+            let data = format!("kind: ConfigMap\nmetadata:\n  name: c{i}\n").repeat(2_000);
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_cksum();
+            tar.append_data(&mut header, format!("m/{i}.yaml"), data.as_bytes()).unwrap();
+        }
+        let tar = tar.into_inner().unwrap();
+        std::fs::write(&path, &tar).unwrap();
+        let mut sent = Vec::new();
+        for _ in 0..2 {
+            let archive = Archive::open(&path).unwrap();
+            assert_eq!(archive.compression(), Compression::Zstd);
+            let bytes = archive.piece(0, u64::MAX / 2).await.unwrap();
+            assert_eq!(archive.known_len(), Some(bytes.len() as u64));
+            let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+            assert_eq!(archive.digest(), Some(digest));
+            assert!(archive.piece(bytes.len() as u64, 10).await.unwrap().is_empty(), "nothing past the end");
+            assert!(zstd::decode_all(&bytes[..]).unwrap() == tar, "decodes to the tar");
+            assert!(bytes.len() * 20 < tar.len(), "compressed: {} of {}", bytes.len(), tar.len());
+            sent.push((archive.identity().to_string(), bytes));
+        }
+        assert!(sent[0] == sent[1], "the same identity and bytes on every run");
+    }
+
     /// A pushed directory's tar lists its entries in the served order (so it is not spooled):
-    /// `a-b` and `a.d/` before `a/`, unlike a walk of the tree.
-    #[test]
-    fn a_packed_directory_is_in_path_order() {
+    /// `a-b` and `a.d/` before `a/`, unlike a walk of the tree. Its identity changes when an
+    /// entry does.
+    #[tokio::test]
+    async fn a_packed_directory_is_in_path_order() {
         let dir = tempfile::tempdir().unwrap();
         for d in ["a/x", "a.d"] {
             std::fs::create_dir_all(dir.path().join(d)).unwrap();
@@ -323,7 +383,7 @@ mod tests {
         }
         std::os::unix::fs::symlink("b", dir.path().join("a/link")).unwrap();
         let archive = Archive::pack(dir.path()).unwrap();
-        let tar = zstd::decode_all(&archive.read_at(0, archive.len()).unwrap()[..]).unwrap();
+        let tar = zstd::decode_all(&archive.piece(0, u64::MAX / 2).await.unwrap()[..]).unwrap();
         let mut names = Vec::new();
         for entry in tar::Archive::new(&tar[..]).entries().unwrap() {
             let entry = entry.unwrap();
@@ -331,5 +391,8 @@ mod tests {
             names.push(format!("{}{slash}", entry.path().unwrap().display()));
         }
         assert_eq!(names, ["a-b", "a.d/", "a.d/y", "a/", "a/link", "a/x/", "a/x/f", "a/z", "b"]);
+        assert_eq!(Archive::pack(dir.path()).unwrap().identity(), archive.identity());
+        std::fs::write(dir.path().join("a/z"), "longer").unwrap();
+        assert_ne!(Archive::pack(dir.path()).unwrap().identity(), archive.identity());
     }
 }

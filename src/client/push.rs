@@ -1,8 +1,8 @@
 //! Uploading an [`Archive`] as a Bundle's content in resumable pieces (the chunked-upload protocol
 //! of `bundles/NAME/content`): start a session (or take up one the caller remembered, from the
 //! offset the server reports), send `PATCH` pieces with `Content-Range`, re-ask the offset after a
-//! failed piece and go on from there, commit with the sha256 (of a file taken as is, computed as
-//! its pieces are read).
+//! failed piece and go on from there, commit with the sha256 (of packed bytes, computed as they
+//! are packed; of a file taken as is, as its pieces are read).
 
 use std::time::Duration;
 
@@ -56,8 +56,7 @@ impl ContentClient {
         events: &mut (dyn FnMut(PushEvent<'_>) + Send),
     ) -> Result<Bundle, ClientError> {
         let content = format!("{API}/namespaces/{namespace}/bundles/{name}/content");
-        let total = archive.len();
-        let (id, mut offset) = match self.resumable(&content, options.resume.as_deref(), total).await? {
+        let (id, mut offset) = match self.resumable(&content, options.resume.as_deref(), archive.known_len()).await? {
             Some(found) => found,
             None => (self.start(&content, archive).await?, 0),
         };
@@ -65,10 +64,20 @@ impl ContentClient {
         events(PushEvent::Session { upload_id: &id, offset });
         let mut failures = 0u32;
         let piece_bytes = options.piece_bytes.max(1);
-        let mut running = archive.digest().is_none().then(RunningDigest::new);
-        while offset < total {
-            let len = piece_bytes.min(total - offset);
-            let piece = archive.read_at(offset, len)?;
+        let mut running = archive.needs_running_digest().then(RunningDigest::new);
+        loop {
+            let piece = match archive.piece(offset, piece_bytes).await {
+                Ok(piece) => piece,
+                Err(e) => {
+                    // Packing failed (a file unreadable, the disk full): nothing to resume.
+                    let _ = self.send_json::<Value>("DELETE", &session, &[], Vec::new()).await;
+                    return Err(e);
+                }
+            };
+            if piece.is_empty() {
+                break;
+            }
+            let len = piece.len() as u64;
             if let Some(running) = &mut running {
                 running.piece(archive, offset, &piece)?;
             }
@@ -77,7 +86,7 @@ impl ContentClient {
                 Ok(_) => {
                     offset += len;
                     failures = 0;
-                    events(PushEvent::Sent(Transferred { done: offset, total: Some(total) }));
+                    events(PushEvent::Sent(Transferred { done: offset, total: archive.known_len() }));
                 }
                 Err(e) => {
                     failures += 1;
@@ -87,14 +96,14 @@ impl ContentClient {
                     tokio::time::sleep(Duration::from_millis(200 << failures.min(6))).await;
                     // Part of the piece may have landed: continue from the server's offset.
                     if let Ok(state) = self.send_json::<Value>("GET", &session, &[], Vec::new()).await {
-                        offset = state.get("offset").and_then(Value::as_u64).unwrap_or(offset).min(total);
+                        offset = state.get("offset").and_then(Value::as_u64).unwrap_or(offset);
                     }
                 }
             }
         }
-        let digest = match archive.digest() {
-            Some(digest) => digest.to_string(),
-            None => running.unwrap_or_else(RunningDigest::new).finish(archive)?,
+        let digest = match running {
+            Some(running) => running.finish(archive)?,
+            None => archive.digest().ok_or_else(|| ClientError::Protocol("the archive has no digest".into()))?,
         };
         events(PushEvent::Committing);
         // The commit unpacks everything: behind the aggregator a large one is cut at 60 s (504)
@@ -116,18 +125,19 @@ impl ContentClient {
         }
     }
 
-    /// The remembered session and its offset, if the server still has it for this Bundle.
+    /// The remembered session and its offset, if the server still has it for this Bundle (and
+    /// holds no more than `total` bytes, when that is known).
     async fn resumable(
         &self,
         content: &str,
         id: Option<&str>,
-        total: u64,
+        total: Option<u64>,
     ) -> Result<Option<(String, u64)>, ClientError> {
         let Some(id) = id else { return Ok(None) };
         let session = format!("{content}?upload={}", percent_encoding::utf8_percent_encode(id, QUERY));
         match self.send_json::<Value>("GET", &session, &[], Vec::new()).await {
             Ok(state) => match state.get("offset").and_then(Value::as_u64) {
-                Some(offset) if offset <= total => Ok(Some((id.to_string(), offset))),
+                Some(offset) if total.is_none_or(|total| offset <= total) => Ok(Some((id.to_string(), offset))),
                 _ => {
                     let _ = self.send_json::<Value>("DELETE", &session, &[], Vec::new()).await;
                     Ok(None)

@@ -88,7 +88,7 @@ pub async fn run(
         archive: archive.identity().to_string(),
     };
     let options = PushOptions { piece_bytes, resume: sessions.recall(&key) };
-    let bar = Bar::new(&format!("pushing {name}"), Some(archive.len()));
+    let bar = Bar::new(&format!("pushing {name}"), archive.known_len());
     let mut resumed_at = 0;
     let pushed = content
         .push(namespace, name, &archive, &options, &mut |event| match event {
@@ -103,8 +103,11 @@ pub async fn run(
         .await;
     bar.finish(pushed.is_ok());
     // A session worth keeping is one a network failure interrupted; a refused one is gone.
-    let refused =
-        |e: &ClientError| e.status().is_some_and(|s| (400..500).contains(&s.code) && ![408, 429].contains(&s.code));
+    // So is one whose bytes could not be packed (the push deleted it).
+    let refused = |e: &ClientError| {
+        matches!(e, ClientError::Io { .. })
+            || e.status().is_some_and(|s| (400..500).contains(&s.code) && ![408, 429].contains(&s.code))
+    };
     match &pushed {
         Ok(_) => sessions.forget(&key),
         Err(e) if refused(e) => sessions.forget(&key),
@@ -115,7 +118,7 @@ pub async fn run(
     let revision = status.content_name.unwrap_or_default();
     let resumed = match resumed_at {
         0 => String::new(),
-        at => format!(", resumed at byte {at} of {}", archive.len()),
+        at => format!(", resumed at byte {at} of {}", archive.known_len().unwrap_or(at)),
     };
     Ok(format!("{namespace}/{name}: pushed {digest} ({revision}{resumed})"))
 }
