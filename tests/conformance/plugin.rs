@@ -137,10 +137,10 @@ async fn kubectl_stowage_push_uploads_in_pieces_and_round_trips() {
     assert_eq!(server.bundlecontent_names(NS).await.len(), 1);
 }
 
-/// tar, tar.gz and tar.zst files go up as they are, with the Content-Encoding their first bytes
-/// name; anything else is refused before a request is made.
+/// tar.gz and tar.zst files go up as they are, with the Content-Encoding their first bytes name, a
+/// plain tar compressed with zstd as it is sent; anything else is refused before a request is made.
 #[tokio::test(flavor = "multi_thread")]
-async fn push_sends_archive_files_as_they_are() {
+async fn push_takes_tar_files_plain_or_compressed() {
     let server = Server::start_temp(&[]);
     let kubectl = Kubectl::new(&server);
     let tree = tree_from_dir(&corpus().join("rukpak-testdata/registry/valid"));
@@ -203,8 +203,8 @@ async fn push_checks_before_it_writes_and_errors_read_like_kubectl() {
 }
 
 /// A push killed midway is taken up where the server's bytes end when run again with the same
-/// content (a directory, or a tar file hashed as it is sent); a session the server no longer has is
-/// replaced by a new one.
+/// content (a directory or a plain tar, packed as they are sent; a tar.gz sent as it is, hashed as
+/// its pieces are read); a session the server no longer has is replaced by a new one.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_interrupted_push_resumes_when_run_again() {
     let server = Server::start_temp(&[]);
@@ -212,12 +212,17 @@ async fn an_interrupted_push_resumes_when_run_again() {
     let kps = corpus().join("kube-prometheus-stack/88.5.3");
     let tar_file = kubectl.state.path().join("kps.tar");
     std::fs::write(&tar_file, crate::tarutil::system_tar(&kps)).unwrap();
-    let (kps, tar_file) = (kps.to_str().unwrap(), tar_file.to_str().unwrap());
+    let gz_file = kubectl.state.path().join("kps.tar.gz");
+    std::fs::write(&gz_file, gzip(&std::fs::read(&tar_file).unwrap())).unwrap();
+    let (kps, tar_file, gz_file) = (kps.to_str().unwrap(), tar_file.to_str().unwrap(), gz_file.to_str().unwrap());
     let sessions = kubectl.state.path().join("stowage/uploads");
 
-    for (name, source, forget_on_server) in
-        [("resumed", kps, false), ("restarted", kps, true), ("resumed-file", tar_file, false)]
-    {
+    for (name, source, forget_on_server) in [
+        ("resumed", kps, false),
+        ("restarted", kps, true),
+        ("resumed-file", tar_file, false),
+        ("resumed-gz", gz_file, false),
+    ] {
         // 1 KiB pieces: hundreds of requests, time enough to kill it in the middle.
         let mut push = kubectl.command(&["push", name, source, "--create", "--piece-bytes", "1024"]);
         let mut child = push.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
@@ -253,7 +258,7 @@ async fn an_interrupted_push_resumes_when_run_again() {
         }
         assert_eq!(std::fs::read_dir(&sessions).unwrap().count(), 0, "a finished push forgets its session");
     }
-    assert_eq!(server.bundlecontent_names(NS).await.len(), 3);
+    assert_eq!(server.bundlecontent_names(NS).await.len(), 4);
 }
 
 /// `ls | head -1` with more output than a pipe holds: the header, nothing on stderr, success.
