@@ -1,7 +1,6 @@
 //! Upload sessions remembered across runs, so a push that was interrupted (Ctrl-C, a lost
 //! connection, a killed process) takes up where it stopped when run again with the same content:
-//! one small JSON file per (server, namespace, Bundle, archive: the sha256 of a packed directory,
-//! or a file's path, inode, size and modification time) under
+//! one small JSON file per (server, namespace, Bundle, archive: [`crate::client::Archive::identity`]) under
 //! `$XDG_STATE_HOME/stowage/uploads` (default `~/.local/state/stowage/uploads`, else the temporary
 //! directory). Best effort: a file that cannot be read or written only means starting afresh.
 
