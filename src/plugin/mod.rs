@@ -48,8 +48,8 @@ pub struct PluginCli {
 
 #[derive(Clone, Debug, clap::Subcommand)]
 pub enum PluginCommand {
-    /// Upload DIR (packed as tar.zst) or FILE (a tar, tar.gz or tar.zst, as is) as Bundle NAME's
-    /// content, in pieces; an interrupted push resumes when run again.
+    /// Upload DIR or a tar FILE (compressed with zstd as it is sent), or a tar.gz or tar.zst FILE
+    /// (as it is), as Bundle NAME's content, in pieces; an interrupted push resumes when run again.
     Push {
         /// The Bundle (it must take uploads: `spec.sources: [{upload: {}}]`, or use --create).
         name: String,
