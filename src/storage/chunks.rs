@@ -156,7 +156,16 @@ impl BlockBuilder {
     /// Appends bytes that belong to no chunk (a block of filler alone is not written: nothing
     /// would keep it).
     pub fn filler(&mut self, bytes: &[u8]) {
+        self.reserve();
         self.raw.extend_from_slice(bytes);
+    }
+
+    /// A new block's buffer is allocated once, for a full block: grown by doubling, its bytes
+    /// were copied again about once.
+    fn reserve(&mut self) {
+        if self.raw.capacity() == 0 {
+            self.raw.reserve(BLOCK_TARGET + MAX_CHUNK as usize);
+        }
     }
 
     pub fn raw_len(&self) -> usize {
@@ -172,6 +181,7 @@ impl BlockBuilder {
     }
 
     pub fn push(&mut self, hash: Hash, data: &[u8]) {
+        self.reserve();
         self.members.push(Member { hash, offset: self.raw.len() as u32, len: data.len() as u32 });
         self.raw.extend_from_slice(data);
         self.hashes.insert(hash);

@@ -16,10 +16,12 @@ use sha2::{Digest, Sha256};
 
 use super::{Result, StorageError};
 
-/// Bytes handed to the thread at once.
-pub const BATCH: usize = 256 * 1024;
+/// Bytes handed to the thread at once (each hand-off wakes it: fewer, larger batches cost less).
+pub const BATCH: usize = 1 << 20;
 /// Batches waiting for the thread, at most.
-pub const QUEUE: usize = 8;
+pub const QUEUE: usize = 4;
+/// Room for the largest update past a full batch (a chunk), so a batch is never reallocated.
+const UPDATE_ROOM: usize = super::chunks::MAX_CHUNK as usize;
 
 fn gone() -> StorageError {
     StorageError::Io(std::io::Error::other("the hashing thread stopped"))
@@ -78,6 +80,9 @@ impl FileDigests {
 
     /// Hashes `bytes` as the next bytes of the current file.
     pub fn update(&mut self, bytes: &[u8]) -> Result<()> {
+        if self.batch.data.capacity() == 0 {
+            self.batch.data.reserve(BATCH + self.hold + UPDATE_ROOM);
+        }
         self.batch.data.extend_from_slice(bytes);
         let len = self.batch.data.len();
         let holding = len.saturating_sub(self.file_start) <= self.hold;
@@ -142,8 +147,8 @@ impl FileDigests {
         if self.batches.is_none() {
             self.start()?;
         }
-        let batch =
-            std::mem::replace(&mut self.batch, DigestBatch { data: Vec::with_capacity(BATCH), ends: Vec::new() });
+        let next = DigestBatch { data: Vec::with_capacity(BATCH + self.hold + UPDATE_ROOM), ends: Vec::new() };
+        let batch = std::mem::replace(&mut self.batch, next);
         self.file_start = 0;
         let batches = self.batches.as_ref().ok_or_else(gone)?;
         batches.send(batch).map_err(|_| gone())
