@@ -103,8 +103,9 @@ enum Bytes {
 impl Archive {
     /// `dir` as a zstd-compressed tar (symlinks kept as links), packed as it is sent.
     pub fn pack(dir: &Path) -> Result<Archive, ClientError> {
-        let identity = tree_identity(dir)?;
+        // Packing starts first: the walk for the identity runs beside it.
         let packer = Packer::start(Input::Tree(dir.to_owned()), dir)?;
+        let identity = tree_identity(dir)?;
         Ok(Archive { path: dir.to_owned(), identity, compression: Compression::Zstd, bytes: Bytes::Packed(packer) })
     }
 
