@@ -27,6 +27,7 @@
 //!
 //! On any error the sink may already have received some entries: callers must discard them.
 
+mod decode_ahead;
 mod paths;
 mod stream;
 #[cfg(test)]
@@ -36,6 +37,7 @@ mod walker;
 use std::cell::Cell;
 use std::io::{self, Read};
 
+use self::decode_ahead::DecodeAhead;
 use self::stream::{block_align, SourceReader, TarStream};
 use self::walker::Walker;
 use super::EntrySink;
@@ -315,17 +317,20 @@ fn run_decoded<R: Read, S: EntrySink + ?Sized>(
     sink: &mut S,
     state: &State,
 ) -> Result<IngestStats, Failure<S::Error>> {
-    let (decoded, codec): (Box<dyn Read + '_>, &'static str) = match encoding {
-        Encoding::Identity => (Box::new(raw), "tar"),
-        Encoding::Gzip => (Box::new(flate2::read::MultiGzDecoder::new(raw)), "gzip"),
-        Encoding::Zstd => match zstd::stream::read::Decoder::new(raw) {
-            Ok(d) => (Box::new(d), "zstd"),
-            Err(e) => {
-                tracing::warn!(error = %e, "starting a zstd decoder failed");
-                state.flag(Violation::Corrupt("the zstd decoder could not be started".to_owned()));
-                return Err(Failure::Flagged);
-            }
-        },
+    let started = match encoding {
+        Encoding::Identity => Ok((Box::new(raw) as Box<dyn Read + '_>, "tar")),
+        Encoding::Gzip => DecodeAhead::start(raw, state, |handed| Ok(flate2::read::MultiGzDecoder::new(handed)))
+            .map(|d| (Box::new(d) as Box<dyn Read + '_>, "gzip")),
+        Encoding::Zstd => DecodeAhead::start(raw, state, zstd::stream::read::Decoder::new)
+            .map(|d| (Box::new(d) as Box<dyn Read + '_>, "zstd")),
+    };
+    let (decoded, codec) = match started {
+        Ok(started) => started,
+        Err(e) => {
+            tracing::warn!(error = %e, "starting a decoder thread failed");
+            state.flag(Violation::Corrupt("the decoder could not be started".to_owned()));
+            return Err(Failure::Flagged);
+        }
     };
     state.codec.set(codec);
     state.arm(Some(0));

@@ -282,6 +282,26 @@ fn gzip_and_zstd_declared_and_sniffed() {
     assert_corrupt(run_with(&tar, Encoding::Zstd, &limits).0.unwrap_err(), "zstd");
 }
 
+/// A decoder may take any amount of input before it gives anything back (zstd skippable
+/// frames): the body keeps going to the decoder thread while the reader waits for its output.
+#[test]
+fn compressed_bytes_that_decode_to_nothing_for_a_while_do_not_stall() {
+    let mut body = Vec::new();
+    for _ in 0..3 {
+        body.extend_from_slice(&0x184D_2A50u32.to_le_bytes());
+        body.extend_from_slice(&(1u32 << 20).to_le_bytes());
+        body.extend(std::iter::repeat_n(0x5a, 1 << 20));
+    }
+    body.extend(zstd::encode_all(&good_tar()[..], 3).unwrap());
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(run_with(&body, Encoding::Zstd, &IngestLimits::default()));
+    });
+    let (result, events) = finished.recv_timeout(std::time::Duration::from_secs(30)).expect("the ingest stalled");
+    assert_eq!(result.unwrap(), GOOD_STATS);
+    assert_eq!(events, good_events());
+}
+
 #[test]
 fn corrupt_and_truncated_compression() {
     let gz = gzip(&good_tar());
