@@ -210,7 +210,8 @@ fn tree_identity(dir: &Path) -> Result<String, ClientError> {
             true => std::fs::read_link(entry.path()).map_err(io)?,
             false => PathBuf::new(),
         };
-        sha.update(entry.path().as_os_str().as_bytes());
+        let name = entry.path().strip_prefix(dir).unwrap_or(entry.path());
+        sha.update(name.as_os_str().as_bytes());
         sha.update([0]);
         sha.update(target.as_os_str().as_bytes());
         let stat = [meta.mode().into(), meta.len(), meta.ino(), meta.mtime() as u64, meta.mtime_nsec() as u64];
