@@ -62,7 +62,7 @@ impl Packer {
         let writer = file.try_clone().map_err(io)?;
         let (tell, progress) = watch::channel(Progress::Written(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let output = Output { file: writer, sha: Sha256::new(), len: 0, tell, stop: stop.clone() };
+        let output = Output { file: writer, path: temp.clone(), sha: Sha256::new(), len: 0, tell, stop: stop.clone() };
         let named = path.to_owned();
         std::thread::Builder::new()
             .name("stowage-pack".into())
@@ -118,6 +118,8 @@ impl Drop for Packer {
 /// The packed file: hashed and counted as written, the sender told after each write.
 struct Output {
     file: File,
+    /// The temporary file's name, in errors (a full temporary directory is not the input's fault).
+    path: PathBuf,
     sha: Sha256,
     len: u64,
     tell: watch::Sender<Progress>,
@@ -129,7 +131,10 @@ impl Write for Output {
         if self.stop.load(Ordering::Relaxed) {
             return Err(std::io::Error::other("the push ended"));
         }
-        let n = self.file.write(buf)?;
+        let n = self.file.write(buf).inspect_err(|e| {
+            let failed = Progress::Failed { path: self.path.clone(), kind: e.kind(), message: e.to_string() };
+            self.tell.send_replace(failed);
+        })?;
         // `write` never reports more than it was given.
         self.sha.update(buf.get(..n).unwrap_or(buf));
         self.len += n as u64;
@@ -145,6 +150,8 @@ impl Write for Output {
 fn pack(input: Input, path: &Path, output: Output) {
     let tell = output.tell.clone();
     let ended = match compress(input, output) {
+        // A failed write of the temporary file said so already.
+        Err(_) if matches!(*tell.borrow(), Progress::Failed { .. }) => return,
         Ok(output) => {
             Progress::Done { len: output.len, digest: format!("sha256:{}", hex::encode(output.sha.finalize())) }
         }
