@@ -302,15 +302,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.tar.zst");
         let mut tar = tar::Builder::new(Vec::new());
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let data: Vec<u8> = (0..3_000_000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let data = crate::storage::tests::noise(7, 3_000_000);
         let mut header = tar::Header::new_gnu();
         header.set_size(data.len() as u64);
         header.set_cksum();

@@ -245,15 +245,7 @@ mod tests {
     #[tokio::test]
     async fn a_piece_goes_out_before_the_input_ends() {
         // Incompressible, so the packed bytes pass 1 MiB long before the gate.
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let input: Vec<u8> = (0..48 << 20)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let input = crate::storage::tests::noise(7, 48 << 20);
         let (let_go, open) = std::sync::mpsc::channel();
         let gate = Gate { data: std::io::Cursor::new(input.clone()), first: 40 << 20, open, released: false };
         let packer = Packer::start(Input::Tar(Box::new(gate), "gate".into()), Path::new("gate")).unwrap();

@@ -590,4 +590,4 @@ mod remote_tests;
 #[cfg(test)]
 mod scale_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

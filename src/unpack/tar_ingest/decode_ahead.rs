@@ -174,13 +174,7 @@ impl<R: Read> Read for DecodeAhead<'_, R> {
                 }
             }
         }
-        let rest = self.current.get(self.pos..).unwrap_or_default();
-        let n = rest.len().min(buf.len());
-        if let (Some(to), Some(from)) = (buf.get_mut(..n), rest.get(..n)) {
-            to.copy_from_slice(from);
-        }
-        self.pos += n;
-        Ok(n)
+        Ok(lend(&self.current, &mut self.pos, buf))
     }
 }
 
@@ -215,12 +209,17 @@ impl Read for Handed {
                 }
             }
         }
-        let rest = self.current.get(self.pos..).unwrap_or_default();
-        let n = rest.len().min(buf.len());
-        if let (Some(to), Some(from)) = (buf.get_mut(..n), rest.get(..n)) {
-            to.copy_from_slice(from);
-        }
-        self.pos += n;
-        Ok(n)
+        Ok(lend(&self.current, &mut self.pos, buf))
     }
+}
+
+/// Copies what `buf` holds of `from[*pos..]` and moves `pos` past it.
+fn lend(from: &[u8], pos: &mut usize, buf: &mut [u8]) -> usize {
+    let rest = from.get(*pos..).unwrap_or_default();
+    let n = rest.len().min(buf.len());
+    if let (Some(to), Some(from)) = (buf.get_mut(..n), rest.get(..n)) {
+        to.copy_from_slice(from);
+    }
+    *pos += n;
+    n
 }
