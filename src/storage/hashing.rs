@@ -31,8 +31,8 @@ fn gone() -> StorageError {
 /// so that chunking and BLAKE3 (the writer's own work) do not wait for it. A file's digest comes
 /// back after the writer has moved on; the writer keeps the file's entry until then.
 ///
-/// Bounded: batches of [`BATCH`] bytes or [`MAX_ENDS`] file ends, at most [`QUEUE`] of them
-/// waiting. The thread starts with the first batch and stops when this is dropped (it is joined
+/// Bounded: batches of [`BATCH`] bytes (and a held file's bytes, up to the hold) or [`MAX_ENDS`]
+/// file ends, at most [`QUEUE`] of them waiting. The thread starts with the first batch and stops when this is dropped (it is joined
 /// then, so it never outlives the work it hashes).
 #[derive(Default)]
 pub(super) struct FileDigests {
