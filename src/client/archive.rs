@@ -177,11 +177,10 @@ impl Archive {
     /// Up to `len` bytes from `offset`, waiting for them to be packed: fewer at the end, none past it.
     pub(super) async fn piece(&self, offset: u64, len: u64) -> Result<Vec<u8>, ClientError> {
         match &self.bytes {
-            Bytes::AsIs { file, len: total } => {
+            Bytes::AsIs { len: total, .. } => {
                 let end = offset.saturating_add(len).min(*total);
                 let mut piece = vec![0u8; usize::try_from(end.saturating_sub(offset)).unwrap_or(0)];
-                file.read_exact_at(&mut piece, offset)
-                    .map_err(|source| ClientError::Io { path: self.path.clone(), source })?;
+                self.read_exact_at(&mut piece, offset)?;
                 Ok(piece)
             }
             Bytes::Packed(packer) => packer.piece(offset, len).await,
@@ -205,7 +204,7 @@ fn tree_identity(dir: &Path) -> Result<String, ClientError> {
     for entry in walk(dir) {
         let entry = entry?;
         let io = |source| ClientError::Io { path: entry.path().to_owned(), source };
-        let meta = entry.path().symlink_metadata().map_err(io)?;
+        let meta = entry.metadata().map_err(|e| io(e.into()))?;
         let target = match meta.file_type().is_symlink() {
             true => std::fs::read_link(entry.path()).map_err(io)?,
             false => PathBuf::new(),

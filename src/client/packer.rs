@@ -46,7 +46,8 @@ enum Progress {
 #[derive(Debug)]
 pub(super) struct Packer {
     file: File,
-    path: PathBuf,
+    /// The temporary file's name, in errors.
+    temp: PathBuf,
     progress: watch::Receiver<Progress>,
     stop: Arc<AtomicBool>,
 }
@@ -68,7 +69,7 @@ impl Packer {
             .name("stowage-pack".into())
             .spawn(move || pack(input, &named, output))
             .map_err(|source| ClientError::Io { path: path.to_owned(), source })?;
-        Ok(Packer { file, path: path.to_owned(), progress, stop })
+        Ok(Packer { file, temp, progress, stop })
     }
 
     /// The packed length, once packing ended.
@@ -104,7 +105,7 @@ impl Packer {
         let mut piece = vec![0u8; usize::try_from(end.saturating_sub(offset)).unwrap_or(0)];
         self.file
             .read_exact_at(&mut piece, offset)
-            .map_err(|source| ClientError::Io { path: self.path.clone(), source })?;
+            .map_err(|source| ClientError::Io { path: self.temp.clone(), source })?;
         Ok(piece)
     }
 }

@@ -66,10 +66,18 @@ impl ContentClient {
         let piece_bytes = options.piece_bytes.max(1);
         let mut running = archive.needs_running_digest().then(RunningDigest::new);
         loop {
-            let piece = match archive.piece(offset, piece_bytes).await {
+            let read = async {
+                let piece = archive.piece(offset, piece_bytes).await?;
+                if let Some(running) = &mut running {
+                    running.piece(archive, offset, &piece)?;
+                }
+                Ok::<_, ClientError>(piece)
+            };
+            let piece = match read.await {
                 Ok(piece) => piece,
                 Err(e) => {
-                    // Packing failed (a file unreadable, the disk full): nothing to resume.
+                    // The bytes could not be read or packed (a file unreadable, the disk full):
+                    // nothing to resume.
                     let _ = self.send_json::<Value>("DELETE", &session, &[], Vec::new()).await;
                     return Err(e);
                 }
@@ -78,9 +86,6 @@ impl ContentClient {
                 break;
             }
             let len = piece.len() as u64;
-            if let Some(running) = &mut running {
-                running.piece(archive, offset, &piece)?;
-            }
             let range = format!("bytes {offset}-{}/*", offset + len - 1);
             match self.send_json::<Value>("PATCH", &session, &[("Content-Range", &range)], piece).await {
                 Ok(_) => {

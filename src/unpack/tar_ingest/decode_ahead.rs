@@ -7,7 +7,9 @@
 //! [`BATCH`] bytes): memory does not grow with the input, and a decoder that expands a bomb
 //! waits for the reader, which counts every decoded byte against the limit.
 
+use std::cell::Cell;
 use std::io::{self, Read};
+use std::rc::Rc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{bounded, Receiver, Select, Sender, TryRecvError};
@@ -55,7 +57,7 @@ impl<'s, R: Read> DecodeAhead<'s, R> {
         let (input, handed) = bounded::<Vec<u8>>(QUEUE);
         let (give, output) = bounded::<Decoded>(QUEUE);
         let thread = std::thread::Builder::new().name("stowage-decode".into()).spawn(move || {
-            let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let ended = Rc::new(Cell::new(false));
             let source = Handed { queue: handed, current: Vec::new(), pos: 0, ended: ended.clone() };
             let mut decoder = match decoder(source) {
                 Ok(decoder) => decoder,
@@ -124,7 +126,7 @@ impl<'s, R: Read> DecodeAhead<'s, R> {
 }
 
 /// The thread's loop: decoded batches until the end or a failure, or until the reader is gone.
-fn decode(decoder: &mut dyn Read, give: &Sender<Decoded>, ended: &std::sync::atomic::AtomicBool) {
+fn decode(decoder: &mut dyn Read, give: &Sender<Decoded>, ended: &Cell<bool>) {
     loop {
         let mut batch = vec![0u8; BATCH];
         let mut filled = 0;
@@ -139,7 +141,7 @@ fn decode(decoder: &mut dyn Read, give: &Sender<Decoded>, ended: &std::sync::ato
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(error) => {
-                    let input_ended = ended.load(std::sync::atomic::Ordering::Acquire);
+                    let input_ended = ended.get();
                     break Some(Decoded::Failed { error, input_ended });
                 }
             }
@@ -195,7 +197,8 @@ pub(super) struct Handed {
     queue: Receiver<Vec<u8>>,
     current: Vec<u8>,
     pos: usize,
-    ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Shared with the thread's loop (the decoder owns this).
+    ended: Rc<Cell<bool>>,
 }
 
 impl Read for Handed {
@@ -204,7 +207,7 @@ impl Read for Handed {
             match self.queue.recv() {
                 Ok(chunk) => (self.current, self.pos) = (chunk, 0),
                 Err(_) => {
-                    self.ended.store(true, std::sync::atomic::Ordering::Release);
+                    self.ended.set(true);
                     return Ok(0);
                 }
             }
