@@ -18,8 +18,10 @@ use tokio::sync::mpsc;
 
 /// A batch closes once it holds this many bytes.
 pub const BATCH_BYTES: usize = 256 * 1024;
-/// Batches waiting for the reader, at most.
-pub const BATCHES: usize = 4;
+/// Batches waiting for the reader, at most. 4 MiB: on two cores the ingest's threads (parsing,
+/// hashing, sealing) get the CPU in bursts, and a shallow queue fills during one, which stops the
+/// connection reading and the client sending (1 GiB `curl -T`: 340 MB/s with 4 batches, 365 with 16).
+pub const BATCHES: usize = 16;
 
 enum Batch {
     Data(Vec<Bytes>),
@@ -166,6 +168,36 @@ mod tests {
         rt.block_on(async {
             tokio::time::timeout(std::time::Duration::from_secs(5), send.closed()).await.expect("the task stopped");
         });
+    }
+
+    #[test]
+    fn reads_ahead_no_further_than_its_bound() {
+        let rt = runtime();
+        // A client with far more to send than the bound, and a reader that takes nothing yet.
+        let pulled = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = pulled.clone();
+        let frame = Bytes::from(vec![7u8; 64 * 1024]);
+        let stream = futures_util::stream::repeat_with(move || {
+            counter.fetch_add(frame.len(), std::sync::atomic::Ordering::SeqCst);
+            Ok(frame.clone())
+        })
+        .take(1000);
+        let mut reader = ReadAhead::spawn(rt.handle(), stream);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let bound = (BATCHES + 1) * BATCH_BYTES + 64 * 1024;
+        let held = pulled.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(held >= BATCHES * BATCH_BYTES, "it reads ahead ({held} bytes pulled)");
+        assert!(held <= bound, "{held} bytes pulled while nobody read; at most {bound}");
+        // Reading resumes the pulling, and every byte arrives.
+        let mut got = 0;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match reader.read(&mut buf).unwrap() {
+                0 => break,
+                n => got += n,
+            }
+        }
+        assert_eq!(got, 1000 * 64 * 1024);
     }
 
     fn tokio_stream_of(mut receive: mpsc::Receiver<io::Result<Bytes>>) -> impl Stream<Item = io::Result<Bytes>> {
