@@ -183,11 +183,16 @@ mod tests {
         })
         .take(1000);
         let mut reader = ReadAhead::spawn(rt.handle(), stream);
+        let held = || pulled.load(std::sync::atomic::Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while held() < BATCHES * BATCH_BYTES && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(held() >= BATCHES * BATCH_BYTES, "it reads ahead ({} bytes pulled)", held());
+        // Time to go further, if it would.
         std::thread::sleep(std::time::Duration::from_millis(300));
         let bound = (BATCHES + 1) * BATCH_BYTES + 64 * 1024;
-        let held = pulled.load(std::sync::atomic::Ordering::SeqCst);
-        assert!(held >= BATCHES * BATCH_BYTES, "it reads ahead ({held} bytes pulled)");
-        assert!(held <= bound, "{held} bytes pulled while nobody read; at most {bound}");
+        assert!(held() <= bound, "{} bytes pulled while nobody read; at most {bound}", held());
         // Reading resumes the pulling, and every byte arrives.
         let mut got = 0;
         let mut buf = vec![0u8; 1 << 20];
