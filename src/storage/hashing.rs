@@ -32,8 +32,8 @@ fn gone() -> StorageError {
 /// back after the writer has moved on; the writer keeps the file's entry until then.
 ///
 /// Bounded: batches of [`BATCH`] bytes (and a held file's bytes, up to the hold) or [`MAX_ENDS`]
-/// file ends, at most [`QUEUE`] of them waiting. The thread starts with the first batch and stops when this is dropped (it is joined
-/// then, so it never outlives the work it hashes).
+/// file ends, at most [`QUEUE`] of them waiting. The thread starts with the first batch and stops
+/// when this is dropped (it is joined then, so it never outlives the work it hashes).
 #[derive(Default)]
 pub(super) struct FileDigests {
     batches: Option<Sender<DigestBatch>>,

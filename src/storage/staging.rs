@@ -275,8 +275,8 @@ impl Staging {
 }
 
 /// Bytes read ahead from a staging file while it is read in order, so that a walk of its
-/// records costs a `pread` per [`WINDOW`] rather than two per entry; reads out of order are
-/// read as asked. The files are only appended to, so bytes once read stay true.
+/// records costs a `pread` per [`WINDOW`] rather than one or two per record; reads out of order
+/// are read as asked. The files are only appended to, so bytes once read stay true.
 #[derive(Default)]
 struct ReadWindow {
     start: u64,
