@@ -187,6 +187,19 @@ impl Archive {
         }
     }
 
+    /// All the bytes, piece by piece.
+    #[cfg(test)]
+    pub(super) async fn whole(&self) -> Result<Vec<u8>, ClientError> {
+        let mut all = Vec::new();
+        loop {
+            let piece = self.piece(all.len() as u64, u64::MAX / 2).await?;
+            if piece.is_empty() {
+                return Ok(all);
+            }
+            all.extend_from_slice(&piece);
+        }
+    }
+
     /// Reads `buf.len()` bytes at `offset` of a file sent as it is.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<(), ClientError> {
         let io = |source| ClientError::Io { path: self.path.clone(), source };
@@ -350,7 +363,7 @@ mod tests {
         for _ in 0..2 {
             let archive = Archive::open(&path).unwrap();
             assert_eq!(archive.compression(), Compression::Zstd);
-            let bytes = archive.piece(0, u64::MAX / 2).await.unwrap();
+            let bytes = archive.whole().await.unwrap();
             assert_eq!(archive.known_len(), Some(bytes.len() as u64));
             let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
             assert_eq!(archive.digest(), Some(digest));
@@ -376,7 +389,7 @@ mod tests {
         }
         std::os::unix::fs::symlink("b", dir.path().join("a/link")).unwrap();
         let archive = Archive::pack(dir.path()).unwrap();
-        let tar = zstd::decode_all(&archive.piece(0, u64::MAX / 2).await.unwrap()[..]).unwrap();
+        let tar = zstd::decode_all(&archive.whole().await.unwrap()[..]).unwrap();
         let mut names = Vec::new();
         for entry in tar::Archive::new(&tar[..]).entries().unwrap() {
             let entry = entry.unwrap();
