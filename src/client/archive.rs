@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::packer::{Input, Packer};
+use super::packer::{Input, Packer, PACKING};
 use super::ClientError;
 
 /// How an archive's tar is compressed: its upload's `Content-Encoding`.
@@ -105,7 +105,7 @@ impl Archive {
     pub fn pack(dir: &Path) -> Result<Archive, ClientError> {
         // Packing starts first: the walk for the identity runs beside it.
         let packer = Packer::start(Input::Tree(dir.to_owned()), dir)?;
-        let identity = tree_identity(dir)?;
+        let identity = format!("{}, packed as {PACKING}", tree_identity(dir)?);
         Ok(Archive { path: dir.to_owned(), identity, compression: Compression::Zstd, bytes: Bytes::Packed(packer) })
     }
 
@@ -133,6 +133,7 @@ impl Archive {
             Compression::None => {
                 (&file).seek(SeekFrom::Start(0)).map_err(io)?;
                 let packer = Packer::start(Input::Tar(Box::new(file), path.clone()), &path)?;
+                let identity = format!("{identity}, packed as {PACKING}");
                 Ok(Archive { path, identity, compression: Compression::Zstd, bytes: Bytes::Packed(packer) })
             }
             _ => Ok(Archive { path, identity, compression, bytes: Bytes::AsIs { file, len: meta.len() } }),
@@ -150,7 +151,7 @@ impl Archive {
 
     /// What tells these bytes from others across runs: for a directory, its entries' paths,
     /// kinds, modes, sizes, inodes and modification times; for a file, its path, inode, size and
-    /// modification time. (Content changed without any of them changing is caught at the commit:
+    /// modification time; for bytes packed here, how they are packed. (Content changed without any of them changing is caught at the commit:
     /// the sha256 the push sends is of the bytes sent now.)
     pub fn identity(&self) -> &str {
         &self.identity
@@ -398,6 +399,7 @@ mod tests {
         }
         assert_eq!(names, ["a-b", "a.d/", "a.d/y", "a/", "a/link", "a/x/", "a/x/f", "a/z", "b"]);
         assert_eq!(Archive::pack(dir.path()).unwrap().identity(), archive.identity());
+        assert!(archive.identity().ends_with(PACKING), "names how it is packed: {}", archive.identity());
         std::fs::write(dir.path().join("a/z"), "longer").unwrap();
         assert_ne!(Archive::pack(dir.path()).unwrap().identity(), archive.identity());
     }
