@@ -48,6 +48,9 @@ const MAX_HEADER_BYTES: usize = 64 << 10;
 /// [`HTTP2_PING_TIMEOUT`] is gone, and its streams (watches) end instead of lingering.
 const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(30);
 const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+/// HTTP/2 flow-control windows, per stream and per connection: the most body bytes a client may
+/// send before the server reads them (the same 4 MiB an upload reads ahead).
+const HTTP2_WINDOW_BYTES: u32 = 4 << 20;
 /// How often a refused connection is logged at most.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -173,7 +176,11 @@ fn protocol_builder(limits: &ListenerLimits) -> auto::Builder<TokioExecutor> {
         .max_header_list_size(MAX_HEADER_BYTES as u32)
         .max_concurrent_streams(limits.http2_max_streams)
         .keep_alive_interval(HTTP2_PING_INTERVAL)
-        .keep_alive_timeout(HTTP2_PING_TIMEOUT);
+        .keep_alive_timeout(HTTP2_PING_TIMEOUT)
+        // With hyper's 1 MiB windows, curl uploading over HTTP/2 waited for a window update every
+        // 512 KiB and spent a third more CPU per GiB.
+        .initial_stream_window_size(HTTP2_WINDOW_BYTES)
+        .initial_connection_window_size(HTTP2_WINDOW_BYTES);
     builder
 }
 
