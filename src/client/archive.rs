@@ -151,8 +151,9 @@ impl Archive {
 
     /// What tells these bytes from others across runs: for a directory, its entries' paths,
     /// kinds, modes, sizes, inodes and modification times; for a file, its path, inode, size and
-    /// modification time; for bytes packed here, how they are packed. (Content changed without any of them changing is caught at the commit:
-    /// the sha256 the push sends is of the bytes sent now.)
+    /// modification time; for bytes packed here, how they are packed. (Content changed without
+    /// any of them changing is caught at the commit: the sha256 the push sends is of the bytes
+    /// sent now.)
     pub fn identity(&self) -> &str {
         &self.identity
     }
