@@ -105,8 +105,13 @@ impl Archive {
     pub fn pack(dir: &Path) -> Result<Archive, ClientError> {
         // Packing starts first: the walk for the identity runs beside it.
         let packer = Packer::start(Input::Tree(dir.to_owned()), dir)?;
-        let identity = format!("{}, packed as {PACKING}", tree_identity(dir)?);
-        Ok(Archive { path: dir.to_owned(), identity, compression: Compression::Zstd, bytes: Bytes::Packed(packer) })
+        Ok(Archive::packed(dir.to_owned(), &tree_identity(dir)?, packer))
+    }
+
+    /// Bytes `packer` packs from what `identity` names: the packing is part of their identity.
+    fn packed(path: PathBuf, identity: &str, packer: Packer) -> Archive {
+        let identity = format!("{identity}, packed as {PACKING}");
+        Archive { path, identity, compression: Compression::Zstd, bytes: Bytes::Packed(packer) }
     }
 
     /// The archive file at `path`; anything but a tar, tar.gz or tar.zst is refused. A tar.gz or
@@ -133,8 +138,7 @@ impl Archive {
             Compression::None => {
                 (&file).seek(SeekFrom::Start(0)).map_err(io)?;
                 let packer = Packer::start(Input::Tar(Box::new(file), path.clone()), &path)?;
-                let identity = format!("{identity}, packed as {PACKING}");
-                Ok(Archive { path, identity, compression: Compression::Zstd, bytes: Bytes::Packed(packer) })
+                Ok(Archive::packed(path, &identity, packer))
             }
             _ => Ok(Archive { path, identity, compression, bytes: Bytes::AsIs { file, len: meta.len() } }),
         }
