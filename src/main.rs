@@ -76,7 +76,8 @@ fn certs(options: &stowage::certs::CertsOptions) -> anyhow::Result<()> {
         format!("{dir}: {ca}"),
         format!("{dir}: {serving} {}", summary.dns_names.join(", ")),
         format!(
-            "{dir}: wrote secret.yaml (Secret {}), apiservice-cabundle.yaml ({} CA certificate(s)), kustomization.yaml",
+            "{dir}: wrote secret.yaml (Secret {}), kustomization.yaml, registration/apiservice-cabundle.yaml ({} CA \
+             certificate(s)), registration/kustomization.yaml",
             stowage::certs::SECRET_NAME,
             summary.ca_bundle_certs
         ),

@@ -78,6 +78,25 @@ impl StandalonePki {
 /// Creates DATA_DIR/pki/{ca.crt,ca.key,serving.crt,serving.key,admin.crt,admin.key} on first start,
 /// reuses them after.
 pub fn ensure_standalone(data_dir: &Path) -> Result<StandalonePki, PkiError> {
+    ensure(data_dir, true)
+}
+
+/// In a cluster: the CA and the default serving certificate only. Users bring the cluster's
+/// credentials, so an admin certificate would only be a credential lying on the volume.
+pub fn ensure_serving_only(data_dir: &Path) -> Result<StandalonePki, PkiError> {
+    let pki = ensure(data_dir, false)?;
+    if pki.admin_key.exists() {
+        tracing::warn!(
+            "{} and {} hold a standalone admin credential that this server does not use in a cluster; \
+             delete them",
+            pki.admin_cert.display(),
+            pki.admin_key.display()
+        );
+    }
+    Ok(pki)
+}
+
+fn ensure(data_dir: &Path, with_admin: bool) -> Result<StandalonePki, PkiError> {
     let pki = StandalonePki::at(data_dir.join("pki"));
     create_private_dir(&pki.dir)?;
 
@@ -94,7 +113,8 @@ pub fn ensure_standalone(data_dir: &Path) -> Result<StandalonePki, PkiError> {
     };
     let admin =
         LeafSpec { what: "admin client certificate", cert: &pki.admin_cert, key: &pki.admin_key, params: admin_params };
-    for leaf in [serving, admin] {
+    let leaves = if with_admin { vec![serving, admin] } else { vec![serving] };
+    for leaf in leaves {
         if ca_is_new || !leaf_is_usable(&leaf, &ca.key_id) {
             issue_leaf(&leaf, &ca)?;
             tracing::info!(path = %leaf.cert.display(), "generated standalone {}", leaf.what);
@@ -377,6 +397,19 @@ mod tests {
         assert_eq!(again, pki);
         assert_eq!(fs::read(&pki.ca_cert).unwrap(), ca_before);
         assert_eq!(fs::read(&pki.serving_cert).unwrap(), serving_before);
+    }
+
+    #[test]
+    fn serving_only_writes_no_admin_credential() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = ensure_serving_only(dir.path()).unwrap();
+        assert!(pki.serving_cert.is_file() && pki.serving_key.is_file() && pki.ca_cert.is_file());
+        assert!(!pki.admin_cert.exists() && !pki.admin_key.exists(), "admin credential written");
+        // The same CA and serving certificate serve a later standalone start.
+        let serving = fs::read(&pki.serving_cert).unwrap();
+        let standalone = ensure_standalone(dir.path()).unwrap();
+        assert_eq!(fs::read(&standalone.serving_cert).unwrap(), serving);
+        assert!(standalone.admin_cert.is_file());
     }
 
     #[test]

@@ -131,6 +131,11 @@ pub async fn configure(
     Ok((tls, Access { authenticator, authorizer }, Some(Delegation { _watcher: watcher, client })))
 }
 
+/// Whether authentication and authorization go to a cluster (see `delegation`).
+pub fn delegates(auth: &AuthOptions) -> bool {
+    delegation(auth).is_some()
+}
+
 /// Delegated when `--kubeconfig` is given or when running in a pod (unless `--standalone`).
 fn delegation(auth: &AuthOptions) -> Option<ClientSource> {
     match (&auth.kubeconfig, auth.standalone) {

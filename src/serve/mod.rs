@@ -95,7 +95,12 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         .with_context(|| format!("creating data directory {}", options.data_dir.display()))?;
     // Before anything in the directory is touched: a second server on it stops here, saying why.
     let _lock = lock::DataDirLock::acquire(&options.data_dir)?;
-    let pki = pki::ensure_standalone(&options.data_dir).context("preparing certificates")?;
+    let pki = if auth::delegates(&options.auth) {
+        pki::ensure_serving_only(&options.data_dir)
+    } else {
+        pki::ensure_standalone(&options.data_dir)
+    }
+    .context("preparing certificates")?;
     let store = {
         let dir = options.data_dir.join("store");
         let store_options = StoreOptions {
@@ -123,18 +128,24 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", options.listen))?;
     let local = listener.local_addr()?;
-    let host = if local.ip().is_unspecified() { "127.0.0.1".to_string() } else { local.ip().to_string() };
-    let url = if local.is_ipv6() {
-        format!("https://[{host}]:{}", local.port())
+    // The ready line names the address as bound; the admin kubeconfig needs one a client can dial,
+    // so an unspecified address (0.0.0.0, ::) becomes the loopback of its family there.
+    let listening = https_url(local);
+    let reachable = if local.ip().is_unspecified() {
+        let loopback = match local {
+            std::net::SocketAddr::V4(_) => std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            std::net::SocketAddr::V6(_) => std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        };
+        https_url(std::net::SocketAddr::new(loopback, local.port()))
     } else {
-        format!("https://{host}:{}", local.port())
+        listening.clone()
     };
     // In a cluster users come with their own credentials; standalone, the admin gets a kubeconfig.
     let kubeconfig = match delegated {
         Some(_) => None,
-        None => {
-            Some(pki::write_admin_kubeconfig(&options.data_dir, &pki, &url).context("writing the admin kubeconfig")?)
-        }
+        None => Some(
+            pki::write_admin_kubeconfig(&options.data_dir, &pki, &reachable).context("writing the admin kubeconfig")?,
+        ),
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     // Singleton work runs on the leader only (every replica, with the embedded store: it is one).
@@ -175,8 +186,15 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         }),
     });
     match &kubeconfig {
-        Some(path) => tracing::info!("stowage ready on {url} (kubectl --kubeconfig {})", path.display()),
-        None => tracing::info!("stowage ready on {url} (authentication and authorization delegated to the cluster)"),
+        Some(path) if reachable == listening => {
+            tracing::info!("stowage ready on {listening} (kubectl --kubeconfig {})", path.display())
+        }
+        Some(path) => {
+            tracing::info!("stowage ready on {listening} (kubectl --kubeconfig {}, for {reachable})", path.display())
+        }
+        None => {
+            tracing::info!("stowage ready on {listening} (authentication and authorization delegated to the cluster)")
+        }
     }
     let stopping = async move {
         shutdown_signal().await;
@@ -212,6 +230,14 @@ const RESERVED_FILES: u64 = 256;
 /// `requested`, capped so that connections alone cannot exhaust the open-file limit (an accept
 /// failing with EMFILE would refuse everyone, and the store could not open its files). The soft
 /// limit is raised to the hard one first, as Go programs do at start.
+/// `https://HOST:PORT`, IPv6 hosts in brackets.
+fn https_url(addr: std::net::SocketAddr) -> String {
+    match addr {
+        std::net::SocketAddr::V4(v4) => format!("https://{}:{}", v4.ip(), v4.port()),
+        std::net::SocketAddr::V6(v6) => format!("https://[{}]:{}", v6.ip(), v6.port()),
+    }
+}
+
 fn connection_limit(requested: usize) -> usize {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit only read and write the struct passed.

@@ -37,7 +37,11 @@ async fn delegated_mode_authenticates_and_authorizes_through_the_cluster() {
     stub.publish_pki(&["front-proxy-client"]);
     let kubeconfig = stub.kubeconfig().to_str().unwrap().to_owned();
     let server = Server::start_temp(&["--kubeconfig", &kubeconfig]);
-    assert!(!server.data_dir().join("admin.kubeconfig").exists(), "no admin kubeconfig in a cluster");
+    // No admin credentials in a cluster: users bring the cluster's, and a key on the volume would
+    // only be something to steal.
+    for file in ["admin.kubeconfig", "pki/admin.crt", "pki/admin.key"] {
+        assert!(!server.data_dir().join(file).exists(), "{file} written in a cluster");
+    }
     // In-cluster start: the authentication ConfigMap was read, and the server reports ready.
     assert!(
         stub.requests(Endpoint::AuthenticationConfigMap) >= 1,

@@ -20,12 +20,12 @@ use serde_json::{json, Value};
 
 const APISERVICE: &str = "v1alpha1.content.stowage.dev";
 
-fn repo_deploy() -> PathBuf {
+pub(crate) fn repo_deploy() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy")
 }
 
 /// A copy of `deploy/` without any generated files, so the repository is never modified.
-fn copy_deploy(to: &Path) -> PathBuf {
+pub(crate) fn copy_deploy(to: &Path) -> PathBuf {
     fn copy(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).unwrap();
         for entry in std::fs::read_dir(from).unwrap() {
@@ -46,7 +46,7 @@ fn copy_deploy(to: &Path) -> PathBuf {
     dest
 }
 
-fn stowage_certs(args: &[&str]) -> String {
+pub(crate) fn stowage_certs(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_stowage")).arg("certs").args(args).output().unwrap();
     assert!(
         out.status.success(),
@@ -57,7 +57,7 @@ fn stowage_certs(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn kubectl(args: &[&str], stdin: Option<&str>, kubeconfig: Option<&Path>) -> String {
+pub(crate) fn kubectl(args: &[&str], stdin: Option<&str>, kubeconfig: Option<&Path>) -> String {
     let mut cmd = Command::new("kubectl");
     cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     // Never the developer's cluster.
@@ -72,21 +72,21 @@ fn kubectl(args: &[&str], stdin: Option<&str>, kubeconfig: Option<&Path>) -> Str
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn parse_docs(yaml: &str) -> Vec<Value> {
+pub(crate) fn parse_docs(yaml: &str) -> Vec<Value> {
     serde_yaml_ng::Deserializer::from_str(yaml)
         .map(|doc| Value::deserialize(doc).unwrap())
         .filter(|v| !v.is_null())
         .collect()
 }
 
-fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+pub(crate) fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
     objects
         .iter()
         .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
 }
 
-fn kinds(objects: &[Value]) -> BTreeSet<String> {
+pub(crate) fn kinds(objects: &[Value]) -> BTreeSet<String> {
     objects.iter().map(|o| o["kind"].as_str().unwrap().to_owned()).collect()
 }
 
@@ -189,8 +189,16 @@ fn discovery(path: &str) -> Option<Value> {
                 "namespaced": namespaced, "verbs": ["create", "get", "list", "patch", "update", "delete"]}))
                 .collect::<Vec<_>>()})
     };
-    let groups =
-        ["apps/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "apiregistration.k8s.io/v1", "cert-manager.io/v1"];
+    let groups = [
+        "apps/v1",
+        "policy/v1",
+        "rbac.authorization.k8s.io/v1",
+        "apiregistration.k8s.io/v1",
+        "cert-manager.io/v1",
+        "scheduling.k8s.io/v1",
+        "networking.k8s.io/v1",
+        "monitoring.coreos.com/v1",
+    ];
     Some(match path {
         "/api" => json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}),
         "/apis" => json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups.iter().map(|gv| {
@@ -226,12 +234,21 @@ fn discovery(path: &str) -> Option<Value> {
         "/apis/cert-manager.io/v1" => {
             resources("cert-manager.io/v1", &[("issuers", "Issuer", true), ("certificates", "Certificate", true)])
         }
+        "/apis/scheduling.k8s.io/v1" => {
+            resources("scheduling.k8s.io/v1", &[("priorityclasses", "PriorityClass", false)])
+        }
+        "/apis/networking.k8s.io/v1" => {
+            resources("networking.k8s.io/v1", &[("networkpolicies", "NetworkPolicy", true)])
+        }
+        "/apis/monitoring.coreos.com/v1" => {
+            resources("monitoring.coreos.com/v1", &[("servicemonitors", "ServiceMonitor", true)])
+        }
         _ => return None,
     })
 }
 
 /// Every object survives `kubectl apply --dry-run=client` and comes back the same kinds and names.
-fn dry_run_apply(dir: &Path, rendered: &str, objects: &[Value]) {
+pub(crate) fn dry_run_apply(dir: &Path, rendered: &str, objects: &[Value]) {
     let kubeconfig = discovery_kubeconfig(dir);
     let applied = kubectl(
         &["apply", "--dry-run=client", "--validate=false", "-o", "yaml", "-f", "-"],
@@ -258,7 +275,12 @@ fn apiservice_kustomization_renders_with_generated_certs() {
     let generated = deploy.join("apiservice/generated");
     stowage_certs(&["--out", generated.to_str().unwrap()]);
 
-    let rendered = kubectl(&["kustomize", deploy.join("apiservice").to_str().unwrap()], None, None);
+    // Two kustomizations: the server, then (once it is ready) its APIService.
+    let server = kubectl(&["kustomize", deploy.join("apiservice").to_str().unwrap()], None, None);
+    let registration = kubectl(&["kustomize", deploy.join("apiservice/registration").to_str().unwrap()], None, None);
+    assert!(!parse_docs(&server).iter().any(|o| o["kind"] == "APIService"), "the server's kustomization registers it");
+    assert_eq!(kinds(&parse_docs(&registration)), BTreeSet::from(["APIService".to_string()]));
+    let rendered = format!("{server}---\n{registration}");
     let objects = parse_docs(&rendered);
     let want_kinds = [
         "APIService",
@@ -440,7 +462,11 @@ fn apiservice_kustomization_renders_with_generated_certs() {
 
 #[test]
 fn cert_manager_overlay_injects_the_ca() {
-    let rendered = kubectl(&["kustomize", repo_deploy().join("cert-manager").to_str().unwrap()], None, None);
+    let server = kubectl(&["kustomize", repo_deploy().join("cert-manager").to_str().unwrap()], None, None);
+    let registration =
+        kubectl(&["kustomize", repo_deploy().join("cert-manager/registration").to_str().unwrap()], None, None);
+    assert!(!parse_docs(&server).iter().any(|o| o["kind"] == "APIService"), "the server's kustomization registers it");
+    let rendered = format!("{server}---\n{registration}");
     assert!(!rendered.contains("caBundle"), "{rendered}");
     let objects = parse_docs(&rendered);
     let apiservice = find(&objects, "APIService", APISERVICE);
@@ -482,7 +508,7 @@ fn certs_keeps_the_ca_unless_forced() {
     assert_ne!(new_ca, ca);
     assert_ne!(read("tls.crt"), tls);
     // Until the pod has the new serving certificate, the kube-apiserver must trust both CAs.
-    let patch = parse_docs(&String::from_utf8(read("apiservice-cabundle.yaml")).unwrap());
+    let patch = parse_docs(&String::from_utf8(read("registration/apiservice-cabundle.yaml")).unwrap());
     let bundle =
         base64::engine::general_purpose::STANDARD.decode(patch[0]["spec"]["caBundle"].as_str().unwrap()).unwrap();
     let bundle = String::from_utf8(bundle).unwrap();
@@ -525,7 +551,7 @@ fn certs_into_a_closed_pipe_ends_quietly() {
 
 /// Whether a `matchLabels` selector (no `matchExpressions`) selects an object with `labels`; an
 /// empty selector selects nothing here (a PodDisruptionBudget's would select every pod).
-fn selects(match_labels: &Value, labels: &Value) -> bool {
+pub(crate) fn selects(match_labels: &Value, labels: &Value) -> bool {
     let wanted = match_labels.as_object().unwrap_or_else(|| panic!("matchLabels {match_labels}"));
     !wanted.is_empty() && wanted.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
@@ -564,7 +590,7 @@ fn flag_values(args: &[&str]) -> BTreeMap<String, String> {
     flags
 }
 
-/// `deploy/ha`: the base (Namespace, RBAC, Service, APIService, the generated `stowage-tls`) with a
+/// `deploy/ha`: the base (Namespace, RBAC, Service, the generated `stowage-tls`) with a
 /// three-replica Deployment on etcd and S3 in place of the StatefulSet and its volume, a
 /// PodDisruptionBudget, and every setting of the replicated store from the `stowage-store` and
 /// `stowage-etcd-tls` Secrets that `store-secrets.example.yaml` shows (which is not rendered).
@@ -588,7 +614,6 @@ fn ha_overlay_runs_three_replicas_configured_from_secrets() {
     let objects = parse_docs(&rendered);
     let base = parse_docs(&kubectl(&["kustomize", deploy.join("apiservice").to_str().unwrap()], None, None));
     let want_kinds = [
-        "APIService",
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
@@ -608,8 +633,8 @@ fn ha_overlay_runs_three_replicas_configured_from_secrets() {
         assert!(!rendered.contains(absent), "{absent} in the rendered overlay");
     }
 
-    // Everything else is the base's, unchanged: APIService (and its caBundle), RBAC, Namespace,
-    // ServiceAccount, Service, the serving certificate Secret.
+    // Everything else is the base's, unchanged: RBAC, Namespace, ServiceAccount, Service, the
+    // serving certificate Secret (the APIService is deploy/apiservice/registration, as there).
     let id = |o: &Value| (o["kind"].clone(), o["metadata"]["name"].clone(), o["metadata"]["namespace"].clone());
     let shared: Vec<&Value> = base.iter().filter(|o| o["kind"] != "StatefulSet").collect();
     assert_eq!(shared.len(), base.len() - 1, "the base renders one StatefulSet");
