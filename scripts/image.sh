@@ -4,9 +4,9 @@
 # `scratch`. The image goes into the local image store (podman and buildah share it) as
 # localhost/stowage:VERSION (the crate's version; the commit is the label
 # org.opencontainers.image.revision) and into target/image/stowage-VERSION.oci.tar, an OCI archive
-# that `podman load`, `ctr images import` and `skopeo copy oci-archive:…` take. The same binary
-# gives the same image digest: every timestamp is 0 and nothing of the build host but the binary,
-# its libraries and the CA roots goes in.
+# that `podman load`, `ctr images import` and `skopeo copy oci-archive:…` take. The same binary at
+# the same commit gives the same image digest: every timestamp is 0 and nothing of the build host
+# but the binary, its libraries and the CA roots goes in.
 #
 #   scripts/image.sh                        cargo build --release, then the image
 #   scripts/image.sh --binary PATH          an image of an already built binary (CI: the test build)
