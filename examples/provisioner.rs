@@ -76,7 +76,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         Scope::Namespace(ns) => Some(ns.clone()),
         Scope::All => None,
     };
-    let content = ContentClient::with_options(client, FetchOptions { piece_bytes: args.piece_bytes, attempts: 5 });
+    let content = ContentClient::with_options(
+        client,
+        FetchOptions { piece_bytes: args.piece_bytes, attempts: 5, ..FetchOptions::default() },
+    );
     loop {
         sync(&content, &args.out, namespace.as_deref()).await?;
         match args.every {

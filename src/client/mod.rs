@@ -13,6 +13,7 @@ mod archive;
 mod packer;
 mod pieces;
 mod push;
+mod target;
 
 use std::path::{Path, PathBuf};
 
@@ -46,6 +47,9 @@ pub enum ClientError {
     Protocol(String),
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+    /// The target directory holds what no earlier fetch of this Bundle wrote: it is left alone.
+    #[error("{} {reason}: not replaced", path.display())]
+    TargetInUse { path: PathBuf, reason: String },
 }
 
 /// A refusal is the server's `Status`; anything else is a request that got no answer.
@@ -171,7 +175,9 @@ impl ContentClient {
     }
 
     /// Fetches the content of Bundle `namespace/name` into `dir` (replaced as a whole once the
-    /// content is verified), unless its digest is still `current`.
+    /// content is verified), unless its digest is still `current`. `dir` must be missing, empty,
+    /// or what an earlier fetch of this Bundle wrote there, unchanged (else
+    /// [`ClientError::TargetInUse`], and nothing is touched; see [`FetchOptions::replace`]).
     pub async fn fetch_into(
         &self,
         namespace: &str,

@@ -9,7 +9,7 @@ use http_body_util::BodyExt;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use super::{ClientError, Fetched, Transferred};
+use super::{target, ClientError, Fetched, Transferred};
 
 /// How content is fetched.
 #[derive(Clone, Copy, Debug)]
@@ -19,11 +19,15 @@ pub struct FetchOptions {
     /// Consecutive failed tries before giving up (a cut piece resumes where it stopped; a try
     /// that made progress resets the count).
     pub attempts: u32,
+    /// Replace the target directory whatever it holds. Without it a fetch writes only into a
+    /// missing or empty directory, or one an earlier fetch of the same Bundle wrote and nobody
+    /// changed since; anything else is refused with [`ClientError::TargetInUse`].
+    pub replace: bool,
 }
 
 impl Default for FetchOptions {
     fn default() -> Self {
-        FetchOptions { piece_bytes: 64 << 20, attempts: 5 }
+        FetchOptions { piece_bytes: 64 << 20, attempts: 5, replace: false }
     }
 }
 
@@ -60,6 +64,8 @@ pub(super) async fn fetch(
         Reply::Whole { etag, body } => (etag, None, body),
         Reply::Part { etag, total, body, .. } => (etag, Some(total), body),
     };
+    // Before anything is downloaded: a directory holding what no fetch of this Bundle wrote stays.
+    target::check(dir, what, options.replace)?;
     let staging = sibling(dir, "incoming");
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging).map_err(|source| ClientError::Io { path: staging.clone(), source })?;
@@ -139,7 +145,10 @@ pub(super) async fn fetch(
         if actual != etag {
             return Err(ClientError::DigestMismatch { bundle: what.to_string(), expected: etag.clone(), actual });
         }
+        // Again: the user may have written into the directory while the download ran.
+        target::check(dir, what, options.replace)?;
         replace(dir, &staging)?;
+        target::record(dir, what, &etag)?;
         Ok(Fetched::Updated { digest: etag.clone() })
     };
     let outcome = finish();
@@ -212,7 +221,7 @@ fn parse_content_range(value: &str) -> Option<(u64, u64)> {
 }
 
 /// `dir`'s sibling `.NAME.stowage-WHAT`.
-fn sibling(dir: &Path, what: &str) -> PathBuf {
+pub(super) fn sibling(dir: &Path, what: &str) -> PathBuf {
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "content".into());
     dir.with_file_name(format!(".{name}.stowage-{what}"))
 }

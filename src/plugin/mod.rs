@@ -16,8 +16,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-use crate::client::{ContentClient, FetchOptions, Fetched};
+use crate::client::{ClientError, ContentClient, FetchOptions, Fetched};
 pub use output::print_lines;
+use output::Hinted;
 
 /// kubectl's connection flags.
 #[derive(Clone, Debug, clap::Args)]
@@ -65,13 +66,17 @@ pub enum PluginCommand {
         #[command(flatten)]
         kube: KubeFlags,
     },
-    /// Fetch a Bundle's content into DIR (replaced once verified).
+    /// Fetch a Bundle's content into DIR, once verified: DIR must be missing, empty, or an earlier
+    /// pull of this Bundle left unchanged.
     Pull {
         name: String,
         dir: PathBuf,
         /// Bytes per Range request.
         #[arg(long, default_value_t = FetchOptions::default().piece_bytes)]
         piece_bytes: u64,
+        /// Replace DIR whatever it holds (its files are deleted), not only an earlier pull's output.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         kube: KubeFlags,
     },
@@ -163,12 +168,21 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
             let line = push::run(&content, &connection, &name, &path, create, piece_bytes).await?;
             print_lines([line])?;
         }
-        PluginCommand::Pull { name, dir, piece_bytes, .. } => {
-            let content = ContentClient::with_options(client, FetchOptions { piece_bytes, attempts: 5 });
+        PluginCommand::Pull { name, dir, piece_bytes, force, .. } => {
+            let options = FetchOptions { piece_bytes, attempts: 5, replace: force };
+            let content = ContentClient::with_options(client, options);
             let bar = progress::Bar::new(&format!("pulling {name}"), None);
             let fetched =
                 content.fetch_into_with_progress(&namespace, &name, &dir, None, &mut |moved| bar.update(moved)).await;
             bar.finish(fetched.is_ok());
+            let fetched = fetched.map_err(|error| match error {
+                ClientError::TargetInUse { .. } => {
+                    let hint = "pull into a new or empty directory, or pass --force to replace it (what it holds is \
+                                deleted)";
+                    anyhow::Error::new(Hinted { error, hint: hint.into() })
+                }
+                other => other.into(),
+            });
             let line = match fetched? {
                 Fetched::Updated { digest } => format!("{namespace}/{name}: {digest} -> {}", dir.display()),
                 Fetched::Unchanged => format!("{namespace}/{name}: unchanged"),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::harness::*;
-use crate::tarutil::{assert_trees_equal, build_tar, file, gzip, tree_from_dir, zstd};
+use crate::tarutil::{assert_trees_equal, build_tar, file, gzip, tree_from_dir, zstd, Tree};
 
 const NS: &str = "plugin";
 
@@ -115,6 +115,58 @@ async fn kubectl_stowage_pull_ls_and_diff() {
     let pulled = kubectl.ok(&["pull", "app", dir.to_str().unwrap(), "--piece-bytes", "4096"]);
     assert!(pulled.contains(str_at(&b2, "/status/digest")), "{pulled}");
     assert_trees_equal(&v2, &tree_from_dir(&dir), "kubectl stowage pull");
+}
+
+/// `pull` never deletes what it did not write: a directory of the user's is refused and left as
+/// it was, `--force` replaces it; a repeated pull replaces its own earlier output, unless that
+/// was changed since.
+#[tokio::test(flavor = "multi_thread")]
+async fn pull_replaces_only_its_own_earlier_output() {
+    let server = Server::start_temp(&[]);
+    let kubectl = Kubectl::new(&server);
+    let v1: Tree = [("Chart.yaml", "apiVersion: v2\nname: a\nversion: 1.0.0\n"), ("templates/cm.yaml", "kind: A\n")]
+        .into_iter()
+        .map(|(p, c)| (p.to_string(), file(c)))
+        .collect();
+    let mut v2 = v1.clone();
+    v2.insert("templates/new.yaml".into(), file("kind: B\n"));
+    server.create_bundle(NS, "app").await;
+    server.create_bundle(NS, "other").await;
+    server.upload_ok(NS, "app", build_tar(&v1), None).await;
+    server.upload_ok(NS, "other", build_tar(&v2), None).await;
+
+    // The user's directory: refused, untouched, and the message says what to do.
+    let out = tempfile::tempdir().unwrap();
+    let precious = out.path().join("precious");
+    std::fs::create_dir(&precious).unwrap();
+    std::fs::write(precious.join("notes.txt"), "mine").unwrap();
+    let refused = kubectl.fails(&["pull", "app", precious.to_str().unwrap()]);
+    assert!(refused.starts_with("error: ") && refused.contains("notes.txt"), "{refused}");
+    assert!(refused.contains("--force"), "{refused}");
+    assert_eq!(std::fs::read_dir(&precious).unwrap().count(), 1, "the refused pull wrote into the directory");
+    assert_eq!(std::fs::read_to_string(precious.join("notes.txt")).unwrap(), "mine");
+    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 1, "the refused pull left something beside it");
+
+    // A new directory, then the same pull again once the content changed: replaced.
+    let dir = out.path().join("app");
+    kubectl.ok(&["pull", "app", dir.to_str().unwrap()]);
+    assert_trees_equal(&v1, &tree_from_dir(&dir), "first pull");
+    server.upload_ok(NS, "app", build_tar(&v2), None).await;
+    kubectl.ok(&["pull", "app", dir.to_str().unwrap()]);
+    assert_trees_equal(&v2, &tree_from_dir(&dir), "the repeated pull");
+
+    // Another Bundle's pull into it, or a file the user added since: refused.
+    let other = kubectl.fails(&["pull", "other", dir.to_str().unwrap()]);
+    assert!(other.contains(&format!("{NS}/app")), "{other}");
+    std::fs::write(dir.join("templates/local.yaml"), "kind: Mine\n").unwrap();
+    let changed = kubectl.fails(&["pull", "app", dir.to_str().unwrap()]);
+    assert!(changed.contains("templates/local.yaml"), "{changed}");
+    assert!(dir.join("templates/local.yaml").exists());
+
+    // --force replaces what it holds, the user's files with it.
+    kubectl.ok(&["pull", "app", precious.to_str().unwrap(), "--force"]);
+    assert_trees_equal(&v2, &tree_from_dir(&precious), "forced pull");
+    assert!(!precious.join("notes.txt").exists());
 }
 
 #[tokio::test(flavor = "multi_thread")]

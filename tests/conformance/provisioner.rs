@@ -224,7 +224,10 @@ async fn a_download_cut_mid_piece_resumes_and_is_verified() {
     // Every connection is cut after 300 KB from the server: each 1 MiB piece is cut at least once.
     let proxy = CuttingProxy::start(&server.url, 300_000).await;
     let client = kube_client(&server, &proxy.url()).await;
-    let content = ContentClient::with_options(client, FetchOptions { piece_bytes: 1 << 20, attempts: 5 });
+    let content = ContentClient::with_options(
+        client,
+        FetchOptions { piece_bytes: 1 << 20, attempts: 5, ..FetchOptions::default() },
+    );
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().join("kps");
     let fetched = content.fetch_into(NS, "kps", &dir, None).await.expect("fetch through cuts");
