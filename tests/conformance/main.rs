@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
 mod fault_ops;
+mod fixtures;
 mod git_server;
 mod harness;
 mod hostile_http;
