@@ -78,15 +78,15 @@ pub fn digest_of(data: &[u8]) -> String {
     format!("sha256:{}", sha256_hex(data))
 }
 
-/// The corpus of real bundles: `$STOWAGE_CORPUS`, else `../shared/corpus` beside the repo.
+/// The bundles the tests upload, fetch and compare: the generated fixtures (`fixtures/`), or
+/// with `$STOWAGE_CORPUS` set, a corpus of real bundles of the same layout (an extra pass).
 pub fn corpus() -> PathBuf {
-    let dir = match std::env::var_os("STOWAGE_CORPUS") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/corpus"),
+    let Some(dir) = std::env::var_os("STOWAGE_CORPUS").filter(|d| !d.is_empty()).map(PathBuf::from) else {
+        return crate::fixtures::root().to_path_buf();
     };
     assert!(
         dir.join("kube-prometheus-stack").is_dir(),
-        "test corpus missing at {} (set STOWAGE_CORPUS); a missing corpus is a failure",
+        "STOWAGE_CORPUS={} holds no kube-prometheus-stack/ (unset it to use the generated fixtures)",
         dir.display()
     );
     dir

@@ -4,8 +4,9 @@
 //! temporary data directory and talks to it only the way users do: kubectl and HTTPS with the
 //! admin client certificate the server generated. Nothing is shared between tests.
 //!
-//! Needs `kubectl` on PATH and the corpus at `../shared/corpus` (or `$STOWAGE_CORPUS`); a missing
-//! tool or corpus fails the tests, it never skips them.
+//! Needs `kubectl` on PATH; a missing tool fails the tests, it never skips them. The bundles they
+//! use are generated (`fixtures/`, from a fixed seed); `STOWAGE_CORPUS=DIR` runs them on a corpus
+//! of real bundles of the same layout instead.
 
 // A test fails by panicking: unwrap, expect, panic and indexing are how these tests assert.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
