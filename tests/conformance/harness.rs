@@ -537,7 +537,8 @@ fn client_builder_for(data_dir: &Path, with_identity: bool) -> reqwest::ClientBu
     };
     let roots = Certificate::from_pem_bundle(&read("pki/ca.crt")).expect("parse pki/ca.crt");
     let mut builder = Client::builder().tls_certs_only(roots).no_proxy().connect_timeout(Duration::from_secs(10));
-    if with_identity {
+    // A delegated (cluster mode) server writes no admin credential: its clients are the cluster's.
+    if with_identity && data_dir.join("pki/admin.crt").exists() {
         let mut pem = read("pki/admin.crt");
         pem.push(b'\n');
         pem.extend(read("pki/admin.key"));
