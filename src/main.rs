@@ -18,14 +18,14 @@ enum Command {
     Certs(stowage::certs::CertsOptions),
     /// Client commands, the same as `kubectl stowage …` (the `kubectl-stowage` binary).
     #[command(flatten)]
-    Plugin(stowage::plugin::PluginCommand),
+    Plugin(Box<stowage::plugin::PluginCommand>),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let command = match cli.command {
         // Its own runtime, quiet logs and kubectl's way of printing errors.
-        Command::Plugin(command) => return stowage::plugin::execute(command),
+        Command::Plugin(command) => return stowage::plugin::execute(*command),
         other => other,
     };
     limit_malloc_arenas();

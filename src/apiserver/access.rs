@@ -1,5 +1,5 @@
 //! The gate every API request passes (health endpoints excepted): authentication, removal of
-//! front-proxy headers, authorization of the request's Kubernetes attributes. What it learns goes
+//! front-proxy headers, impersonation (`kubectl --as`), authorization of the request's Kubernetes attributes. What it learns goes
 //! into request extensions: the [`Identity`] (handlers that act for the user — the Secret check of
 //! a Bundle — extract it) and the [`RequestInfo`] (metrics reads it).
 
@@ -15,6 +15,7 @@ use super::{AppState, GROUP};
 use crate::api::strategy::ResourceDef;
 use crate::auth::attributes::{Attributes, ResourceAttributes};
 use crate::auth::authn::AuthnError;
+use crate::auth::impersonation::{self, ImpersonationError};
 use crate::auth::trust::PeerCertificate;
 use crate::auth::UserInfo;
 
@@ -81,6 +82,17 @@ pub async fn gate(State(app): State<AppState>, mut request: Request, next: Next)
         }
     };
     access.authenticator.strip_request_headers(request.headers_mut());
+    let user = match impersonation::impersonated(&user, request.headers(), &access.authorizer).await {
+        Ok(Some(impersonated)) => impersonated,
+        Ok(None) => user,
+        Err(ImpersonationError::Invalid(message)) => return ApiError::bad_request(message).into_response(),
+        Err(ImpersonationError::Forbidden(attributes, reason)) => {
+            tracing::debug!(user = %user.name, reason, "forbidden: {}", attributes.forbidden_message());
+            return forbidden(&attributes, &reason).into_response();
+        }
+        Err(ImpersonationError::Unavailable(e)) => return authorization_unavailable(e).into_response(),
+    };
+    impersonation::strip_headers(request.headers_mut());
     let info = RequestInfo::new(request.method(), request.uri().path(), request.uri().query());
     let attributes = attributes(&user, &info);
     let decision = match access.authorizer.authorize(&attributes).await {

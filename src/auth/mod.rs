@@ -9,6 +9,7 @@ pub mod attributes;
 pub mod authn;
 pub mod authz;
 pub mod delegated;
+pub mod impersonation;
 pub mod pki;
 pub mod rbac;
 pub mod serving;

@@ -44,13 +44,13 @@ pub(super) fn check(dir: &Path, bundle: &str, replace: bool) -> Result<(), Clien
         Ok(_) => {}
     }
     let found = walk(dir)?;
-    if found.is_empty() {
+    let Some(first) = found.first() else {
         return Ok(());
-    }
+    };
     let record: Option<Record> =
         std::fs::read(record_path(dir)).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
     let Some(record) = record else {
-        return refuse(format!("holds files that no pull wrote ({})", found[0].0));
+        return refuse(format!("holds files that no pull wrote ({})", first.0));
     };
     if record.bundle != bundle {
         return refuse(format!("holds the content of {}, not of {bundle}", record.bundle));

@@ -1,9 +1,10 @@
 //! `kubectl stowage …`: the `kubectl-stowage` binary (src/bin), also `stowage push|pull|ls|diff`.
 //! `push NAME DIR|FILE` (resumable pieces, resumed across runs), `pull NAME DIR` (Range pieces,
 //! resumed, digest-checked), `ls NAME` (file listing), `diff NAME REV1 REV2` (file-level
-//! differences between two stored revisions), `version`. Connection flags are kubectl's:
-//! `--kubeconfig`, `--context`, `-n/--namespace`; errors are printed as kubectl prints them.
+//! differences between two stored revisions), `version`. Connection flags are kubectl's, before or
+//! after the subcommand (`connection.rs`); errors are printed as kubectl prints them.
 
+mod connection;
 mod diff;
 mod output;
 mod progress;
@@ -13,26 +14,11 @@ mod resume;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-
 use crate::client::{ClientError, ContentClient, FetchOptions, Fetched};
+pub use connection::KubeFlags;
+use connection::{connect, Connection};
 pub use output::print_lines;
 use output::Hinted;
-
-/// kubectl's connection flags.
-#[derive(Clone, Debug, clap::Args)]
-pub struct KubeFlags {
-    /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use.
-    #[arg(long)]
-    pub context: Option<String>,
-    /// Namespace (default: the context's namespace, then "default").
-    #[arg(short = 'n', long)]
-    pub namespace: Option<String>,
-}
 
 /// `kubectl stowage`, as the `kubectl-stowage` binary parses it.
 #[derive(Debug, clap::Parser)]
@@ -43,6 +29,9 @@ pub struct KubeFlags {
     about = "Push, pull and list Bundle content through the Kubernetes API (stowage's kubectl plugin)"
 )]
 pub struct PluginCli {
+    /// kubectl's flags may come before the subcommand too (`kubectl stowage -n NS ls NAME`).
+    #[command(flatten)]
+    pub kube: KubeFlags,
     #[command(subcommand)]
     pub command: PluginCommand,
 }
@@ -109,7 +98,7 @@ pub enum PluginCommand {
 pub fn main() -> ExitCode {
     use clap::Parser;
     match PluginCli::try_parse() {
-        Ok(cli) => execute(cli.command),
+        Ok(cli) => execute(cli.command.with_outer_flags(&cli.kube)),
         Err(e) => {
             // Help and --version go to stdout with success; usage errors exit 1 like kubectl's.
             let _ = e.print();
@@ -118,6 +107,20 @@ pub fn main() -> ExitCode {
                 false => ExitCode::SUCCESS,
             }
         }
+    }
+}
+
+impl PluginCommand {
+    /// The command with kubectl's flags given before it filled in where it has none of its own.
+    pub fn with_outer_flags(mut self, outer: &KubeFlags) -> PluginCommand {
+        match &mut self {
+            PluginCommand::Version => {}
+            PluginCommand::Push { kube, .. }
+            | PluginCommand::Pull { kube, .. }
+            | PluginCommand::Ls { kube, .. }
+            | PluginCommand::Diff { kube, .. } => *kube = std::mem::take(kube).over(outer),
+        }
+        self
     }
 }
 
@@ -206,27 +209,4 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// A client for the kubeconfig's cluster and the namespace to work in.
-struct Connection {
-    client: kube::Client,
-    namespace: String,
-    /// The cluster's URL (part of what identifies an upload to resume).
-    server: String,
-}
-
-async fn connect(flags: &KubeFlags) -> anyhow::Result<Connection> {
-    let options = KubeConfigOptions { context: flags.context.clone(), ..KubeConfigOptions::default() };
-    let config = match &flags.kubeconfig {
-        Some(path) => {
-            let kubeconfig =
-                Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?
-        }
-        None => kube::Config::from_kubeconfig(&options).await.context("loading the kubeconfig")?,
-    };
-    let namespace = flags.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
-    let server = config.cluster_url.to_string();
-    Ok(Connection { client: kube::Client::try_from(config)?, namespace, server })
 }

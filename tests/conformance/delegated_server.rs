@@ -115,3 +115,40 @@ async fn delegated_mode_authenticates_and_authorizes_through_the_cluster() {
     let resp = alice.get(server.url(&bundles("team-z"))).send().await.unwrap();
     expect_status(resp, 503, "ServiceUnavailable").await;
 }
+
+/// A request that reaches the server directly (through the Service, not the aggregator) with
+/// `Impersonate-*` headers is impersonated only as far as SubjectAccessReviews allow: never
+/// ignored.
+#[tokio::test(flavor = "multi_thread")]
+async fn direct_impersonation_is_asked_of_the_cluster() {
+    let stub = StubApiServer::start();
+    stub.publish_pki(&["front-proxy-client"]);
+    let kubeconfig = stub.kubeconfig().to_str().unwrap().to_owned();
+    let server = Server::start_temp(&["--kubeconfig", &kubeconfig]);
+    let alice = client(&server, Some(identity(&stub.client_ca().client_cert("alice", &[]))));
+    stub.allow("carol", "list", "bundles", "team-a");
+
+    // Not allowed to impersonate: 403 naming what was asked, and the request does not run as alice
+    // (who may list) nor as dave. (Another name than below: the server caches denials.)
+    stub.allow("alice", "list", "bundles", "team-a");
+    let refused = alice.get(server.url(&bundles("team-a"))).header("Impersonate-User", "dave").send().await.unwrap();
+    let status = expect_status(refused, 403, "Forbidden").await;
+    assert!(
+        str_at(&status, "/message")
+            .starts_with("users \"dave\" is forbidden: User \"alice\" cannot impersonate resource \"users\""),
+        "{status:#}"
+    );
+
+    // Allowed: the request runs as carol, whom the cluster then authorizes.
+    stub.allow("alice", "impersonate", "users", "");
+    let listed = alice.get(server.url(&bundles("team-a"))).header("Impersonate-User", "carol").send().await.unwrap();
+    assert_eq!(listed.status(), 200);
+    let reviews = stub.reviews(Endpoint::SubjectAccessReview);
+    let asked = |user: &str, verb: &str| {
+        reviews.iter().any(|r| r["spec"]["user"] == user && r["spec"]["resourceAttributes"]["verb"] == verb)
+    };
+    assert!(asked("alice", "impersonate"), "no impersonate review: {reviews:#?}");
+    assert!(asked("carol", "list"), "the list was not asked for carol: {reviews:#?}");
+    let carol = reviews.iter().rfind(|r| r["spec"]["user"] == "carol").unwrap();
+    assert_eq!(carol["spec"]["groups"], json!(["system:authenticated"]), "{carol:#}");
+}

@@ -48,6 +48,7 @@ mod hostile_registry;
 mod http2_abuse;
 mod idle_connections;
 mod image;
+mod impersonation;
 mod kube_client;
 mod kubectl;
 mod kubectl_auth;
