@@ -10,6 +10,7 @@
 //! `If-None-Match` makes an unchanged Bundle cost one small response.
 
 mod archive;
+mod file;
 mod packer;
 mod pieces;
 mod push;

@@ -1,10 +1,12 @@
 //! `kubectl stowage …`: the `kubectl-stowage` binary (src/bin), also `stowage push|pull|ls|diff`.
 //! `push NAME DIR|FILE` (resumable pieces, resumed across runs), `pull NAME DIR` (Range pieces,
 //! resumed, digest-checked), `ls NAME` (file listing), `diff NAME REV1 REV2` (file-level
-//! differences between two stored revisions), `version`. Connection flags are kubectl's, before or
+//! differences between two stored revisions), `cat NAME PATH` (one file, verified), `status`,
+//! `refresh`, `suspend`, `resume` (`control.rs`), `version`. Connection flags are kubectl's, before or
 //! after the subcommand (`connection.rs`); errors are printed as kubectl prints them.
 
 mod connection;
+mod control;
 mod diff;
 mod output;
 mod progress;
@@ -89,6 +91,43 @@ pub enum PluginCommand {
         #[command(flatten)]
         kube: KubeFlags,
     },
+    /// Write one file of a Bundle's served content (or of --revision) to stdout, verified.
+    Cat {
+        name: String,
+        path: String,
+        /// A BundleContent name or digest prefix instead of the served content.
+        #[arg(long)]
+        revision: Option<String>,
+        #[command(flatten)]
+        kube: KubeFlags,
+    },
+    /// What a Bundle serves and how its work stands: phase, conditions, pins, next poll.
+    Status {
+        name: String,
+        /// Output format: json or yaml (the Bundle's status object).
+        #[arg(short = 'o', long, value_enum)]
+        output: Option<control::StatusFormat>,
+        #[command(flatten)]
+        kube: KubeFlags,
+    },
+    /// Resolve a Bundle's sources again now (sets the content.stowage.dev/refresh annotation).
+    Refresh {
+        name: String,
+        #[command(flatten)]
+        kube: KubeFlags,
+    },
+    /// Stop fetching a Bundle's sources (spec.paused); what it serves stays served.
+    Suspend {
+        name: String,
+        #[command(flatten)]
+        kube: KubeFlags,
+    },
+    /// Fetch a suspended Bundle's sources again.
+    Resume {
+        name: String,
+        #[command(flatten)]
+        kube: KubeFlags,
+    },
     /// Print the plugin's version.
     Version,
 }
@@ -118,7 +157,12 @@ impl PluginCommand {
             PluginCommand::Push { kube, .. }
             | PluginCommand::Pull { kube, .. }
             | PluginCommand::Ls { kube, .. }
-            | PluginCommand::Diff { kube, .. } => *kube = std::mem::take(kube).over(outer),
+            | PluginCommand::Diff { kube, .. }
+            | PluginCommand::Cat { kube, .. }
+            | PluginCommand::Status { kube, .. }
+            | PluginCommand::Refresh { kube, .. }
+            | PluginCommand::Suspend { kube, .. }
+            | PluginCommand::Resume { kube, .. } => *kube = std::mem::take(kube).over(outer),
         }
         self
     }
@@ -156,7 +200,12 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
         PluginCommand::Push { kube, .. }
         | PluginCommand::Pull { kube, .. }
         | PluginCommand::Ls { kube, .. }
-        | PluginCommand::Diff { kube, .. } => kube,
+        | PluginCommand::Diff { kube, .. }
+        | PluginCommand::Cat { kube, .. }
+        | PluginCommand::Status { kube, .. }
+        | PluginCommand::Refresh { kube, .. }
+        | PluginCommand::Suspend { kube, .. }
+        | PluginCommand::Resume { kube, .. } => kube,
     };
     if let PluginCommand::Push { path, .. } = &command {
         // Before the kubeconfig is even read: a mistyped path touches nothing.
@@ -206,6 +255,33 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
             let before = content.files(&namespace, &name, Some(&from)).await?;
             let after = content.files(&namespace, &name, Some(&to)).await?;
             print_lines(diff::compare(&before, &after))?;
+        }
+        PluginCommand::Cat { name, path, revision, .. } => {
+            let revision = match revision {
+                Some(r) => Some(diff::find_revision(&content, &namespace, &name, &r).await?),
+                None => None,
+            };
+            let mut out = std::io::BufWriter::new(std::io::stdout());
+            match content.read_file(&namespace, &name, revision.as_deref(), &path, &mut out).await {
+                // `| head`: the reader has what it wanted.
+                Err(ClientError::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe => {}
+                other => {
+                    other?;
+                }
+            }
+            let _ = std::io::Write::flush(&mut out);
+        }
+        PluginCommand::Status { name, output, .. } => {
+            print_lines(control::status(&client, &namespace, &name, output).await?)?;
+        }
+        PluginCommand::Refresh { name, .. } => {
+            print_lines([control::switch(&client, &namespace, &name, control::Switch::Refresh).await?])?;
+        }
+        PluginCommand::Suspend { name, .. } => {
+            print_lines([control::switch(&client, &namespace, &name, control::Switch::Suspend).await?])?;
+        }
+        PluginCommand::Resume { name, .. } => {
+            print_lines([control::switch(&client, &namespace, &name, control::Switch::Resume).await?])?;
         }
     }
     Ok(())

@@ -169,6 +169,51 @@ async fn pull_replaces_only_its_own_earlier_output() {
     assert!(!precious.join("notes.txt").exists());
 }
 
+/// `cat` writes one file, verified, also of an older revision; `status` says what is served and
+/// how the work stands; `suspend`/`resume` flip `spec.paused`; `refresh` sets a new refresh
+/// annotation each time.
+#[tokio::test(flavor = "multi_thread")]
+async fn cat_status_and_the_switches() {
+    let server = Server::start_temp(&[]);
+    let kubectl = Kubectl::new(&server);
+    let v1: Tree = [("Chart.yaml", "apiVersion: v2\nname: a\nversion: 1.0.0\n"), ("templates/cm.yaml", "kind: A\n")]
+        .into_iter()
+        .map(|(p, c)| (p.to_string(), file(c)))
+        .collect();
+    let mut v2 = v1.clone();
+    v2.insert("Chart.yaml".into(), file("apiVersion: v2\nname: a\nversion: 2.0.0\n"));
+    server.create_bundle(NS, "app").await;
+    let b1 = server.upload_ok(NS, "app", build_tar(&v1), None).await;
+    let b2 = server.upload_ok(NS, "app", build_tar(&v2), None).await;
+
+    assert_eq!(kubectl.ok(&["cat", "app", "Chart.yaml"]), "apiVersion: v2\nname: a\nversion: 2.0.0\n");
+    let old = kubectl.ok(&["cat", "app", "Chart.yaml", "--revision", str_at(&b1, "/status/contentName")]);
+    assert_eq!(old, "apiVersion: v2\nname: a\nversion: 1.0.0\n");
+    assert!(kubectl.fails(&["cat", "app", "nothing.yaml"]).contains("no file \"nothing.yaml\""));
+    assert!(kubectl.fails(&["cat", "app", "templates"]).contains("not a file"));
+
+    let status = kubectl.ok(&["status", "app"]);
+    assert!(status.contains("Phase:        Unpacked"), "{status}");
+    assert!(status.contains(str_at(&b2, "/status/digest")), "{status}");
+    assert!(status.contains("Paused:       false"), "{status}");
+    assert!(status.lines().any(|l| l.trim_start().starts_with("Unpacked True (")), "{status}");
+    let json: Value = serde_json::from_str(&kubectl.ok(&["status", "app", "-o", "json"])).unwrap();
+    assert_eq!(json["digest"], b2["status"]["digest"]);
+
+    let bundle = format!("/apis/content.stowage.dev/v1alpha1/namespaces/{NS}/bundles/app");
+    assert!(kubectl.ok(&["suspend", "app"]).contains("suspended"));
+    assert_eq!(server.get_json(&bundle).await["spec"]["paused"], true);
+    assert!(kubectl.ok(&["status", "app"]).contains("Paused:       true"));
+    kubectl.ok(&["resume", "app"]);
+    assert!(server.get_json(&bundle).await["spec"].get("paused").is_none());
+    let annotation = "/metadata/annotations/content.stowage.dev~1refresh";
+    kubectl.ok(&["refresh", "app"]);
+    let first = server.get_json(&bundle).await.pointer(annotation).cloned().expect("refresh annotation");
+    kubectl.ok(&["refresh", "app"]);
+    assert_ne!(server.get_json(&bundle).await.pointer(annotation).cloned().unwrap(), first, "a new value each time");
+    assert!(kubectl.fails(&["status", "absent"]).starts_with("Error from server (NotFound)"));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_stowage_push_uploads_in_pieces_and_round_trips() {
     let server = Server::start_temp(&[]);
@@ -383,8 +428,10 @@ fn kubectl_stowage_help_and_version() {
     };
     for flag in ["--help", "-h"] {
         let help = run(&[flag]);
-        assert!(help.contains("Usage: kubectl stowage <COMMAND>"), "{help}");
-        for command in ["push", "pull", "ls", "diff", "version"] {
+        // [OPTIONS]: kubectl's connection flags may come before the command.
+        assert!(help.contains("Usage: kubectl stowage [OPTIONS] <COMMAND>"), "{help}");
+        assert!(help.contains("--namespace") && help.contains("--as "), "{help}");
+        for command in ["push", "pull", "ls", "diff", "cat", "status", "refresh", "suspend", "resume", "version"] {
             assert!(help.lines().any(|l| l.trim_start().starts_with(command)), "{command} in {help}");
         }
         let server_side = help.lines().any(|l| ["serve ", "certs "].iter().any(|c| l.trim_start().starts_with(c)));
