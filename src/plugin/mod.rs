@@ -51,6 +51,15 @@ pub enum PluginCommand {
         /// Create the Bundle with an upload source if it does not exist.
         #[arg(long)]
         create: bool,
+        /// With --create: the Bundle's spec.format (plain, registry-v1, helm).
+        #[arg(long, requires = "create", value_parser = parse_format)]
+        format: Option<crate::api::Format>,
+        /// With --create: content without files is intended (spec.allowEmpty).
+        #[arg(long, requires = "create")]
+        allow_empty: bool,
+        /// With --create: a label of the Bundle, KEY=VALUE (repeat for several).
+        #[arg(long = "label", short = 'l', requires = "create", value_parser = push::parse_label)]
+        labels: Vec<(String, String)>,
         /// Bytes per piece (each must finish well within the aggregator's 60 s).
         #[arg(long, default_value_t = 16 << 20)]
         piece_bytes: u64,
@@ -149,6 +158,12 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// `--format`: one of the formats' names.
+fn parse_format(text: &str) -> Result<crate::api::Format, String> {
+    serde_json::from_value(serde_json::Value::from(text))
+        .map_err(|_| format!("{text:?} is not a format ({})", crate::api::FORMATS.join(", ")))
+}
+
 impl PluginCommand {
     /// The command with kubectl's flags given before it filled in where it has none of its own.
     pub fn with_outer_flags(mut self, outer: &KubeFlags) -> PluginCommand {
@@ -216,8 +231,9 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
     let content = ContentClient::new(client.clone());
     match command {
         PluginCommand::Version => {}
-        PluginCommand::Push { name, path, create, piece_bytes, .. } => {
-            let line = push::run(&content, &connection, &name, &path, create, piece_bytes).await?;
+        PluginCommand::Push { name, path, create, format, allow_empty, labels, piece_bytes, .. } => {
+            let creation = create.then_some(push::Creation { format, allow_empty, labels });
+            let line = push::run(&content, &connection, &name, &path, creation.as_ref(), piece_bytes).await?;
             print_lines([line])?;
         }
         PluginCommand::Pull { name, dir, piece_bytes, force, .. } => {

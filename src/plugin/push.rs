@@ -37,13 +37,30 @@ pub fn check_path(path: &Path) -> anyhow::Result<()> {
     }
 }
 
+/// What `--create` makes: an upload Bundle with these settings (`--format`, `--allow-empty`,
+/// `--label`).
+#[derive(Clone, Debug, Default)]
+pub struct Creation {
+    pub format: Option<crate::api::Format>,
+    pub allow_empty: bool,
+    pub labels: Vec<(String, String)>,
+}
+
+/// `--label KEY=VALUE`.
+pub fn parse_label(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("{text:?} is not KEY=VALUE")),
+    }
+}
+
 /// Pushes and returns the result line.
 pub async fn run(
     content: &ContentClient,
     connection: &Connection,
     name: &str,
     path: &Path,
-    create: bool,
+    create: Option<&Creation>,
     piece_bytes: u64,
 ) -> anyhow::Result<String> {
     let namespace = connection.namespace.as_str();
@@ -51,8 +68,8 @@ pub async fn run(
     let existing = match bundles.get(name).await.map_err(ClientError::from) {
         Ok(bundle) => Some(bundle),
         Err(e) if e.status().is_some_and(|s| s.code == 404) => match create {
-            true => None,
-            false => {
+            Some(_) => None,
+            None => {
                 let hint = format!("hint: add --create to create Bundle {name:?} with an upload source");
                 return Err(Hinted { error: e, hint }.into());
             }
@@ -71,9 +88,18 @@ pub async fn run(
     })
     .await
     .context("preparing the archive")??;
-    if existing.is_none() {
+    if let (None, Some(creation)) = (&existing, create) {
         let upload = Source { upload: Some(UploadSource {}), ..Default::default() };
-        let bundle = Bundle::new(name, BundleSpec { sources: vec![upload], ..Default::default() });
+        let spec = BundleSpec {
+            sources: vec![upload],
+            format: creation.format,
+            allow_empty: creation.allow_empty.then_some(true),
+            ..Default::default()
+        };
+        let mut bundle = Bundle::new(name, spec);
+        if !creation.labels.is_empty() {
+            bundle.metadata.labels = Some(creation.labels.iter().cloned().collect());
+        }
         match bundles.create(&PostParams::default(), &bundle).await.map_err(ClientError::from) {
             Err(e) if e.status().is_none_or(|s| s.code != 409) => return Err(e.into()),
             _ => {}

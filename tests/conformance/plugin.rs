@@ -214,6 +214,33 @@ async fn cat_status_and_the_switches() {
     assert!(kubectl.fails(&["status", "absent"]).starts_with("Error from server (NotFound)"));
 }
 
+/// `push --create` takes the Bundle's format, allowEmpty and labels: no YAML needed.
+#[tokio::test(flavor = "multi_thread")]
+async fn push_create_takes_the_bundles_settings() {
+    let server = Server::start_temp(&[]);
+    let kubectl = Kubectl::new(&server);
+    let chart = tempfile::tempdir().unwrap();
+    std::fs::write(chart.path().join("Chart.yaml"), "apiVersion: v2\nname: c\nversion: 0.1.0\n").unwrap();
+    let dir = chart.path().to_str().unwrap();
+    kubectl.ok(&["push", "c", dir, "--create", "--format", "helm", "--label", "team=a", "-l", "tier=web"]);
+    let bundle = server.get_json(&format!("/apis/content.stowage.dev/v1alpha1/namespaces/{NS}/bundles/c")).await;
+    assert_eq!(bundle["spec"]["format"], "helm", "{bundle}");
+    assert_eq!(bundle["metadata"]["labels"]["team"], "a");
+    assert_eq!(bundle["metadata"]["labels"]["tier"], "web");
+    assert_eq!(bundle["status"]["format"], "helm");
+
+    let empty = tempfile::tempdir().unwrap();
+    std::fs::create_dir(empty.path().join("nothing")).unwrap();
+    kubectl.ok(&["push", "e", empty.path().to_str().unwrap(), "--create", "--allow-empty"]);
+    let bundle = server.get_json(&format!("/apis/content.stowage.dev/v1alpha1/namespaces/{NS}/bundles/e")).await;
+    assert_eq!(bundle["spec"]["allowEmpty"], true, "{bundle}");
+
+    let bad = kubectl.fails(&["push", "x", dir, "--create", "--format", "zip"]);
+    assert!(bad.contains("plain, registry-v1, helm"), "{bad}");
+    let without = kubectl.fails(&["push", "x", dir, "--label", "a=b"]);
+    assert!(without.contains("--create"), "{without}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_stowage_push_uploads_in_pieces_and_round_trips() {
     let server = Server::start_temp(&[]);
