@@ -10,6 +10,10 @@
 // Tests state their expectations with unwrap, indexing and panics.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
+// harness.rs's corpus() is the generated fixtures.
+#[allow(dead_code)]
+#[path = "conformance/fixtures/mod.rs"]
+mod fixtures;
 #[allow(dead_code)]
 #[path = "conformance/harness.rs"]
 mod harness;

@@ -13,6 +13,8 @@
 
 mod fault_ops;
 mod fixtures;
+#[path = "fixtures/tests.rs"]
+mod fixtures_tests;
 mod git_server;
 mod harness;
 mod hostile_http;
