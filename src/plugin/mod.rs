@@ -167,8 +167,16 @@ fn parse_format(text: &str) -> Result<crate::api::Format, String> {
 impl PluginCommand {
     /// The command with kubectl's flags given before it filled in where it has none of its own.
     pub fn with_outer_flags(mut self, outer: &KubeFlags) -> PluginCommand {
-        match &mut self {
-            PluginCommand::Version => {}
+        if let Some(kube) = self.kube_flags_mut() {
+            *kube = std::mem::take(kube).over(outer);
+        }
+        self
+    }
+
+    /// Its connection flags (`version` has none).
+    fn kube_flags_mut(&mut self) -> Option<&mut KubeFlags> {
+        match self {
+            PluginCommand::Version => None,
             PluginCommand::Push { kube, .. }
             | PluginCommand::Pull { kube, .. }
             | PluginCommand::Ls { kube, .. }
@@ -177,9 +185,8 @@ impl PluginCommand {
             | PluginCommand::Status { kube, .. }
             | PluginCommand::Refresh { kube, .. }
             | PluginCommand::Suspend { kube, .. }
-            | PluginCommand::Resume { kube, .. } => *kube = std::mem::take(kube).over(outer),
+            | PluginCommand::Resume { kube, .. } => Some(kube),
         }
-        self
     }
 }
 
@@ -207,26 +214,15 @@ pub fn execute(command: PluginCommand) -> ExitCode {
 
 /// Runs one plugin command; prints to stdout. A reader that stops reading (`| head`) ends the
 /// output quietly, as with other command-line tools.
-pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
-    let flags = match &command {
-        PluginCommand::Version => {
-            return print_lines([format!("kubectl-stowage {}", env!("CARGO_PKG_VERSION"))]);
-        }
-        PluginCommand::Push { kube, .. }
-        | PluginCommand::Pull { kube, .. }
-        | PluginCommand::Ls { kube, .. }
-        | PluginCommand::Diff { kube, .. }
-        | PluginCommand::Cat { kube, .. }
-        | PluginCommand::Status { kube, .. }
-        | PluginCommand::Refresh { kube, .. }
-        | PluginCommand::Suspend { kube, .. }
-        | PluginCommand::Resume { kube, .. } => kube,
+pub async fn run(mut command: PluginCommand) -> anyhow::Result<()> {
+    let Some(flags) = command.kube_flags_mut().map(|flags| flags.clone()) else {
+        return print_lines([format!("kubectl-stowage {}", env!("CARGO_PKG_VERSION"))]);
     };
     if let PluginCommand::Push { path, .. } = &command {
         // Before the kubeconfig is even read: a mistyped path touches nothing.
         push::check_path(path)?;
     }
-    let connection = connect(flags).await?;
+    let connection = connect(&flags).await?;
     let (client, namespace) = (connection.client.clone(), connection.namespace.clone());
     let content = ContentClient::new(client.clone());
     match command {

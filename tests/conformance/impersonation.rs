@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use crate::harness::*;
+use crate::kubectl_auth::{kubectl, ok};
 
 const TOKENS: &str = "alice-token,alice,1001,\"\"\nbob-token,bob,1002,\"\"\n";
 
@@ -41,28 +42,8 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: imperson
 subjects: [{kind: User, name: alice}]
 "#;
 
-fn kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
-    let cache = tempfile::tempdir().unwrap();
-    Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .arg("--cache-dir")
-        .arg(cache.path())
-        .args(args)
-        .env_remove("KUBECONFIG")
-        .output()
-        .expect("run kubectl")
-}
-
 fn texts(out: &Output) -> (String, String) {
     (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
-fn ok(kubeconfig: &Path, args: &[&str]) -> String {
-    let out = kubectl(kubeconfig, args);
-    let (stdout, stderr) = texts(&out);
-    assert!(out.status.success(), "kubectl {args:?}: {stdout}\n{stderr}");
-    stdout
 }
 
 fn refused(kubeconfig: &Path, args: &[&str]) -> String {

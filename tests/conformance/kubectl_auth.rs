@@ -33,7 +33,7 @@ fn start() -> Server {
 }
 
 /// The real kubectl with `kubeconfig` (each request bounded by kubectl's own timeout).
-fn kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
+pub(crate) fn kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
     let cache = tempfile::tempdir().unwrap();
     Command::new("kubectl")
         .arg("--kubeconfig")
@@ -50,7 +50,7 @@ fn kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
 }
 
 /// stdout of a kubectl run that must succeed.
-fn ok(kubeconfig: &Path, args: &[&str]) -> String {
+pub(crate) fn ok(kubeconfig: &Path, args: &[&str]) -> String {
     let out = kubectl(kubeconfig, args);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "kubectl {args:?} failed ({}):\n{stdout}\n{stderr}", out.status);

@@ -117,6 +117,14 @@ async fn kubectl_stowage_pull_ls_and_diff() {
     assert_trees_equal(&v2, &tree_from_dir(&dir), "kubectl stowage pull");
 }
 
+/// A chart of two files.
+fn small_chart() -> Tree {
+    [("Chart.yaml", "apiVersion: v2\nname: a\nversion: 1.0.0\n"), ("templates/cm.yaml", "kind: A\n")]
+        .into_iter()
+        .map(|(p, c)| (p.to_string(), file(c)))
+        .collect()
+}
+
 /// `pull` never deletes what it did not write: a directory of the user's is refused and left as
 /// it was, `--force` replaces it; a repeated pull replaces its own earlier output, unless that
 /// was changed since.
@@ -124,10 +132,7 @@ async fn kubectl_stowage_pull_ls_and_diff() {
 async fn pull_replaces_only_its_own_earlier_output() {
     let server = Server::start_temp(&[]);
     let kubectl = Kubectl::new(&server);
-    let v1: Tree = [("Chart.yaml", "apiVersion: v2\nname: a\nversion: 1.0.0\n"), ("templates/cm.yaml", "kind: A\n")]
-        .into_iter()
-        .map(|(p, c)| (p.to_string(), file(c)))
-        .collect();
+    let v1 = small_chart();
     let mut v2 = v1.clone();
     v2.insert("templates/new.yaml".into(), file("kind: B\n"));
     server.create_bundle(NS, "app").await;
@@ -176,10 +181,7 @@ async fn pull_replaces_only_its_own_earlier_output() {
 async fn cat_status_and_the_switches() {
     let server = Server::start_temp(&[]);
     let kubectl = Kubectl::new(&server);
-    let v1: Tree = [("Chart.yaml", "apiVersion: v2\nname: a\nversion: 1.0.0\n"), ("templates/cm.yaml", "kind: A\n")]
-        .into_iter()
-        .map(|(p, c)| (p.to_string(), file(c)))
-        .collect();
+    let v1 = small_chart();
     let mut v2 = v1.clone();
     v2.insert("Chart.yaml".into(), file("apiVersion: v2\nname: a\nversion: 2.0.0\n"));
     server.create_bundle(NS, "app").await;
