@@ -13,7 +13,7 @@ as_root() {
 
 # Debian packages the tests use, by the command that must exist.
 declare -A needed=(
-    [tar]=tar           # the corpus is tarred the way users do it
+    [tar]=tar           # bundles are tarred the way users do it
     [gzip]=gzip
     [git]=git           # git sources: repositories made with the CLI, served by git http-backend
     [nginx]=nginx       # http sources: a real static file server
