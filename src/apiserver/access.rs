@@ -1,7 +1,8 @@
 //! The gate every API request passes (health endpoints excepted): authentication, removal of
-//! front-proxy headers, impersonation (`kubectl --as`), authorization of the request's Kubernetes attributes. What it learns goes
-//! into request extensions: the [`Identity`] (handlers that act for the user — the Secret check of
-//! a Bundle — extract it) and the [`RequestInfo`] (metrics reads it).
+//! front-proxy headers, impersonation (`kubectl --as`), authorization of the request's Kubernetes
+//! attributes. What it learns goes into request extensions: the [`Identity`] (handlers that act for
+//! the user — the Secret check of a Bundle — extract it) and the [`RequestInfo`] (metrics reads
+//! it).
 
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;

@@ -49,7 +49,7 @@ pub async fn impersonated(
         Some(value) => Some(text(value, USER)?),
         None => None,
     };
-    let groups = headers.get_all(GROUP).iter().map(|v| text(v, GROUP)).collect::<Result<Vec<_>, _>>()?;
+    let mut groups = headers.get_all(GROUP).iter().map(|v| text(v, GROUP)).collect::<Result<Vec<_>, _>>()?;
     let uid = match headers.get(UID) {
         Some(value) => Some(text(value, UID)?),
         None => None,
@@ -72,7 +72,6 @@ pub async fn impersonated(
 
     // Each part the caller asks for must be allowed to them.
     let mut checks = Vec::new();
-    let mut groups = groups;
     match service_account(&name) {
         Some((namespace, account)) => {
             checks.push(attributes("", "serviceaccounts", "", namespace, account));

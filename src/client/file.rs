@@ -6,7 +6,7 @@ use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use sha2::{Digest, Sha256};
 
-use super::{ClientError, ContentClient, API};
+use super::{content_path, ClientError, ContentClient};
 
 const QUERY: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
@@ -34,10 +34,7 @@ impl ContentClient {
         if entry.kind != "file" {
             return Err(ClientError::Protocol(format!("{wanted:?} is a {}, not a file", entry.kind)));
         }
-        let base = match revision {
-            None => format!("{API}/namespaces/{namespace}/bundles/{name}/content"),
-            Some(rev) => format!("{API}/namespaces/{namespace}/bundlecontents/{rev}/content"),
-        };
+        let base = content_path(namespace, name, revision);
         let url = format!("{base}?path={}", percent_encoding::utf8_percent_encode(wanted, QUERY));
         let request = http::Request::get(&url)
             .body(kube::client::Body::empty())

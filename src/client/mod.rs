@@ -198,7 +198,7 @@ impl ContentClient {
         current: Option<&str>,
         progress: &mut (dyn FnMut(Transferred) + Send),
     ) -> Result<Fetched, ClientError> {
-        let path = format!("{API}/namespaces/{namespace}/bundles/{name}/content");
+        let path = content_path(namespace, name, None);
         let what = format!("{namespace}/{name}");
         pieces::fetch(&self.client, &self.options, &what, &path, dir, current, progress).await
     }
@@ -228,6 +228,14 @@ pub struct FileInfo {
     pub target: Option<String>,
 }
 
+/// The `content` subresource of Bundle `name` (its served content) or of BundleContent `revision`.
+fn content_path(namespace: &str, name: &str, revision: Option<&str>) -> String {
+    match revision {
+        None => format!("{API}/namespaces/{namespace}/bundles/{name}/content"),
+        Some(rev) => format!("{API}/namespaces/{namespace}/bundlecontents/{rev}/content"),
+    }
+}
+
 /// One stored revision (BundleContent) of a Bundle.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Revision {
@@ -255,11 +263,7 @@ impl ContentClient {
         name: &str,
         revision: Option<&str>,
     ) -> Result<FileList, ClientError> {
-        let path = match revision {
-            None => format!("{API}/namespaces/{namespace}/bundles/{name}/content"),
-            Some(rev) => format!("{API}/namespaces/{namespace}/bundlecontents/{rev}/content"),
-        };
-        let request = http::Request::get(&path)
+        let request = http::Request::get(content_path(namespace, name, revision))
             .header("Accept", "application/json")
             .body(Vec::new())
             .map_err(|e| ClientError::Protocol(e.to_string()))?;

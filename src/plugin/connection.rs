@@ -108,6 +108,8 @@ pub(super) async fn connect(flags: &KubeFlags) -> anyhow::Result<Connection> {
         let certs: Vec<Vec<u8>> = pem_certs(&pem)
             .with_context(|| format!("--certificate-authority {}: no PEM certificate", path.display()))?;
         config.root_cert = Some(certs);
+        // A CA file of the kubeconfig's own would be re-read and win over these.
+        config.root_cert_file = None;
     }
     if flags.insecure_skip_tls_verify {
         config.accept_invalid_certs = true;

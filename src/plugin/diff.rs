@@ -4,6 +4,19 @@ use std::collections::BTreeMap;
 
 use crate::client::{ContentClient, FileInfo};
 
+/// [`find_revision`] of `wanted` if one is asked for (`--revision`); `None` is the served content.
+pub async fn find_optional_revision(
+    content: &ContentClient,
+    namespace: &str,
+    name: &str,
+    wanted: Option<&str>,
+) -> anyhow::Result<Option<String>> {
+    match wanted {
+        Some(wanted) => Ok(Some(find_revision(content, namespace, name, wanted).await?)),
+        None => Ok(None),
+    }
+}
+
 /// The BundleContent of Bundle `name` called `wanted`, or whose digest starts with it
 /// (`sha256:` optional).
 pub async fn find_revision(

@@ -2,8 +2,8 @@
 //! `push NAME DIR|FILE` (resumable pieces, resumed across runs), `pull NAME DIR` (Range pieces,
 //! resumed, digest-checked), `ls NAME` (file listing), `diff NAME REV1 REV2` (file-level
 //! differences between two stored revisions), `cat NAME PATH` (one file, verified), `status`,
-//! `refresh`, `suspend`, `resume` (`control.rs`), `version`. Connection flags are kubectl's, before or
-//! after the subcommand (`connection.rs`); errors are printed as kubectl prints them.
+//! `refresh`, `suspend`, `resume` (`control.rs`), `version`. Connection flags are kubectl's,
+//! before or after the subcommand (`connection.rs`); errors are printed as kubectl prints them.
 
 mod connection;
 mod control;
@@ -254,10 +254,7 @@ pub async fn run(mut command: PluginCommand) -> anyhow::Result<()> {
             print_lines([line])?;
         }
         PluginCommand::Ls { name, revision, output, .. } => {
-            let revision = match revision {
-                Some(r) => Some(diff::find_revision(&content, &namespace, &name, &r).await?),
-                None => None,
-            };
+            let revision = diff::find_optional_revision(&content, &namespace, &name, revision.as_deref()).await?;
             let list = content.file_list(&namespace, &name, revision.as_deref()).await?;
             output::print_listing(&list, output)?;
         }
@@ -269,10 +266,7 @@ pub async fn run(mut command: PluginCommand) -> anyhow::Result<()> {
             print_lines(diff::compare(&before, &after))?;
         }
         PluginCommand::Cat { name, path, revision, .. } => {
-            let revision = match revision {
-                Some(r) => Some(diff::find_revision(&content, &namespace, &name, &r).await?),
-                None => None,
-            };
+            let revision = diff::find_optional_revision(&content, &namespace, &name, revision.as_deref()).await?;
             let mut out = std::io::BufWriter::new(std::io::stdout());
             match content.read_file(&namespace, &name, revision.as_deref(), &path, &mut out).await {
                 // `| head`: the reader has what it wanted.

@@ -27,16 +27,22 @@ fn identity(key: &CertifiedKey) -> String {
     format!("{}{}", key.cert_pem, key.key_pem)
 }
 
+/// A stand-in cluster with its PKI published, and a server delegating to it.
+fn delegated() -> (StubApiServer, Server) {
+    let stub = StubApiServer::start();
+    stub.publish_pki(&["front-proxy-client"]);
+    let kubeconfig = stub.kubeconfig().to_str().unwrap().to_owned();
+    let server = Server::start_temp(&["--kubeconfig", &kubeconfig]);
+    (stub, server)
+}
+
 fn now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn delegated_mode_authenticates_and_authorizes_through_the_cluster() {
-    let stub = StubApiServer::start();
-    stub.publish_pki(&["front-proxy-client"]);
-    let kubeconfig = stub.kubeconfig().to_str().unwrap().to_owned();
-    let server = Server::start_temp(&["--kubeconfig", &kubeconfig]);
+    let (stub, server) = delegated();
     // No admin credentials in a cluster: users bring the cluster's, and a key on the volume would
     // only be something to steal.
     for file in ["admin.kubeconfig", "pki/admin.crt", "pki/admin.key"] {
@@ -121,10 +127,7 @@ async fn delegated_mode_authenticates_and_authorizes_through_the_cluster() {
 /// ignored.
 #[tokio::test(flavor = "multi_thread")]
 async fn direct_impersonation_is_asked_of_the_cluster() {
-    let stub = StubApiServer::start();
-    stub.publish_pki(&["front-proxy-client"]);
-    let kubeconfig = stub.kubeconfig().to_str().unwrap().to_owned();
-    let server = Server::start_temp(&["--kubeconfig", &kubeconfig]);
+    let (stub, server) = delegated();
     let alice = client(&server, Some(identity(&stub.client_ca().client_cert("alice", &[]))));
     stub.allow("carol", "list", "bundles", "team-a");
 

@@ -116,6 +116,15 @@ fn the_same_binary_gives_the_same_small_image() {
     assert!(index.contains(TAG), "index.json names {TAG}: {index}");
 }
 
+/// The server's arguments in deploy/apiservice/base/statefulset.yaml: the container runs as the
+/// StatefulSet would run it.
+fn statefulset_args() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/apiservice/base/statefulset.yaml");
+    let manifest: serde_json::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let args = manifest["spec"]["template"]["spec"]["containers"][0]["args"].as_array().expect("args");
+    args.iter().map(|a| a.as_str().unwrap().to_owned()).collect()
+}
+
 /// A container of the image and its volume, removed when dropped (also when a test fails).
 struct Container {
     name: String,
@@ -186,17 +195,10 @@ impl Container {
                 "-p",
                 &publish,
                 TAG,
-                // deploy/apiservice/base/statefulset.yaml's arguments.
-                "serve",
-                "--data-dir",
-                "/var/lib/stowage",
-                "--listen",
-                "0.0.0.0:8443",
-                "--tls-cert-file",
-                "/etc/stowage/tls/tls.crt",
-                "--tls-private-key-file",
-                "/etc/stowage/tls/tls.key",
-            ],
+            ]
+            .into_iter()
+            .chain(statefulset_args().iter().map(String::as_str))
+            .collect::<Vec<_>>(),
         );
         Container { name: id.clone(), volume: id, port, tls }
     }

@@ -10,23 +10,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use crate::harness::*;
-use crate::kubectl_auth::{kubectl, ok};
+use crate::kubectl_auth::{kubectl, ok, POLICY};
 
 const TOKENS: &str = "alice-token,alice,1001,\"\"\nbob-token,bob,1002,\"\"\n";
 
-/// Group `readers` lists Bundles in `default`; alice may impersonate carol and the group readers.
-const POLICY: &str = r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: bundle-reader}
-rules:
-- {apiGroups: [content.stowage.dev], resources: [bundles, bundles/content], verbs: [get, list, watch]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: readers, namespace: default}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: bundle-reader}
-subjects: [{kind: Group, name: readers}]
+/// Beside the README's policy (group `readers` reads Bundles in `default`): alice may impersonate
+/// carol and the group readers.
+const IMPERSONATION_POLICY: &str = r#"
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
@@ -42,6 +32,10 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: imperson
 subjects: [{kind: User, name: alice}]
 "#;
 
+fn start() -> Server {
+    Server::start_with_users(TOKENS, &format!("{POLICY}{IMPERSONATION_POLICY}"))
+}
+
 fn texts(out: &Output) -> (String, String) {
     (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
@@ -55,7 +49,7 @@ fn refused(kubeconfig: &Path, args: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_as_runs_requests_as_the_impersonated_user_when_allowed() {
-    let server = Server::start_with_users(TOKENS, POLICY);
+    let server = start();
     server.create_bundle("default", "app").await;
     let admin = server.kubeconfig();
     let alice = server.token_kubeconfig("alice", "default");
@@ -170,7 +164,7 @@ fn tangled_kubeconfig(server: &Server, dir: &Path) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn plugin_takes_kubectls_connection_flags_anywhere() {
-    let server = Server::start_with_users(TOKENS, POLICY);
+    let server = start();
     server.create_bundle("default", "app").await;
     server.upload_ok("default", "app", crate::tarutil::build_tar(&single_file()), None).await;
     let tmp = tempfile::tempdir().unwrap();

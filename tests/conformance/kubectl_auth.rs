@@ -13,7 +13,7 @@ use crate::harness::*;
 const TOKENS: &str = "alice-token,alice,1001,\"readers\"\nbob-token,bob,1002,\"\"\n";
 
 /// The README's policy: group `readers` reads Bundles and their content in `default`.
-const POLICY: &str = r#"
+pub(crate) const POLICY: &str = r#"
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
 metadata: {name: bundle-reader}
