@@ -148,6 +148,11 @@ pub struct BundleSpec {
     /// Accept content without files (by default such content is refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_empty: Option<bool>,
+    /// A BundleContent of this Bundle to serve instead of the newest (a rollback). The sources
+    /// are still resolved and new content stored (`status.latestContentName`), but not served
+    /// until this is cleared; the history limit never prunes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
 }
 
 /// `spec.revisionHistoryLimit` when a Bundle is created without one (written into the spec).
@@ -173,6 +178,11 @@ impl BundleSpec {
 
     pub fn allows_empty(&self) -> bool {
         self.allow_empty == Some(true)
+    }
+
+    /// The BundleContent `spec.revision` chooses, if set.
+    pub fn chosen_revision(&self) -> Option<&str> {
+        self.revision.as_deref().filter(|r| !r.is_empty())
     }
 
     /// Old contents to keep (a stored spec always has one; a negative value never validates).
@@ -215,6 +225,11 @@ impl BundleSpec {
                 &json!(limit),
                 "must be greater than or equal to 0",
             ));
+        }
+        if let Some(revision) = self.chosen_revision() {
+            if let Some(error) = dns1123_subdomain_errors(revision).into_iter().next() {
+                causes.push(Cause::invalid("spec.revision", &json!(revision), error));
+            }
         }
         let poll = self.poll_interval.as_deref().unwrap_or("");
         if !poll.is_empty() && parse_duration(poll).is_none() {

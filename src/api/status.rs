@@ -37,12 +37,17 @@ pub struct BundleStatus {
     pub phase: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// Each source pinned, in `spec.sources` order, for the content served.
+    /// Each source pinned, in `spec.sources` order, for the newest content (`latestContentName`):
+    /// what is served unless `spec.revision` chooses an older revision.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resolved_sources: Vec<ResolvedSource>,
     /// The BundleContent served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_name: Option<String>,
+    /// The newest BundleContent unpacked or uploaded; `contentName` too unless `spec.revision`
+    /// chooses another. Absent in statuses written before rollbacks existed: `contentName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_content_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -188,6 +193,16 @@ impl BundleStatus {
         self.condition(PAUSED).is_some_and(|c| c.is_true() && c.observed_generation == Some(generation))
     }
 
+    /// The newest BundleContent ([`Self::latest_content_name`], else the one served).
+    pub fn latest_content(&self) -> Option<&str> {
+        self.latest_content_name.as_deref().or(self.content_name.as_deref()).filter(|c| !c.is_empty())
+    }
+
+    /// Whether what is served is not the newest content (`spec.revision` chose another).
+    pub fn serves_older(&self) -> bool {
+        self.serves_content() && self.latest_content() != self.content_name.as_deref()
+    }
+
     /// Whether a BundleContent is served.
     pub fn serves_content(&self) -> bool {
         self.content_name.as_deref().is_some_and(|c| !c.is_empty())
@@ -273,12 +288,47 @@ impl BundleStatus {
             self.active(generation); // uploads have no Paused condition
         }
         self.resolved_sources = served.resolved;
+        self.latest_content_name = Some(served.content.clone());
         self.content_name = Some(served.content);
         self.digest = Some(served.digest);
         self.format = Some(served.format);
         self.format_details = Some(served.format_details);
         self.files = Some(served.files);
         self.size = Some(served.size);
+    }
+
+    /// `generation` serves `chosen`, the BundleContent `spec.revision` names, while the newest
+    /// content (and the pins in `resolvedSources`) stay recorded as they are.
+    pub fn serves_chosen(&mut self, generation: i64, chosen: Served) {
+        let (latest, pins) = (self.latest_content().map(str::to_owned), std::mem::take(&mut self.resolved_sources));
+        let content = chosen.content.clone();
+        self.unpacked(generation, Served { resolved: pins, ..chosen });
+        self.latest_content_name = latest.or(Some(content.clone()));
+        let newest = match self.latest_content_name.as_deref() {
+            Some(latest) if latest != content => format!("; the newest content, {latest}, is not served"),
+            _ => String::new(),
+        };
+        let summary = format!(
+            "{} ({} files, {} bytes)",
+            self.digest.as_deref().unwrap_or(""),
+            self.files.unwrap_or(0),
+            self.size.unwrap_or(0)
+        );
+        let why = format!("serving {content} because spec.revision chooses it{newest}");
+        self.set_condition(generation, UNPACKED, true, "Unpacked", &why);
+        self.set_condition(
+            generation,
+            AVAILABLE,
+            true,
+            "Serving",
+            &format!("serving {content} (spec.revision): {summary}"),
+        );
+    }
+
+    /// `spec.revision` names no BundleContent of this Bundle (`message` says which): whatever was
+    /// served stays served.
+    pub fn chosen_missing(&mut self, generation: i64, message: &str) {
+        self.failed(generation, REVISION_NOT_FOUND, message);
     }
 
     /// `generation` failed with `reason`; whatever was served before stays served.
@@ -294,22 +344,6 @@ impl BundleStatus {
     /// change that leaves what they say true (an upload Bundle still waiting for its content).
     pub fn restamp(&mut self, generation: i64) {
         self.observed(generation);
-    }
-
-    /// The content served was checked against `generation`'s spec and is valid for it, as
-    /// `format` with `details` (an upload Bundle's new `spec.format`).
-    pub fn rechecked(&mut self, generation: i64, format: String, format_details: FormatDetails) {
-        let served = Served {
-            content: self.content_name.clone().unwrap_or_default(),
-            digest: self.digest.clone().unwrap_or_default(),
-            files: self.files.unwrap_or_default(),
-            size: self.size.unwrap_or_default(),
-            format,
-            format_details,
-            resolved: self.resolved_sources.clone(),
-        };
-        self.unpacked(generation, served);
-        self.restamp(generation);
     }
 
     /// The content served was checked against `generation`'s spec and is not valid for it
@@ -349,6 +383,9 @@ impl BundleStatus {
     }
 }
 
+/// `Unpacked=False` while `spec.revision` names a BundleContent that is not there: waits for a
+/// spec change.
+pub const REVISION_NOT_FOUND: &str = "RevisionNotFound";
 /// `Available=False` while nothing was ever served.
 const NO_CONTENT: &str = "NoContent";
 const PAUSED_MESSAGE: &str = "spec.paused is true: sources are not fetched";
@@ -378,9 +415,36 @@ mod tests {
     }
 
     #[test]
+    fn a_chosen_revision_is_served_while_the_newest_stays_recorded() {
+        let mut status = BundleStatus::default();
+        let pins = vec![ResolvedSource::Upload { digest: "sha256:02".into() }];
+        status.unpacked(
+            1,
+            Served { content: "b-02".into(), digest: "sha256:02".into(), resolved: pins.clone(), ..Default::default() },
+        );
+        assert!(!status.serves_older());
+        let old = Served { content: "b-01".into(), digest: "sha256:01".into(), files: 3, ..Default::default() };
+        status.serves_chosen(2, old);
+        assert_eq!((status.content_name.as_deref(), status.latest_content()), (Some("b-01"), Some("b-02")));
+        assert_eq!((status.digest.as_deref(), status.files), (Some("sha256:01"), Some(3)));
+        assert_eq!(status.resolved_sources, pins, "the pins stay those of the newest content");
+        assert!(status.serves_older() && status.unpacked_for(2));
+        let why = &status.condition(UNPACKED).map(|c| c.message.clone()).unwrap_or_default();
+        assert_eq!(why, "serving b-01 because spec.revision chooses it; the newest content, b-02, is not served");
+        status.chosen_missing(3, "spec.revision names \"x\"");
+        assert_eq!(status.reason_for_generation(3), Some(REVISION_NOT_FOUND));
+        assert_eq!(status.content_name.as_deref(), Some("b-01"), "what was served stays served");
+        let newest =
+            Served { content: "b-02".into(), digest: "sha256:02".into(), resolved: pins, ..Default::default() };
+        status.unpacked(4, newest);
+        assert!(!status.serves_older() && status.unpacked_for(4));
+    }
+
+    #[test]
     fn a_recheck_speaks_for_the_new_generation_in_every_condition() {
         let mut status = BundleStatus::default();
         let served = Served { content: "b-01".into(), digest: "sha256:01".into(), files: 2, ..Default::default() };
+        let served_again = served.clone();
         status.unpacked(1, Served { format: "helm".into(), ..served });
         status.recheck_failed(2, "InvalidFormat", "not a plain bundle: there is no manifests/ directory");
         assert_eq!(status.observed_generation, Some(2));
@@ -388,7 +452,8 @@ mod tests {
         assert_eq!(status.reason_for_generation(2), Some("InvalidFormat"));
         assert!(status.condition(AVAILABLE).is_some_and(Condition::is_true));
         let details = FormatDetails { chart: Some("demo".into()), ..Default::default() };
-        status.rechecked(3, "helm".into(), details.clone());
+        let served = Served { format: "helm".into(), format_details: details.clone(), ..served_again };
+        status.unpacked(3, served);
         assert!(status.unpacked_for(3) && status.conditions.iter().all(|c| c.observed_generation == Some(3)));
         assert_eq!((status.format.as_deref(), status.format_details.as_ref()), (Some("helm"), Some(&details)));
         assert_eq!((status.content_name.as_deref(), status.files), (Some("b-01"), Some(2)));

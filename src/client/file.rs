@@ -8,7 +8,8 @@ use sha2::{Digest, Sha256};
 
 use super::{content_path, ClientError, ContentClient};
 
-const QUERY: &percent_encoding::AsciiSet =
+/// What a `?path=` value may hold as it is.
+pub(super) const QUERY: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
 
 impl ContentClient {

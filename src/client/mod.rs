@@ -14,6 +14,7 @@ mod file;
 mod packer;
 mod pieces;
 mod push;
+mod subtree;
 mod target;
 
 use std::path::{Path, PathBuf};
@@ -198,7 +199,21 @@ impl ContentClient {
         current: Option<&str>,
         progress: &mut (dyn FnMut(Transferred) + Send),
     ) -> Result<Fetched, ClientError> {
-        let path = content_path(namespace, name, None);
+        self.fetch_revision_into(namespace, name, None, dir, current, progress).await
+    }
+
+    /// [`fetch_into_with_progress`](Self::fetch_into_with_progress) of Bundle `name`'s stored
+    /// BundleContent `revision` (`None`: the content it serves).
+    pub async fn fetch_revision_into(
+        &self,
+        namespace: &str,
+        name: &str,
+        revision: Option<&str>,
+        dir: &Path,
+        current: Option<&str>,
+        progress: &mut (dyn FnMut(Transferred) + Send),
+    ) -> Result<Fetched, ClientError> {
+        let path = content_path(namespace, name, revision);
         let what = format!("{namespace}/{name}");
         pieces::fetch(&self.client, &self.options, &what, &path, dir, current, progress).await
     }

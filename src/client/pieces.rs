@@ -227,7 +227,7 @@ pub(super) fn sibling(dir: &Path, what: &str) -> PathBuf {
 }
 
 /// Puts `staging` in place of `dir` (the old tree is removed afterwards).
-fn replace(dir: &Path, staging: &Path) -> Result<(), ClientError> {
+pub(super) fn replace(dir: &Path, staging: &Path) -> Result<(), ClientError> {
     let old = sibling(dir, "old");
     let _ = std::fs::remove_dir_all(&old);
     if dir.exists() {

@@ -1,10 +1,13 @@
 //! `kubectl stowage …`: the `kubectl-stowage` binary (src/bin), also `stowage push|pull|ls|diff`.
 //! `push NAME DIR|FILE` (resumable pieces, resumed across runs), `pull NAME DIR` (Range pieces,
-//! resumed, digest-checked), `ls NAME` (file listing), `diff NAME REV1 REV2` (file-level
-//! differences between two stored revisions), `cat NAME PATH` (one file, verified), `status`,
-//! `refresh`, `suspend`, `resume` (`control.rs`), `version`. Connection flags are kubectl's,
-//! before or after the subcommand (`connection.rs`); errors are printed as kubectl prints them.
+//! resumed, digest-checked; `--revision REV`, `--path SUBTREE`: `client/subtree.rs`), `ls NAME`
+//! (file listing), `diff NAME REV1 REV2` (file-level differences between two stored revisions),
+//! `cat NAME PATH` (one file, verified), `status`, `refresh`, `suspend`, `resume`, `rollback`
+//! (`control.rs`), `completion SHELL` and the `kubectl_complete-stowage` answers
+//! (`completion.rs`), `version`. Connection flags are kubectl's, before or after the subcommand
+//! (`connection.rs`); errors are printed as kubectl prints them.
 
+pub mod completion;
 mod connection;
 mod control;
 mod diff;
@@ -77,6 +80,13 @@ pub enum PluginCommand {
         /// Replace DIR whatever it holds (its files are deleted), not only an earlier pull's output.
         #[arg(long)]
         force: bool,
+        /// A BundleContent name or digest prefix instead of the served content.
+        #[arg(long)]
+        revision: Option<String>,
+        /// Only this directory of the content, its own path left out (DIR/x for SUBTREE/x); each
+        /// file is checked against the listing's sha256.
+        #[arg(long = "path", value_name = "SUBTREE")]
+        subtree: Option<String>,
         #[command(flatten)]
         kube: KubeFlags,
     },
@@ -125,6 +135,19 @@ pub enum PluginCommand {
         #[command(flatten)]
         kube: KubeFlags,
     },
+    /// Serve an earlier revision: REV (a BundleContent name or digest prefix), by default the one
+    /// stored before the revision served now. Sets spec.revision: new content is still fetched
+    /// and stored, but not served until `rollback NAME --latest`.
+    Rollback {
+        name: String,
+        #[arg(conflicts_with = "latest")]
+        revision: Option<String>,
+        /// Serve the newest content again (clears spec.revision).
+        #[arg(long)]
+        latest: bool,
+        #[command(flatten)]
+        kube: KubeFlags,
+    },
     /// Stop fetching a Bundle's sources (spec.paused); what it serves stays served.
     Suspend {
         name: String,
@@ -139,6 +162,8 @@ pub enum PluginCommand {
     },
     /// Print the plugin's version.
     Version,
+    /// Print a shell completion script (bash, zsh, fish)
+    Completion { shell: clap_complete::Shell },
 }
 
 /// The whole `kubectl-stowage` program: parses the arguments, runs the command, prints a failure
@@ -173,10 +198,10 @@ impl PluginCommand {
         self
     }
 
-    /// Its connection flags (`version` has none).
+    /// Its connection flags (`version` and `completion` have none).
     fn kube_flags_mut(&mut self) -> Option<&mut KubeFlags> {
         match self {
-            PluginCommand::Version => None,
+            PluginCommand::Version | PluginCommand::Completion { .. } => None,
             PluginCommand::Push { kube, .. }
             | PluginCommand::Pull { kube, .. }
             | PluginCommand::Ls { kube, .. }
@@ -184,6 +209,7 @@ impl PluginCommand {
             | PluginCommand::Cat { kube, .. }
             | PluginCommand::Status { kube, .. }
             | PluginCommand::Refresh { kube, .. }
+            | PluginCommand::Rollback { kube, .. }
             | PluginCommand::Suspend { kube, .. }
             | PluginCommand::Resume { kube, .. } => Some(kube),
         }
@@ -216,7 +242,10 @@ pub fn execute(command: PluginCommand) -> ExitCode {
 /// output quietly, as with other command-line tools.
 pub async fn run(mut command: PluginCommand) -> anyhow::Result<()> {
     let Some(flags) = command.kube_flags_mut().map(|flags| flags.clone()) else {
-        return print_lines([format!("kubectl-stowage {}", env!("CARGO_PKG_VERSION"))]);
+        return match command {
+            PluginCommand::Completion { shell } => completion::print_script(shell),
+            _ => print_lines([format!("kubectl-stowage {}", env!("CARGO_PKG_VERSION"))]),
+        };
     };
     if let PluginCommand::Push { path, .. } = &command {
         // Before the kubeconfig is even read: a mistyped path touches nothing.
@@ -226,19 +255,31 @@ pub async fn run(mut command: PluginCommand) -> anyhow::Result<()> {
     let (client, namespace) = (connection.client.clone(), connection.namespace.clone());
     let content = ContentClient::new(client.clone());
     match command {
-        PluginCommand::Version => {}
+        PluginCommand::Version | PluginCommand::Completion { .. } => {}
         PluginCommand::Push { name, path, create, format, allow_empty, labels, piece_bytes, .. } => {
             let creation = create.then_some(push::Creation { format, allow_empty, labels });
             let line = push::run(&content, &connection, &name, &path, creation.as_ref(), piece_bytes).await?;
             print_lines([line])?;
         }
-        PluginCommand::Pull { name, dir, piece_bytes, force, .. } => {
+        PluginCommand::Pull { name, dir, piece_bytes, force, revision, subtree, .. } => {
             let options = FetchOptions { piece_bytes, attempts: 5, replace: force };
             let content = ContentClient::with_options(client, options);
-            let bar = progress::Bar::new(&format!("pulling {name}"), None);
-            let fetched =
-                content.fetch_into_with_progress(&namespace, &name, &dir, None, &mut |moved| bar.update(moved)).await;
-            bar.finish(fetched.is_ok());
+            let revision = diff::find_optional_revision(&content, &namespace, &name, revision.as_deref()).await?;
+            let fetched = match &subtree {
+                Some(subtree) => {
+                    content.fetch_subtree_into(&namespace, &name, revision.as_deref(), subtree, &dir).await
+                }
+                None => {
+                    let bar = progress::Bar::new(&format!("pulling {name}"), None);
+                    let fetched = content
+                        .fetch_revision_into(&namespace, &name, revision.as_deref(), &dir, None, &mut |moved| {
+                            bar.update(moved)
+                        })
+                        .await;
+                    bar.finish(fetched.is_ok());
+                    fetched
+                }
+            };
             let fetched = fetched.map_err(|error| match error {
                 ClientError::TargetInUse { .. } => {
                     let hint = "pull into a new or empty directory, or pass --force to replace it (what it holds is \
@@ -247,9 +288,15 @@ pub async fn run(mut command: PluginCommand) -> anyhow::Result<()> {
                 }
                 other => other.into(),
             });
+            let what = match (&revision, &subtree) {
+                (Some(revision), Some(subtree)) => format!("{namespace}/{name} ({revision}) {subtree}"),
+                (Some(revision), None) => format!("{namespace}/{name} ({revision})"),
+                (None, Some(subtree)) => format!("{namespace}/{name} {subtree}"),
+                (None, None) => format!("{namespace}/{name}"),
+            };
             let line = match fetched? {
-                Fetched::Updated { digest } => format!("{namespace}/{name}: {digest} -> {}", dir.display()),
-                Fetched::Unchanged => format!("{namespace}/{name}: unchanged"),
+                Fetched::Updated { digest } => format!("{what}: {digest} -> {}", dir.display()),
+                Fetched::Unchanged => format!("{what}: unchanged"),
             };
             print_lines([line])?;
         }
@@ -282,6 +329,18 @@ pub async fn run(mut command: PluginCommand) -> anyhow::Result<()> {
         }
         PluginCommand::Refresh { name, .. } => {
             print_lines([control::switch(&client, &namespace, &name, control::Switch::Refresh).await?])?;
+        }
+        PluginCommand::Rollback { name, revision, latest, .. } => {
+            let to = match latest {
+                true => control::Target::Latest,
+                false => match revision {
+                    Some(wanted) => {
+                        control::Target::Revision(diff::find_revision(&content, &namespace, &name, &wanted).await?)
+                    }
+                    None => control::Target::Previous,
+                },
+            };
+            print_lines([control::rollback(&content, &client, &namespace, &name, to).await?])?;
         }
         PluginCommand::Suspend { name, .. } => {
             print_lines([control::switch(&client, &namespace, &name, control::Switch::Suspend).await?])?;

@@ -140,6 +140,13 @@ pub async fn run(
         Err(_) => {}
     }
     let status = pushed?.status.unwrap_or_default();
+    if status.serves_older() {
+        let (latest, served) = (status.latest_content().unwrap_or(""), status.content_name.as_deref().unwrap_or(""));
+        return Ok(format!(
+            "{namespace}/{name}: pushed {latest}, not served: spec.revision keeps {served} served (`kubectl stowage \
+             rollback {name} --latest` serves the newest)"
+        ));
+    }
     let digest = status.digest.unwrap_or_default();
     let revision = status.content_name.unwrap_or_default();
     let resumed = match resumed_at {

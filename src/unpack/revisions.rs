@@ -4,6 +4,11 @@
 //! deleted — all in one atomic store write. Used by uploads and by the reconcile loop alike; the
 //! loop also re-checks what a Bundle serves when its spec changed but not its content (an upload
 //! Bundle's spec, or a Bundle whose sources are all still pinned: [`recheck_served`]).
+//!
+//! `spec.revision` (a rollback) chooses which stored revision is served: new content is still
+//! committed and recorded as the latest (`status.latestContentName`, with its pins in
+//! `status.resolvedSources`), but the chosen one stays served, and is never pruned, until the
+//! field is cleared; setting or clearing it switches what is served without fetching anything.
 
 use serde_json::Value;
 
@@ -11,7 +16,7 @@ use super::error::UnpackError;
 use super::format::FormatReport;
 use super::sink;
 use crate::api::strategy::{self, bundlecontent::BUNDLE_CONTENT, decode};
-use crate::api::{content_name, Bundle, BundleContent, BundleStatus, ResolvedSource, Served};
+use crate::api::{content_name, Bundle, BundleContent, BundleStatus, ResolvedSource, Served, BUNDLE_LABEL};
 use crate::storage::{
     ObjectKey, ObjectWrite, PendingRevision, Precondition, RevisionId, StorageError, Store, StoredObject,
 };
@@ -70,15 +75,14 @@ pub fn commit(
         let existing = store.get_object(&content_key)?;
         let existing_typed = existing.as_ref().map(|e| decode::<BundleContent>(&e.value)).transpose().ok().flatten();
         let reuse = existing_typed.is_some_and(|e| e.spec.digest == record.digest && e.owned_by(current.bundle.uid()));
-        let mut status = current.bundle.status_or_default();
-        status.unpacked(expect.checked_generation.min(current.bundle.generation()), served.clone());
+        let status = committed_status(store, &current.bundle, expect, &served)?;
         let mut writes = vec![ObjectWrite::Put {
             key: bundle_key.clone(),
             object: with_status(&current.stored.value, &status),
             precondition: Precondition::ResourceVersion(current.stored.resource_version),
             revision: None,
         }];
-        writes.extend(prune(store, &current.bundle, &content)?);
+        writes.extend(prune(store, &current.bundle, &status)?);
         let result = if reuse {
             // Identical content is already stored: the new copy is released when `pending` drops.
             store.write_objects(writes)
@@ -117,6 +121,82 @@ pub fn commit(
         }
     }
     Err(StorageError::Conflict(format!("bundles {:?}", expect.name)).into())
+}
+
+/// The Bundle's status once `newest` is committed: `newest` served, unless `spec.revision`
+/// chooses another revision — then that one stays served and `newest` is recorded as the latest.
+fn committed_status(
+    store: &Store,
+    bundle: &Bundle,
+    expect: &Expect,
+    newest: &Served,
+) -> Result<BundleStatus, StorageError> {
+    let generation = expect.checked_generation.min(bundle.generation());
+    let before = bundle.status_or_default();
+    let mut status = before.clone();
+    status.unpacked(generation, newest.clone());
+    match bundle.spec.chosen_revision() {
+        None => {}
+        // Choosing the newest content by name pins it: what comes later is not served.
+        Some(chosen) if chosen == newest.content => status.serves_chosen(generation, newest.clone()),
+        Some(_) => match choice(store, bundle)? {
+            Choice::Newest => {}
+            Choice::Chosen(chosen, _) => status.serves_chosen(generation, *chosen),
+            Choice::Missing(message) => {
+                status = before;
+                status.latest_content_name = Some(newest.content.clone());
+                status.resolved_sources.clone_from(&newest.resolved);
+                status.chosen_missing(generation, &message);
+            }
+        },
+    }
+    Ok(status)
+}
+
+/// What `spec.revision` makes a Bundle serve.
+enum Choice {
+    /// Not set: the newest content.
+    Newest,
+    /// The BundleContent it names, as it would be served, and its revision.
+    Chosen(Box<Served>, RevisionId),
+    /// It names no BundleContent of this Bundle: the message says so.
+    Missing(String),
+}
+
+fn choice(store: &Store, bundle: &Bundle) -> Result<Choice, StorageError> {
+    let Some(name) = bundle.spec.chosen_revision() else { return Ok(Choice::Newest) };
+    Ok(match content_of(store, bundle, name)? {
+        Some((served, revision)) => Choice::Chosen(Box::new(served), revision),
+        None => Choice::Missing(format!(
+            "spec.revision names {name:?}, which is not a stored revision of this Bundle (kubectl get \
+             bundlecontents -l {BUNDLE_LABEL}={})",
+            bundle.name()
+        )),
+    })
+}
+
+/// BundleContent `name`, if the Bundle owns it and it holds a revision: as it would be served
+/// (pinned as its spec records), and the revision.
+fn content_of(store: &Store, bundle: &Bundle, name: &str) -> Result<Option<(Served, RevisionId)>, StorageError> {
+    let key = ObjectKey::new(BundleContent::PLURAL, bundle.namespace(), name);
+    let Some(stored) = store.get_object(&key)? else { return Ok(None) };
+    let (Some(revision), Ok(typed)) = (stored.revision, decode::<BundleContent>(&stored.value)) else {
+        return Ok(None);
+    };
+    if !typed.owned_by(bundle.uid()) || typed.metadata.deletion_timestamp.is_some() {
+        return Ok(None);
+    }
+    let spec = typed.spec;
+    let served = Served {
+        content: name.to_owned(),
+        digest: spec.digest,
+        files: spec.files,
+        size: spec.size,
+        format: spec.format,
+        format_details: spec.format_details,
+        resolved: spec.sources,
+    };
+    Ok(Some((served, revision)))
 }
 
 /// The BundleContent for `served`, created the way the API creates objects (stamped, validated).
@@ -171,9 +251,10 @@ pub fn write_status(
 
 /// Brings a Bundle's status to its current generation without fetching anything, when what it
 /// serves is still what its spec asks for (an upload Bundle; a Bundle whose every source is still
-/// pinned): the content served is checked again against the current spec (`format`,
-/// `allowEmpty`; the checks an unpack or upload makes) and the `Unpacked` condition says whether
-/// it is valid for it — it stays served either way — and BundleContents past a lowered
+/// pinned): the content to serve — the revision `spec.revision` chooses, else the newest — is
+/// checked against the current spec (`format`, `allowEmpty`; the checks an unpack or upload
+/// makes) and served if it passes; the `Unpacked` condition says whether it is valid for it —
+/// what was served stays served otherwise — and BundleContents past a lowered
 /// `revisionHistoryLimit` go. With nothing served, the conditions (`AwaitingUpload`,
 /// `ContentDeleted`) stay true as they are. Blocking; a write that raced with another (an upload
 /// landing) is done again on what is new.
@@ -188,20 +269,47 @@ pub fn recheck_served(store: &Store, expect: &Expect) -> Result<(), CommitError>
         if done {
             return Ok(None);
         }
-        let mut writes = Vec::new();
-        match served_revision(store, bundle)? {
+        // What is to be served: the revision spec.revision chooses, else the newest.
+        let (target, chosen) = match choice(store, bundle)? {
+            Choice::Missing(message) => {
+                status.chosen_missing(generation, &message);
+                status.restamp(generation);
+                let writes = prune(store, bundle, &status)?;
+                return Ok(Some((status, writes)));
+            }
+            Choice::Chosen(served, revision) => (Some((*served, revision)), true),
+            Choice::Newest => match status.latest_content() {
+                Some(latest) => (content_of(store, bundle, latest)?, false),
+                None => (None, false),
+            },
+        };
+        match target {
             None => status.restamp(generation),
-            Some((content, revision)) => {
+            Some((served, revision)) => {
                 let destinations: Vec<String> = bundle.spec.sources.iter().map(|s| s.destination.clone()).collect();
                 let checks = (bundle.spec.format_name(), !bundle.takes_uploads(), bundle.spec.allows_empty());
                 match sink::recheck(store, revision, &destinations, checks) {
-                    Ok(report) => status.rechecked(generation, report.format.clone(), report.details()),
+                    Ok(report) => {
+                        // The pins stay those of the newest content, as resolved.
+                        let resolved = status.resolved_sources.clone();
+                        let served = Served {
+                            format: report.format.clone(),
+                            format_details: report.details(),
+                            resolved,
+                            ..served
+                        };
+                        match chosen {
+                            true => status.serves_chosen(generation, served),
+                            false => status.unpacked(generation, served),
+                        }
+                        status.restamp(generation);
+                    }
                     Err(UnpackError::Storage(e)) => return Err(e.into()),
                     Err(e) => status.recheck_failed(generation, e.reason(), &e.to_string()),
                 }
-                writes = prune(store, bundle, &content)?;
             }
         }
+        let writes = prune(store, bundle, &status)?;
         Ok(Some((status, writes)))
     })
 }
@@ -241,25 +349,18 @@ fn write_status_with(
     Err(StorageError::Conflict(format!("bundles {:?}", expect.name)).into())
 }
 
-/// The BundleContent a Bundle's status says it serves and its revision, if there is one.
-fn served_revision(store: &Store, bundle: &Bundle) -> Result<Option<(String, RevisionId)>, StorageError> {
-    let Some(content) = bundle.status.as_ref().and_then(|s| s.content_name.as_deref()).filter(|c| !c.is_empty()) else {
-        return Ok(None);
-    };
-    let key = ObjectKey::new(BundleContent::PLURAL, bundle.namespace(), content);
-    Ok(store.get_object(&key)?.and_then(|stored| stored.revision).map(|revision| (content.to_owned(), revision)))
-}
-
-/// Deletes of the Bundle's BundleContents beyond its history limit: newest kept, never `active`.
-fn prune(store: &Store, bundle: &Bundle, active: &str) -> Result<Vec<ObjectWrite>, StorageError> {
+/// Deletes of the Bundle's BundleContents beyond its history limit: newest kept, never the one
+/// `status` serves, the newest content, nor the one `spec.revision` chooses.
+fn prune(store: &Store, bundle: &Bundle, status: &BundleStatus) -> Result<Vec<ObjectWrite>, StorageError> {
     let namespace = bundle.namespace();
+    let kept = [status.content_name.as_deref(), status.latest_content(), bundle.spec.chosen_revision()];
     // The Bundle's own contents, through the store's owner index: no scan of the namespace.
     let mut old: Vec<(BundleContent, u64)> = store
         .dependents(namespace, bundle.uid())?
         .into_iter()
         .filter(|(resource, _)| resource == BundleContent::PLURAL)
         .filter_map(|(_, c)| decode::<BundleContent>(&c.value).ok().map(|typed| (typed, c.resource_version)))
-        .filter(|(c, _)| c.name() != active && c.metadata.deletion_timestamp.is_none())
+        .filter(|(c, _)| !kept.contains(&Some(c.name())) && c.metadata.deletion_timestamp.is_none())
         .collect();
     // Newest first: BundleContents never change after creation, so the resourceVersion orders them.
     old.sort_by_key(|(_, rv)| std::cmp::Reverse(*rv));

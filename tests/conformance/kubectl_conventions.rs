@@ -48,7 +48,7 @@ async fn kubectl_get_wide_shows_the_extra_columns() {
     assert_eq!(header, ["NAME", "FORMAT", "PHASE", "FILES", "SIZE", "DIGEST", "AGE"]);
     let wide = kubectl.ok(&["-n", "wide", "get", "bundles", "-o", "wide"]);
     let header: Vec<&str> = wide.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "FORMAT", "PHASE", "FILES", "SIZE", "DIGEST", "AGE", "CONTENT", "SOURCES"]);
+    assert_eq!(header, ["NAME", "FORMAT", "PHASE", "FILES", "SIZE", "DIGEST", "AGE", "CONTENT", "SOURCES", "REVISION"]);
     assert!(wide.lines().nth(1).unwrap().contains("upload"), "{wide}");
 }
 

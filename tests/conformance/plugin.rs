@@ -13,17 +13,17 @@ use serde_json::Value;
 use crate::harness::*;
 use crate::tarutil::{assert_trees_equal, build_tar, file, gzip, tree_from_dir, zstd, Tree};
 
-const NS: &str = "plugin";
+pub(crate) const NS: &str = "plugin";
 
 /// kubectl with `kubectl-stowage` on its PATH, the server's kubeconfig and its own state dir.
-struct Kubectl {
+pub(crate) struct Kubectl {
     bin_dir: tempfile::TempDir,
     state: tempfile::TempDir,
     kubeconfig: PathBuf,
 }
 
 impl Kubectl {
-    fn new(server: &Server) -> Kubectl {
+    pub(crate) fn new(server: &Server) -> Kubectl {
         let bin_dir = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kubectl-stowage"), bin_dir.path().join("kubectl-stowage"))
             .unwrap();
@@ -47,12 +47,12 @@ impl Kubectl {
         command
     }
 
-    fn run(&self, args: &[&str]) -> Output {
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
         self.command(args).output().expect("run kubectl (a missing kubectl is a failure)")
     }
 
     /// Succeeds, prints nothing on stderr (a pipe: no progress bar); returns stdout.
-    fn ok(&self, args: &[&str]) -> String {
+    pub(crate) fn ok(&self, args: &[&str]) -> String {
         let output = self.run(args);
         let (stdout, stderr) = texts(&output);
         assert!(output.status.success(), "kubectl stowage {args:?}: {stdout}\n{stderr}");
@@ -61,7 +61,7 @@ impl Kubectl {
     }
 
     /// Fails with exit code 1 and prints nothing on stdout; returns stderr.
-    fn fails(&self, args: &[&str]) -> String {
+    pub(crate) fn fails(&self, args: &[&str]) -> String {
         let output = self.run(args);
         let (stdout, stderr) = texts(&output);
         assert_eq!(output.status.code(), Some(1), "kubectl stowage {args:?}: {stdout}\n{stderr}");

@@ -137,7 +137,13 @@ fn every_shell_block_of_the_readme_runs_as_pasted() {
         output.status
     );
     // What the blocks say a user sees.
-    for expected in ["bundle.content.stowage.dev/my-chart created", "condition met", "Chart.yaml", "alice"] {
+    for expected in [
+        "bundle.content.stowage.dev/my-chart created",
+        "condition met",
+        "Chart.yaml",
+        "rolled back to my-chart-",
+        "alice",
+    ] {
         assert!(stdout.contains(expected), "README run printed no {expected:?}:\n{stdout}\n--- stderr\n{stderr}");
     }
 }

@@ -46,6 +46,13 @@ pub static BUNDLE: ResourceDef = ResourceDef {
         AGE_COLUMN,
         Column { name: "Content", kind: "string", format: "", description: "The BundleContent served.", priority: 1 },
         Column { name: "Sources", kind: "string", format: "", description: "Kinds of sources.", priority: 1 },
+        Column {
+            name: "Revision",
+            kind: "string",
+            format: "",
+            description: "The BundleContent spec.revision chooses to serve instead of the newest (a rollback).",
+            priority: 1,
+        },
     ],
     row,
     selectable_fields: &[("status.phase", "/status/phase")],
@@ -100,6 +107,10 @@ fn schema() -> Value {
             "allowEmpty": {"type": "boolean", "description": "Accept content that holds no files (nothing, or only \
                 directories). By default such an archive or source is refused (`archive holds no files`) and the \
                 Bundle keeps serving its last good content."},
+            "revision": doc_string("A BundleContent of this Bundle to serve instead of the newest (a rollback, as \
+                `kubectl stowage rollback` sets it). While it is set, the sources are still resolved and new content \
+                is stored and recorded in status.latestContentName, but not served; the history limit never prunes \
+                it. Clear it to serve the newest content again."),
         }),
     );
     let status = object(
@@ -115,7 +126,9 @@ fn schema() -> Value {
             }))),
             "nextPollTime": doc_string("When the sources are resolved next (the next poll, or the retry after a failure)."),
             "lastHandledRefresh": doc_string("The last value of the content.stowage.dev/refresh annotation acted on."),
-            "contentName": string(),
+            "contentName": doc_string("The BundleContent served."),
+            "latestContentName": doc_string("The newest BundleContent unpacked or uploaded: the one served unless \
+                spec.revision chooses another."),
             "digest": string(),
             "format": string(),
             "formatDetails": {"type": "object", "x-kubernetes-preserve-unknown-fields": true,
@@ -175,6 +188,7 @@ fn row(obj: &Value) -> Vec<Value> {
         age,
         json!(status.content_name.unwrap_or_default()),
         json!(sources.join(",")),
+        json!(bundle.spec.revision.unwrap_or_default()),
     ]
 }
 

@@ -42,6 +42,7 @@ fn full_bundle() -> Bundle {
         revision_history_limit: Some(3),
         poll_interval: Some("1m".into()),
         allow_empty: Some(false),
+        revision: Some("b-0123456789".into()),
     };
     let condition = Condition {
         type_: "Unpacked".into(),
@@ -57,6 +58,7 @@ fn full_bundle() -> Bundle {
         conditions: vec![condition],
         resolved_sources: vec![ResolvedSource::Upload { digest: "sha256:0".into() }],
         content_name: Some("c".into()),
+        latest_content_name: Some("c".into()),
         digest: Some("sha256:0".into()),
         format: Some("helm".into()),
         format_details: Some(FormatDetails { objects: BTreeMap::from([("Pod".into(), 1)]), ..Default::default() }),

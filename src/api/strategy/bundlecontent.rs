@@ -77,15 +77,20 @@ fn owning_bundle(content: &Value) -> Option<(&'static str, String)> {
 }
 
 /// Deleting the revision a Bundle serves leaves that Bundle without content: say so in its status
-/// rather than point at nothing.
+/// rather than point at nothing. Deleting the newest content while an older one is served
+/// (`spec.revision`) forgets it and its pins, so the sources are fetched again when needed.
 fn unserve(bundle: &Value, content: &Value) -> Option<Value> {
     let name = content.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
     let typed: Bundle = decode_or_default(bundle);
-    let serving = typed.status.as_ref().and_then(|s| s.content_name.as_deref()) == Some(name);
-    if !serving {
+    let current = typed.status.clone().unwrap_or_default();
+    let status = if current.content_name.as_deref() == Some(name) {
+        BundleStatus::content_deleted(typed.generation(), name)
+    } else if current.latest_content() == Some(name) {
+        BundleStatus { latest_content_name: None, resolved_sources: Vec::new(), ..current }
+    } else {
         return None;
-    }
-    let status = serde_json::to_value(BundleStatus::content_deleted(typed.generation(), name)).ok()?;
+    };
+    let status = serde_json::to_value(status).ok()?;
     let mut updated = bundle.clone();
     updated.as_object_mut()?.insert("status".into(), status);
     Some(updated)
