@@ -22,6 +22,8 @@ pub mod auth;
 #[doc(hidden)]
 pub mod certs;
 #[doc(hidden)]
+pub mod events;
+#[doc(hidden)]
 pub mod fuzzing;
 #[doc(hidden)]
 pub mod plugin;

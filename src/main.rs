@@ -29,12 +29,12 @@ fn main() -> std::process::ExitCode {
         other => other,
     };
     limit_malloc_arenas();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        // Colour only on a terminal: `kubectl logs` and files get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // `serve` has --log-format and -v; `certs` logs as `serve` does by default.
+    let log = match &command {
+        Command::Serve(options) => options.log.clone(),
+        _ => stowage::serve::logging::LogOptions::default(),
+    };
+    stowage::serve::logging::init(&log);
     // One TLS provider for every client and server in the process (kube, reqwest, the listener).
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

@@ -42,6 +42,7 @@ use namespaced_resource;
 mod bundle;
 mod cause;
 mod content;
+pub mod event;
 pub mod meta;
 pub mod schema;
 mod source;
@@ -56,7 +57,8 @@ pub use source::{
     GitRef, GitSource, HttpSource, ImageSource, Releases, ResolvedSource, Source, UploadSource, SOURCE_KINDS,
 };
 pub use status::{
-    AvailableVersions, BundleStatus, Condition, FormatDetails, Served, AVAILABLE, PAUSED, UNFINISHED_REASONS, UNPACKED,
+    AvailableVersions, BundleStatus, Condition, FormatDetails, Served, AVAILABLE, PAUSED, REVISION_NOT_FOUND,
+    UNFINISHED_REASONS, UNPACKED,
 };
 
 pub const GROUP: &str = "content.stowage.dev";

@@ -10,11 +10,12 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
+use super::access_log;
 use super::request_info::RequestInfo;
 use super::status::{ApiError, ApiResult};
 use super::{AppState, GROUP};
 use crate::api::strategy::ResourceDef;
-use crate::auth::attributes::{Attributes, ResourceAttributes};
+use crate::auth::attributes::{Attributes, Request as AuthzRequest, ResourceAttributes};
 use crate::auth::authn::AuthnError;
 use crate::auth::impersonation::{self, ImpersonationError};
 use crate::auth::trust::PeerCertificate;
@@ -62,6 +63,38 @@ pub fn forbidden(attributes: &Attributes, reason: &str) -> ApiError {
     ApiError::forbidden(attributes.forbidden_status_message(reason), details)
 }
 
+/// Logs a denial at info: who (name and groups) was refused what, with the authorizer's reason.
+/// The attributes hold no credential, so none can reach the line.
+fn log_denial(attributes: &Attributes, reason: &str) {
+    let user = &attributes.user;
+    let groups = user.groups.join(",");
+    match &attributes.request {
+        AuthzRequest::Resource(r) => tracing::info!(
+            user = %user.name,
+            groups,
+            verb = %r.verb,
+            api_group = %r.group,
+            api_version = %r.version,
+            resource = %r.resource,
+            subresource = %r.subresource,
+            namespace = %r.namespace,
+            name = %r.name,
+            reason,
+            "forbidden: {}",
+            attributes.forbidden_message()
+        ),
+        AuthzRequest::NonResource(n) => tracing::info!(
+            user = %user.name,
+            groups,
+            verb = %n.verb,
+            path = %n.path,
+            reason,
+            "forbidden: {}",
+            attributes.forbidden_message()
+        ),
+    }
+}
+
 /// An authorizer that cannot answer: 503, never an allow.
 fn authorization_unavailable(err: crate::auth::delegated::DelegatedError) -> ApiError {
     tracing::warn!(error = %err, "authorization unavailable");
@@ -78,7 +111,8 @@ pub async fn gate(State(app): State<AppState>, mut request: Request, next: Next)
             return ApiError::unavailable(format!("authentication is unavailable: {e}")).into_response();
         }
         Err(e) => {
-            tracing::debug!(error = %e, "authentication failed");
+            // The reason only (AuthnError names no credential), never a header's value.
+            tracing::info!(reason = %e, method = %request.method(), path = request.uri().path(), "authentication failed");
             return ApiError::unauthorized().into_response();
         }
     };
@@ -88,11 +122,13 @@ pub async fn gate(State(app): State<AppState>, mut request: Request, next: Next)
         Ok(None) => user,
         Err(ImpersonationError::Invalid(message)) => return ApiError::bad_request(message).into_response(),
         Err(ImpersonationError::Forbidden(attributes, reason)) => {
-            tracing::debug!(user = %user.name, reason, "forbidden: {}", attributes.forbidden_message());
+            access_log::note_user(&request, &user.name);
+            log_denial(&attributes, &reason);
             return forbidden(&attributes, &reason).into_response();
         }
         Err(ImpersonationError::Unavailable(e)) => return authorization_unavailable(e).into_response(),
     };
+    access_log::note_user(&request, &user.name);
     impersonation::strip_headers(request.headers_mut());
     let info = RequestInfo::new(request.method(), request.uri().path(), request.uri().query());
     let attributes = attributes(&user, &info);
@@ -101,7 +137,7 @@ pub async fn gate(State(app): State<AppState>, mut request: Request, next: Next)
         Err(e) => return authorization_unavailable(e).into_response(),
     };
     if !decision.is_allowed() {
-        tracing::debug!(user = %user.name, reason = decision.reason(), "forbidden: {}", attributes.forbidden_message());
+        log_denial(&attributes, decision.reason());
         return forbidden(&attributes, decision.reason()).into_response();
     }
     request.extensions_mut().insert(Identity(user));
@@ -139,6 +175,7 @@ pub async fn check_secret_access(
         );
         let decision = app.access.authorizer.authorize(&read).await.map_err(authorization_unavailable)?;
         if !decision.is_allowed() {
+            log_denial(&read, decision.reason());
             let name = new.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
             return Err(ApiError::forbidden(
                 format!(

@@ -239,6 +239,10 @@ async fn serve_connection(
             let answering = abandons.begin();
             request.extensions_mut().insert(peer_certificate.clone());
             request.extensions_mut().insert(cut.clone());
+            // Only for the access line, and only while it is written.
+            if let Some(peer) = peer.filter(|_| super::access_log::enabled()) {
+                request.extensions_mut().insert(super::access_log::RemoteAddr(peer));
+            }
             let app = app.clone();
             let head = request.method() == http::Method::HEAD;
             async move {

@@ -7,17 +7,20 @@
 //! This module knows nothing of sled; the store knows nothing of HTTP.
 
 mod access;
+pub(crate) mod access_log;
 mod body_rate;
 mod connection_activity;
 pub mod content;
 mod discovery;
 mod disk_space;
+mod events;
 pub mod fairness;
 mod fieldmanager;
 #[doc(hidden)]
 pub(crate) mod fuzz_access;
 pub mod garbage_collector;
 mod handlers;
+mod health;
 mod held_body;
 mod lifecycle;
 pub mod listener;
@@ -39,8 +42,7 @@ mod watch_cache;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -116,6 +118,8 @@ pub struct SharedState {
     /// Cancelled when the server starts shutting down: long-running responses (watches) end so
     /// clients re-list elsewhere instead of holding the shutdown up.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// Events about uploads (committed, refused).
+    pub events: crate::events::EventRecorder,
 }
 
 /// A receiver as a response-body stream that may be polled again after it ended (compression
@@ -156,7 +160,8 @@ async fn write_objects(
 pub fn router(state: AppState, registry: prometheus_client::registry::Registry) -> Router {
     let object_limit = state.limits.max_object_bytes;
     let fairness = fairness::Fairness::new(state.limits.fairness);
-    let (request_metrics, exposition) = metrics::install(registry, state.store.clone(), fairness.clone());
+    let (request_metrics, exposition) =
+        metrics::install(registry, state.store.clone(), fairness.clone(), state.uploads.clone());
     let base = "/apis/content.stowage.dev/v1alpha1";
     let api = Router::new()
         .route("/api", get(discovery::core_versions))
@@ -185,7 +190,9 @@ pub fn router(state: AppState, registry: prometheus_client::registry::Registry) 
                 .post(content::post_bundle_content)
                 .patch(content::patch_bundle_content)
                 .delete(content::delete_bundle_content)
-                .layer(DefaultBodyLimit::disable()),
+                .layer(DefaultBodyLimit::disable())
+                // Outside the compression layer: bytes as on the wire.
+                .layer(middleware::from_fn_with_state(request_metrics.clone(), metrics::content::count)),
         )
         .route("/openapi/v2", get(openapi::v2))
         .route("/openapi/v3", get(openapi::v3_index))
@@ -196,20 +203,31 @@ pub fn router(state: AppState, registry: prometheus_client::registry::Registry) 
         .layer(middleware::from_fn_with_state(state.clone(), disk_space::refuse_writes_when_full))
         // Standalone only; below the disk-space check (reviews write nothing), inside the gate.
         .merge(reviews::routes(state.access.authorizer.is_standalone()))
+        .merge(events::routes(state.access.authorizer.is_standalone()))
         // Inside the gate, which names the user: seats are per user.
         .layer(middleware::from_fn_with_state(fairness, fairness::admit))
         .layer(middleware::from_fn_with_state(state.clone(), access::gate))
         .layer(middleware::from_fn(plain_errors_as_status))
         .layer(middleware::from_fn_with_state(state.limits.request_body_timeout, body_rate::enforce));
     Router::new()
-        .route("/healthz", get(ok))
-        .route("/livez", get(ok))
-        .route("/readyz", get(ready))
+        .route("/healthz", get(health::healthz))
+        .route("/livez", get(health::livez))
+        .route("/readyz", get(health::readyz))
+        // One check with its reason: behind the gate, as kube's system:monitoring grants `/readyz/*`.
+        .merge(
+            Router::new()
+                .route("/healthz/{check}", get(health::healthz_check))
+                .route("/livez/{check}", get(health::livez_check))
+                .route("/readyz/{check}", get(health::readyz_check))
+                .layer(middleware::from_fn_with_state(state.clone(), access::gate)),
+        )
         // Public, as kube's bootstrap policy (system:public-info-viewer) makes it.
         .route("/version", get(discovery::version))
         .merge(api)
         .layer(middleware::from_fn(panic_status::catch))
         .layer(middleware::from_fn_with_state(request_metrics, metrics::record_request))
+        // Outside every refusal (408, 401/403, 429, panics): each request gets its line.
+        .layer(middleware::from_fn(access_log::log_request))
         // Outermost: whatever layer refuses a request, its body outlives the answer.
         .layer(middleware::from_fn(held_body::hold_until_answered))
         .with_state(state)
@@ -232,25 +250,6 @@ fn content_compression() -> tower_http::compression::CompressionLayer<impl tower
     tower_http::compression::CompressionLayer::new()
         .quality(tower_http::CompressionLevel::Fastest)
         .compress_when(worth_it)
-}
-
-/// Not ready once shutting down, so load balancers stop sending new requests while open ones end.
-async fn ready(State(app): State<AppState>) -> Response {
-    if app.shutdown.is_cancelled() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response();
-    }
-    // Replicated: ready only while etcd and object storage answer (a load balancer then sends
-    // requests to replicas that can serve them).
-    let store = app.store.clone();
-    match tokio::task::spawn_blocking(move || store.reachable()).await {
-        Ok(Ok(())) => "ok".into_response(),
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "readiness check failed").into_response(),
-    }
-}
-
-async fn ok() -> &'static str {
-    "ok"
 }
 
 async fn not_found(request: Request) -> ApiError {

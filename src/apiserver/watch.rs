@@ -26,7 +26,7 @@ use super::stall::{self, ConnectionCut};
 use super::status::{ApiError, ApiResult};
 use super::table::{self, Representation};
 use super::watch_cache::{self, event_line, CachedEvent, WatchCache, Window};
-use super::{blocking, AppState, API_VERSION};
+use super::{blocking, AppState};
 use crate::api::strategy::ResourceDef;
 use crate::storage::{ChangeEvent, ListCursor, ListQuery, ListSink, Listed, StorageError};
 
@@ -108,15 +108,18 @@ impl Filter {
     /// [`Filter::event`] for a cached change: full objects as they are share the cache's line.
     fn cached_event(&self, event: &CachedEvent) -> Option<Bytes> {
         match self.seen(&event.change)? {
-            Seen::AsIs if self.representation == Representation::Object => Some(event.line.clone()),
+            Seen::AsIs if self.representation == Representation::Object && self.def.view.is_none() => {
+                Some(event.line.clone())
+            }
             _ => self.event(event.rv, &event.change),
         }
     }
 
     fn render(&self, kind: &str, object: &Value) -> Bytes {
-        match self.representation {
-            Representation::Object => event_line(kind, object),
-            representation => event_line(kind, &table::render_one(self.def, object, representation)),
+        match (self.representation, self.def.view) {
+            (Representation::Object, Some(view)) => event_line(kind, &view(object)),
+            (Representation::Object, None) => event_line(kind, object),
+            (representation, _) => event_line(kind, &table::render_one(self.def, object, representation)),
         }
     }
 
@@ -126,7 +129,7 @@ impl Filter {
             true => json!({"resourceVersion": rv.to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}),
             false => json!({"resourceVersion": rv.to_string()}),
         };
-        let object = json!({"kind": self.def.kind, "apiVersion": API_VERSION, "metadata": metadata});
+        let object = json!({"kind": self.def.kind, "apiVersion": self.def.api_version, "metadata": metadata});
         // Metadata watchers get every event object, bookmarks included, as PartialObjectMetadata.
         let object = match self.representation {
             Representation::Metadata => table::partial_object_metadata(&object),
@@ -241,7 +244,7 @@ impl ListSink for Added {
     fn push(&mut self, mut object: Listed<'_>) -> Result<(), StorageError> {
         let line = match self.0.representation {
             // The object's JSON as stored: what `event_line` would write for it.
-            Representation::Object => {
+            Representation::Object if self.0.def.view.is_none() => {
                 let mut line = br#"{"type":"ADDED","object":"#.to_vec();
                 object.write_json(&mut line);
                 line.extend_from_slice(b"}\n");

@@ -11,7 +11,8 @@ use anyhow::Context;
 use crate::auth::authn::{Authenticator, TokenAuthenticator};
 use crate::auth::authz::Authorizer;
 use crate::auth::delegated::{
-    delegation_client, AuthenticationConfigWatcher, ClientSource, DelegatedTokenAuthenticator, SarAuthorizer, SarConfig,
+    delegation_client, AuthenticationConfigWatcher, ClientSource, DelegatedMetrics, DelegatedTokenAuthenticator,
+    SarAuthorizer, SarConfig,
 };
 use crate::auth::pki::StandalonePki;
 use crate::auth::rbac::{self, PolicyWatcher};
@@ -78,10 +79,11 @@ pub struct Delegation {
 }
 
 /// The TLS setup and access rules the flags ask for, and (in a cluster) the watcher that keeps the
-/// client CAs current (keep it alive while serving).
+/// client CAs current (keep it alive while serving). Delegated reviews are recorded in `metrics`.
 pub async fn configure(
     auth: &AuthOptions,
     pki: &StandalonePki,
+    metrics: &DelegatedMetrics,
 ) -> anyhow::Result<(TlsSetup, Access, Option<Delegation>)> {
     let (cert, key) = match (&auth.tls_cert_file, &auth.tls_private_key_file) {
         (Some(cert), Some(key)) => (cert.clone(), key.clone()),
@@ -122,12 +124,14 @@ pub async fn configure(
             .await
             .context("reading kube-system/extension-apiserver-authentication")?;
     let tls = tls::setup_with_trust(&cert, &key, trust).context("TLS configuration")?;
-    tokens.push(TokenAuthenticator::Delegated(Box::new(DelegatedTokenAuthenticator::from_client(
-        client.clone(),
-        auth.api_audiences.clone(),
-    ))));
+    tokens.push(TokenAuthenticator::Delegated(Box::new(
+        DelegatedTokenAuthenticator::from_client(client.clone(), auth.api_audiences.clone())
+            .with_metrics(metrics.clone()),
+    )));
     let authenticator = Authenticator { trust: tls.trust.clone(), tokens, anonymous: auth.anonymous_auth };
-    let authorizer = Authorizer::Delegated(Box::new(SarAuthorizer::new(client.clone(), SarConfig::default())));
+    let authorizer = Authorizer::Delegated(Box::new(
+        SarAuthorizer::new(client.clone(), SarConfig::default()).with_metrics(metrics.clone()),
+    ));
     Ok((tls, Access { authenticator, authorizer }, Some(Delegation { _watcher: watcher, client })))
 }
 

@@ -3,6 +3,7 @@
 mod admission;
 mod auth;
 mod lock;
+pub mod logging;
 mod store;
 mod unpack;
 
@@ -21,6 +22,7 @@ use crate::apiserver::content::upload_spool::{self, Spool};
 use crate::apiserver::listener::ListenerLimits;
 use crate::apiserver::{self, AppState, Limits, SharedState};
 use crate::auth::pki;
+use crate::events::{EventLimits, EventRecorder, EventSink};
 use crate::storage::StoreOptions;
 use crate::unpack::metrics::UnpackMetrics;
 use crate::unpack::reconcile;
@@ -79,6 +81,13 @@ pub struct ServeOptions {
     /// blocks do not cover), kept for the next download of the same revision.
     #[arg(long, default_value_t = StoreOptions::default().frame_cache_bytes)]
     pub frame_cache_bytes: u64,
+    /// How long stowage keeps an Event after it was last observed (standalone; in a cluster the
+    /// cluster's API server keeps them, for its own --event-ttl).
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub event_ttl: std::time::Duration,
+    /// Events kept at most (standalone): past this, the oldest are deleted.
+    #[arg(long, default_value_t = 1000)]
+    pub max_events: usize,
     #[command(flatten)]
     pub admission: AdmissionOptions,
     #[command(flatten)]
@@ -87,6 +96,18 @@ pub struct ServeOptions {
     pub unpack: UnpackOptions,
     #[command(flatten)]
     pub store: StoreFlags,
+    #[command(flatten)]
+    pub log: logging::LogOptions,
+}
+
+/// `reportingInstance`: the pod's name in a cluster (its hostname), else the machine's.
+fn reporting_instance() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty());
+    host.unwrap_or_else(|| "stowage".to_owned())
 }
 
 pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
@@ -101,6 +122,20 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         pki::ensure_standalone(&options.data_dir)
     }
     .context("preparing certificates")?;
+    // One registry for everything `/metrics` shows: the replicated store's, delegated
+    // authentication's and the unpacker's families, then the API's.
+    let mut registry = prometheus_client::registry::Registry::default();
+    // Registered only where they apply, so a standalone server shows no empty families of them.
+    let remote_metrics = if options.store.replicated() {
+        crate::storage::remote::RemoteMetrics::register(&mut registry)
+    } else {
+        Default::default()
+    };
+    let delegated_metrics = if auth::delegates(&options.auth) {
+        crate::auth::delegated::DelegatedMetrics::register(&mut registry)
+    } else {
+        Default::default()
+    };
     let store = {
         let dir = options.data_dir.join("store");
         let store_options = StoreOptions {
@@ -110,7 +145,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
             frame_cache_bytes: options.frame_cache_bytes,
             ..StoreOptions::default()
         };
-        options.store.open(&dir, store_options).await?
+        options.store.open(&dir, store_options, remote_metrics).await?
     };
     let uploads = {
         let dir = options.data_dir.join("uploads");
@@ -122,7 +157,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
             ),
         }
     };
-    let (tls_setup, access, delegated) = auth::configure(&options.auth, &pki).await?;
+    let (tls_setup, access, delegated) = auth::configure(&options.auth, &pki, &delegated_metrics).await?;
     let access = Arc::new(access);
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
@@ -156,11 +191,20 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         })
     };
     let cluster = delegated.as_ref().map(|d| d.client.clone());
-    // One registry for everything `/metrics` shows: the unpacker's families, then the API's.
-    let mut registry = prometheus_client::registry::Registry::default();
+    // Events go to the cluster's API server, or (standalone) into the store, which serves them.
+    let events = {
+        let sink = match &cluster {
+            Some(client) => EventSink::Cluster(client.clone()),
+            None => EventSink::store(
+                store.clone(),
+                EventLimits { max_events: options.max_events.max(1), ttl: options.event_ttl },
+            ),
+        };
+        EventRecorder::spawn(sink, reporting_instance(), shutdown.clone())
+    };
     let unpack_metrics = UnpackMetrics::register(&mut registry);
     let reconciler = {
-        let config = options.unpack.reconciler(cluster, &options.data_dir, unpack_metrics);
+        let config = options.unpack.reconciler(cluster, &options.data_dir, unpack_metrics, events.clone());
         let reconcile_store = store.clone();
         store::while_leading(store.clone(), shutdown.clone(), move |token| {
             reconcile::spawn(reconcile_store.clone(), config.clone(), token)
@@ -173,6 +217,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         store,
         access,
         shutdown: shutdown.clone(),
+        events,
         uploads,
         early_ingests: Arc::default(),
         limits: Arc::new(Limits {

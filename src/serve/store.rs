@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use tokio_util::sync::CancellationToken;
 
-use crate::storage::remote::{Remote, RemoteOptions};
+use crate::storage::remote::{Remote, RemoteMetrics, RemoteOptions};
 use crate::storage::{Store, StoreOptions};
 
 /// The replicated store's flags (etcd's as kube-apiserver names them).
@@ -60,7 +60,7 @@ impl StoreFlags {
         !self.etcd_servers.is_empty()
     }
 
-    fn remote_options(&self) -> anyhow::Result<RemoteOptions> {
+    fn remote_options(&self, metrics: RemoteMetrics) -> anyhow::Result<RemoteOptions> {
         let Some(bucket) = self.s3_bucket.clone() else {
             bail!("--etcd-servers needs --s3-bucket: content goes to object storage");
         };
@@ -91,12 +91,14 @@ impl StoreFlags {
             replica_id,
             block_grace: Duration::from_secs(600),
             collect_every: Duration::from_secs(60),
+            metrics,
         })
     }
 
     /// Opens the store these flags name; `dir` is the embedded store's directory, or the
-    /// replica's scratch.
-    pub async fn open(&self, dir: &Path, options: StoreOptions) -> anyhow::Result<Store> {
+    /// replica's scratch. A replicated store records its etcd and object storage requests in
+    /// `metrics`.
+    pub async fn open(&self, dir: &Path, options: StoreOptions, metrics: RemoteMetrics) -> anyhow::Result<Store> {
         let dir = dir.to_path_buf();
         if !self.replicated() {
             return tokio::task::spawn_blocking(move || Store::open(&dir, options))
@@ -104,7 +106,7 @@ impl StoreFlags {
                 .context("opening the store")?
                 .context("opening the store");
         }
-        let remote_options = self.remote_options()?;
+        let remote_options = self.remote_options(metrics)?;
         let servers = remote_options.etcd_servers.join(",");
         tokio::task::spawn_blocking(move || {
             let remote = Remote::connect(remote_options)?;

@@ -75,6 +75,7 @@ impl UnpackOptions {
         cluster: Option<kube::Client>,
         data_dir: &Path,
         metrics: UnpackMetrics,
+        events: crate::events::EventRecorder,
     ) -> ReconcilerConfig {
         let scratch_dir = data_dir.join("tmp").join("git");
         crate::unpack::git::clean_scratch(&scratch_dir);
@@ -94,6 +95,7 @@ impl UnpackOptions {
             scratch_dir,
             downloads: Downloads::new(data_dir.join("tmp").join("downloads")),
             metrics,
+            events,
         }
     }
 }

@@ -15,8 +15,10 @@ use serde_json::Value;
 use super::error::UnpackError;
 use super::format::FormatReport;
 use super::sink;
+use crate::api::event::Regarding;
 use crate::api::strategy::{self, bundlecontent::BUNDLE_CONTENT, decode};
 use crate::api::{content_name, Bundle, BundleContent, BundleStatus, ResolvedSource, Served, BUNDLE_LABEL};
+use crate::events::EventRecorder;
 use crate::storage::{
     ObjectKey, ObjectWrite, PendingRevision, Precondition, RevisionId, StorageError, Store, StoredObject,
 };
@@ -55,6 +57,7 @@ pub fn commit(
     mut pending: PendingRevision,
     report: &FormatReport,
     resolved: &[ResolvedSource],
+    events: &EventRecorder,
 ) -> Result<Value, CommitError> {
     let record = pending.record().clone();
     let content = content_name(&expect.name, &record.digest);
@@ -83,6 +86,7 @@ pub fn commit(
             revision: None,
         }];
         writes.extend(prune(store, &current.bundle, &status)?);
+        let writes_made = writes.clone();
         let result = if reuse {
             // Identical content is already stored: the new copy is released when `pending` drops.
             store.write_objects(writes)
@@ -108,6 +112,7 @@ pub fn commit(
             Err(StorageError::Conflict(_)) => continue,
             Err(e) => return Err(e.into()),
             Ok(outcome) => {
+                announce(events, &current.bundle, &status, &writes_made);
                 if !reuse {
                     // Its first zstd download then finds the frames ready ([`Store::warm_zstd_frames`]).
                     store.warm_zstd_frames(record.id);
@@ -246,7 +251,7 @@ pub fn write_status(
     expect: &Expect,
     compute: &dyn Fn(&Bundle) -> BundleStatus,
 ) -> Result<(), CommitError> {
-    write_status_with(store, expect, &mut |bundle| Ok(Some((compute(bundle), Vec::new()))))
+    write_status_with(store, expect, &mut |bundle| Ok(Some((compute(bundle), Vec::new())))).map(|_| ())
 }
 
 /// Brings a Bundle's status to its current generation without fetching anything, when what it
@@ -258,8 +263,8 @@ pub fn write_status(
 /// `revisionHistoryLimit` go. With nothing served, the conditions (`AwaitingUpload`,
 /// `ContentDeleted`) stay true as they are. Blocking; a write that raced with another (an upload
 /// landing) is done again on what is new.
-pub fn recheck_served(store: &Store, expect: &Expect) -> Result<(), CommitError> {
-    write_status_with(store, expect, &mut |bundle| {
+pub fn recheck_served(store: &Store, expect: &Expect, events: &EventRecorder) -> Result<(), CommitError> {
+    let written = write_status_with(store, expect, &mut |bundle| {
         let generation = bundle.generation();
         let mut status = bundle.status_or_default();
         let done = match bundle.takes_uploads() {
@@ -311,7 +316,51 @@ pub fn recheck_served(store: &Store, expect: &Expect) -> Result<(), CommitError>
         }
         let writes = prune(store, bundle, &status)?;
         Ok(Some((status, writes)))
-    })
+    })?;
+    if let Some((before, (status, writes))) = written {
+        announce(events, &before, &status, &writes);
+    }
+    Ok(())
+}
+
+/// The Events a status write makes: what is served now (a rollback, or the newest), the chosen
+/// revision missing, and the revisions pruned with it.
+fn announce(events: &EventRecorder, before: &Bundle, after: &BundleStatus, writes: &[ObjectWrite]) {
+    let regarding = Regarding::bundle(before.namespace(), before.name(), before.uid());
+    let served_before = before.status.as_ref().and_then(|s| s.content_name.as_deref());
+    if let Some(served) = after.content_name.as_deref().filter(|now| Some(*now) != served_before) {
+        let digest = after.digest.as_deref().unwrap_or("");
+        match (after.serves_older(), before.spec.chosen_revision()) {
+            (true, _) | (false, Some(_)) => events.normal(
+                &regarding,
+                "RolledBack",
+                "Serve",
+                &format!(
+                    "serving {served} ({digest}) because spec.revision chooses it; the newest is {}",
+                    after.latest_content().unwrap_or(served)
+                ),
+            ),
+            (false, None) => events.normal(&regarding, "Serving", "Serve", &format!("serving {served} ({digest})")),
+        }
+    }
+    let missing = after.reason_for_generation(before.generation()) == Some(crate::api::REVISION_NOT_FOUND)
+        && before.unpacked_reason() != Some(crate::api::REVISION_NOT_FOUND);
+    if missing {
+        let message = after.condition(crate::api::UNPACKED).map(|c| c.message.as_str()).unwrap_or("");
+        events.warning(&regarding, crate::api::REVISION_NOT_FOUND, "Serve", message);
+    }
+    for write in writes {
+        if let ObjectWrite::Delete { key, .. } = write {
+            if key.resource == BundleContent::PLURAL {
+                let limit = before.spec.history_limit();
+                let note = format!(
+                    "deleted BundleContent {}: older than the {limit} kept by spec.revisionHistoryLimit",
+                    key.name
+                );
+                events.normal(&regarding, "RevisionPruned", "Prune", &note);
+            }
+        }
+    }
 }
 
 /// A Bundle's new status and the writes that go with it (BundleContents pruned).
@@ -324,14 +373,15 @@ fn write_status_with(
     store: &Store,
     expect: &Expect,
     compute: &mut dyn FnMut(&Bundle) -> Result<Option<StatusWrite>, CommitError>,
-) -> Result<(), CommitError> {
+) -> Result<Option<(Bundle, StatusWrite)>, CommitError> {
     for _ in 0..8 {
         let current = current(store, expect)?;
-        let Some((status, mut writes)) = compute(&current.bundle)? else { return Ok(()) };
+        let Some((status, mut writes)) = compute(&current.bundle)? else { return Ok(None) };
         let updated = with_status(&current.stored.value, &status);
         if updated == current.stored.value && writes.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
+        let made = writes.clone();
         writes.insert(
             0,
             ObjectWrite::Put {
@@ -343,7 +393,8 @@ fn write_status_with(
         );
         match store.write_objects(writes) {
             Err(StorageError::Conflict(_)) => continue,
-            other => return other.map(|_| ()).map_err(CommitError::from),
+            Err(e) => return Err(e.into()),
+            Ok(_) => return Ok(Some((current.bundle, (status, made)))),
         }
     }
     Err(StorageError::Conflict(format!("bundles {:?}", expect.name)).into())

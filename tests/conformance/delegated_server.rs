@@ -155,3 +155,49 @@ async fn direct_impersonation_is_asked_of_the_cluster() {
     let carol = reviews.iter().rfind(|r| r["spec"]["user"] == "carol").unwrap();
     assert_eq!(carol["spec"]["groups"], json!(["system:authenticated"]), "{carol:#}");
 }
+
+/// TokenReviews and SubjectAccessReviews in `/metrics` under kube's names, by the code the cluster
+/// answered, and the caches' hits and misses.
+#[tokio::test(flavor = "multi_thread")]
+async fn delegated_reviews_are_in_metrics() {
+    let (stub, server) = delegated();
+    let user = stowage::auth::UserInfo { name: "prom".into(), uid: "uid-prom".into(), ..Default::default() };
+    stub.add_token("prom-token", user.clone());
+    stub.add_token("other-token", user);
+    stub.allow_path("prom", "get", "/metrics");
+    let anonymous = client(&server, None);
+    let scrape = || async {
+        let resp = anonymous.get(server.url("/metrics")).bearer_auth("prom-token").send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        parse_metrics(&resp.text().await.unwrap())
+    };
+    let first = scrape().await;
+    // Asked once each, then answered from the caches.
+    let second = scrape().await;
+    let at = |m: &std::collections::HashMap<String, f64>, key: &str| {
+        m.get(key).copied().unwrap_or_else(|| panic!("no {key} in {m:?}"))
+    };
+    for m in [&first, &second] {
+        assert_eq!(at(m, r#"apiserver_delegated_authn_request_total{code="201"}"#), 1.0);
+        assert_eq!(at(m, r#"apiserver_delegated_authz_request_total{code="201"}"#), 1.0);
+        assert_eq!(at(m, r#"apiserver_delegated_authn_request_duration_seconds_count{code="201"}"#), 1.0);
+        assert_eq!(at(m, r#"apiserver_delegated_authz_request_duration_seconds_count{code="201"}"#), 1.0);
+    }
+    assert_eq!(at(&first, r#"stowage_delegated_auth_cache_lookups_total{kind="authn",result="miss"}"#), 1.0);
+    assert_eq!(at(&second, r#"stowage_delegated_auth_cache_lookups_total{kind="authn",result="hit"}"#), 1.0);
+    assert_eq!(at(&second, r#"stowage_delegated_auth_cache_lookups_total{kind="authz",result="hit"}"#), 1.0);
+    assert_eq!(at(&second, r#"stowage_delegated_auth_cache_lookups_total{kind="authz",result="miss"}"#), 1.0);
+    let le = r#"apiserver_delegated_authn_request_duration_seconds_bucket{code="201",le="10"}"#;
+    assert_eq!(at(&second, le), 1.0, "kube's buckets");
+
+    // The cluster failing: counted by its code.
+    stub.set_failure(Some(500));
+    let resp = anonymous.get(server.url("/metrics")).bearer_auth("other-token").send().await.unwrap();
+    assert_eq!(resp.status(), 503);
+    stub.set_failure(None);
+    let failed = scrape().await;
+    assert_eq!(at(&failed, r#"apiserver_delegated_authn_request_total{code="500"}"#), 1.0);
+    // Standalone-only and replicated series are not here; the process ones are.
+    assert!(at(&failed, "process_open_fds") > 0.0);
+    assert!(!failed.contains_key("stowage_leader"));
+}

@@ -395,6 +395,13 @@ fn apiservice_kustomization_renders_with_generated_certs() {
     assert_eq!(auth_reader["roleRef"]["kind"], "Role");
     assert_eq!(auth_reader["subjects"], sa);
     assert_eq!(binding("ClusterRoleBinding", "stowage:secret-reader")["subjects"], sa);
+    // Events about Bundles go to the cluster: created, and patched as a series.
+    let recorder = find(&objects, "ClusterRole", "stowage:event-recorder");
+    assert_eq!(
+        recorder["rules"],
+        json!([{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}])
+    );
+    assert_eq!(binding("ClusterRoleBinding", "stowage:event-recorder")["subjects"], sa);
 
     // The Service and the locked-down StatefulSet.
     let service = find(&objects, "Service", "stowage");

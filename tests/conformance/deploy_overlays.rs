@@ -162,7 +162,8 @@ fn opt_in_components_reach_the_workload_of_either_overlay() {
         // Metrics: a role for /metrics, and a ServiceMonitor that reaches the Service over
         // verified TLS.
         let reader = find(&objects, "ClusterRole", "stowage-metrics-reader");
-        assert_eq!(reader["rules"], json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]));
+        let urls = ["/metrics", "/readyz", "/readyz/*", "/livez", "/livez/*", "/healthz"];
+        assert_eq!(reader["rules"], json!([{"nonResourceURLs": urls, "verbs": ["get"]}]));
         let service = find(&objects, "Service", "stowage");
         let monitor = find(&objects, "ServiceMonitor", "stowage");
         assert_eq!(monitor["metadata"]["namespace"], service["metadata"]["namespace"]);

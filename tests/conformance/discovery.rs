@@ -56,8 +56,13 @@ async fn aggregated_discovery_when_asked_legacy_otherwise() {
     assert_eq!(list["apiVersion"], "apidiscovery.k8s.io/v2");
     let items = list["items"].as_array().expect("items");
     let names: Vec<&str> = items.iter().map(|i| i["metadata"]["name"].as_str().unwrap_or("")).collect();
-    // Standalone, the self reviews kubectl's `auth whoami` and `auth can-i` use are served too.
-    assert_eq!(names, ["content.stowage.dev", "authentication.k8s.io", "authorization.k8s.io"], "{list:#}");
+    // Standalone, the self reviews kubectl's `auth whoami` and `auth can-i` use are served too,
+    // and the Events the server writes about its objects.
+    assert_eq!(
+        names,
+        ["content.stowage.dev", "authentication.k8s.io", "authorization.k8s.io", "events.k8s.io"],
+        "{list:#}"
+    );
     for (group, resources) in [
         ("authentication.k8s.io", vec!["selfsubjectreviews"]),
         ("authorization.k8s.io", vec!["selfsubjectaccessreviews", "selfsubjectrulesreviews"]),
@@ -93,13 +98,19 @@ async fn aggregated_discovery_when_asked_legacy_otherwise() {
     let again = get_with(&server, "/apis", &[("accept", AGGREGATED_V2), ("if-none-match", &etag)]).await;
     assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
 
-    // v2beta1 for clients that only know it; /api has no groups.
+    // v2beta1 for clients that only know it; /api has the core group, with Events only.
     let beta = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
     let (content_type, list) = json_with(&server, "/apis", &[("accept", beta)]).await;
     assert_eq!((content_type.as_str(), &list["apiVersion"]), (beta, &json!("apidiscovery.k8s.io/v2beta1")));
     let (content_type, core) = json_with(&server, "/api", &[("accept", KUBECTL_DISCOVERY_ACCEPT)]).await;
     assert_eq!(content_type, AGGREGATED_V2);
-    assert_eq!((&core["kind"], &core["items"]), (&json!("APIGroupDiscoveryList"), &json!([])));
+    assert_eq!(core["kind"], "APIGroupDiscoveryList");
+    let core_resources = &core["items"][0]["versions"][0]["resources"];
+    assert_eq!(core["items"].as_array().map(Vec::len), Some(1), "{core:#}");
+    assert_eq!(
+        (&core_resources[0]["resource"], &core_resources[0]["verbs"]),
+        (&json!("events"), &json!(["get", "list", "watch"]))
+    );
 
     // Legacy documents otherwise, advertising the same verbs.
     for accept in [None, Some("application/json"), Some("application/vnd.kubernetes.protobuf,application/json")] {

@@ -208,10 +208,11 @@ async fn discovery_finds_bundles_as_the_hand_written_resource() {
     // The aggregated documents (`/apis` and `/api` as apidiscovery.k8s.io/v2, the latter without
     // groups) say the same.
     let aggregated = Discovery::new(client.clone()).run_aggregated().await.expect("aggregated discovery");
-    // A standalone server also serves the self reviews (`kubectl auth whoami`, `can-i`).
+    // A standalone server also serves the self reviews (`kubectl auth whoami`, `can-i`) and its
+    // Events (core `v1` and `events.k8s.io`).
     assert_eq!(
         aggregated.groups().map(|g| g.name()).collect::<BTreeSet<_>>(),
-        BTreeSet::from(["authentication.k8s.io", "authorization.k8s.io", GROUP]),
+        BTreeSet::from(["", "authentication.k8s.io", "authorization.k8s.io", "events.k8s.io", GROUP]),
         "aggregated groups"
     );
     let group = aggregated.get(GROUP).unwrap_or_else(|| panic!("aggregated discovery has no group {GROUP}"));

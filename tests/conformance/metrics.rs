@@ -1,6 +1,7 @@
 //! `/metrics` beyond the request series (those are in `discovery.rs`): the unpacker's jobs by result
 //! and reason, their durations, the queue of Bundles waiting for a slot and the bytes fetched from
-//! sources; the store's flushes, sweeps and compactions.
+//! sources; the store's flushes, sweeps and compactions; the process and build series, content
+//! bytes by encoding, download streams and upload sessions open.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -129,4 +130,103 @@ async fn store_flushes_sweeps_and_compactions() {
     assert!(value(&m, "stowage_store_compacted_bytes_total") >= 150_000.0, "{m:?}");
     let tar = server.download(&bundle_content("m", "small")).await;
     assert!(!tar.is_empty(), "the small bundle still serves");
+}
+
+/// The value of the one series of `name` whose labels contain every one of `labels`.
+fn labelled(m: &HashMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
+    let found: Vec<(&String, &f64)> =
+        m.iter().filter(|(k, _)| k.starts_with(&format!("{name}{{")) && labels.iter().all(|l| k.contains(l))).collect();
+    assert_eq!(found.len(), 1, "one {name} series with {labels:?}: {found:?}");
+    *found[0].1
+}
+
+/// `VmRSS` of `/proc/PID/status`, in bytes.
+fn vm_rss(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS line");
+    let kib: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024.0
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn process_build_and_content_series() {
+    let server = Server::start_temp(&[]);
+    // Compressible text (zstd-encoded when asked) and a bundle too big to sit in socket buffers.
+    let mut text = Tree::new();
+    let words: String = (0..40_000).map(|i| format!("line {i} of a manifest\n")).collect();
+    text.insert("manifests/list.yaml".into(), file(words.into_bytes()));
+    let text_tar = build_tar(&text);
+    server.create_bundle("m", "text").await;
+    server.upload_ok("m", "text", text_tar.clone(), None).await;
+    let mut big = Tree::new();
+    big.insert("big.bin".into(), file(random_bytes(7, 24 << 20)));
+    server.create_bundle("m", "big").await;
+    let big_tar = zstd::stream::encode_all(&build_tar(&big)[..], 1).unwrap();
+    server.upload_ok("m", "big", big_tar.clone(), Some("zstd")).await;
+
+    let m = server.metrics().await;
+    let rss = vm_rss(server.pid());
+    // The process, against what the kernel says of it.
+    let fds = value(&m, "process_open_fds");
+    assert!(fds > 0.0 && value(&m, "process_max_fds") >= fds, "{m:?}");
+    let resident = value(&m, "process_resident_memory_bytes");
+    assert!(resident > rss / 2.0 && resident < rss * 2.0, "RSS {resident} against VmRSS {rss}");
+    assert!(value(&m, "process_virtual_memory_bytes") >= resident, "{m:?}");
+    assert!(value(&m, "process_cpu_seconds_total") > 0.0, "{m:?}");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let started = value(&m, "process_start_time_seconds");
+    assert!(started <= now + 1.0 && started > now - 3600.0, "start {started}, now {now}");
+    let version = format!("version=\"{}\"", env!("CARGO_PKG_VERSION"));
+    // (parse_metrics drops the blanks of label values: `rustc 1.89.0 (…)` reads `rustc1.89.0(…)`.)
+    assert_eq!(labelled(&m, "stowage_build_info", &[&version, "rust_version=\"rustc1.", "git_commit=\""]), 1.0);
+    // Uploads by the encoding they came in.
+    assert!(labelled(&m, "stowage_content_received_bytes_total", &["identity"]) >= text_tar.len() as f64, "{m:?}");
+    assert_eq!(labelled(&m, "stowage_content_received_bytes_total", &["zstd"]), big_tar.len() as f64);
+    assert_eq!(labelled(&m, "stowage_content_received_bytes_total", &["gzip"]), 0.0);
+
+    // Downloads, counted as sent on the wire by encoding.
+    let sent = |m: &HashMap<String, f64>, encoding: &str| {
+        labelled(m, "stowage_content_sent_bytes_total", &[&format!("encoding=\"{encoding}\"")])
+    };
+    let identity = server.download(&bundle_content("m", "text")).await;
+    let after_identity = server.metrics().await;
+    assert_eq!(sent(&after_identity, "identity") - sent(&m, "identity"), identity.len() as f64);
+    let url = server.url(&bundle_content("m", "text"));
+    let resp = server.client().get(&url).header("accept-encoding", "zstd").send().await.unwrap();
+    assert_eq!(header(resp.headers(), "content-encoding"), Some("zstd"));
+    let compressed = resp.bytes().await.unwrap();
+    assert!(compressed.len() < identity.len() / 2, "{} of {}", compressed.len(), identity.len());
+    let after_zstd = server.metrics().await;
+    assert_eq!(sent(&after_zstd, "zstd") - sent(&after_identity, "zstd"), compressed.len() as f64);
+    assert_eq!(sent(&after_zstd, "identity"), sent(&after_identity, "identity"));
+
+    // A download is an open stream while its body is being sent, and no longer once dropped.
+    assert_eq!(value(&after_zstd, "stowage_content_download_streams_open"), 0.0);
+    let held = server.client().get(server.url(&bundle_content("m", "big"))).send().await.unwrap();
+    assert_eq!(held.status(), 200);
+    let open = server.metrics().await;
+    assert_eq!(value(&open, "stowage_content_download_streams_open"), 1.0);
+    drop(held);
+    scrape_until(&server, "the dropped download's stream closed", |m| {
+        m.get("stowage_content_download_streams_open") == Some(&0.0)
+    })
+    .await;
+
+    // A chunked upload session is open from its start to its removal.
+    assert_eq!(value(&open, "stowage_upload_sessions_open"), 0.0);
+    let started = server.client().post(server.url(&format!("{}?uploads", bundle_content("m", "text")))).send().await;
+    let started = started.unwrap();
+    assert_eq!(started.status(), 202);
+    let id = str_at(&parse_json(&started.bytes().await.unwrap(), "upload session"), "/uploadID").to_owned();
+    assert_eq!(value(&server.metrics().await, "stowage_upload_sessions_open"), 1.0);
+    let url = server.url(&format!("{}?upload={id}", bundle_content("m", "text")));
+    let removed = server.client().delete(url).send().await.unwrap();
+    assert!(removed.status().is_success(), "{}", removed.status());
+    assert_eq!(value(&server.metrics().await, "stowage_upload_sessions_open"), 0.0);
+
+    // Standalone: no replicated or delegated series.
+    let text = String::from_utf8(server.download("/metrics").await).unwrap();
+    for absent in ["stowage_leader", "etcd_request_duration_seconds", "apiserver_delegated_authn_request_total"] {
+        assert!(!text.contains(absent), "{absent} in a standalone server's /metrics");
+    }
 }

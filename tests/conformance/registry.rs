@@ -133,6 +133,29 @@ impl Registry {
         panic!("docker-registry did not start; its log:\n{last_log}");
     }
 
+    /// Stops the registry (connections are refused); what it stores stays for [`Self::restart`].
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts an anonymous plain-http registry again on the same port and storage.
+    pub async fn restart(&mut self) {
+        assert!(self.auth.is_none() && !self.tls, "restart is for anonymous plain-http registries");
+        let config = write_config(self.dir.path(), self.port, None, None);
+        let log = std::fs::File::create(self.dir.path().join("registry-restarted.log")).expect("log file");
+        self.child = Command::new(REGISTRY_BIN)
+            .arg("serve")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {REGISTRY_BIN}: {e}"));
+        let base = format!("http://127.0.0.1:{}", self.port);
+        assert!(wait_ready(&mut self.child, &self.http, &base).await, "docker-registry did not start again");
+    }
+
     /// `127.0.0.1:PORT`: the registry part of references, and the `--insecure-registry` value.
     pub fn host(&self) -> String {
         format!("127.0.0.1:{}", self.port)

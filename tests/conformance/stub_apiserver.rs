@@ -53,6 +53,8 @@ pub enum Endpoint {
     OpenIdConfiguration,
     Jwks,
     Secret,
+    /// `POST` and `PATCH` of `events.k8s.io/v1` Events.
+    Event,
     Other,
 }
 
@@ -100,6 +102,8 @@ pub(crate) struct State {
     pub(crate) failure: Option<u16>,
     /// Secrets by (namespace, name): their type and data (raw bytes; served base64-encoded).
     pub(crate) secrets: HashMap<(String, String), StubSecret>,
+    /// `events.k8s.io/v1` Events as created and patched, in creation order.
+    pub(crate) events: Vec<Value>,
 }
 
 /// The running stub. Dropping it stops it.
@@ -136,6 +140,7 @@ impl StubApiServer {
             reviews: Vec::new(),
             failure: None,
             secrets: HashMap::new(),
+            events: Vec::new(),
         }));
         let shutdown = CancellationToken::new();
         let (addr, thread) = handlers::spawn(&serving, Arc::clone(&state), shutdown.clone());
@@ -330,6 +335,11 @@ impl StubApiServer {
     pub fn put_secret(&self, namespace: &str, name: &str, type_: &str, data: &[(&str, &[u8])]) {
         let data = data.iter().map(|(k, v)| (k.to_string(), v.to_vec())).collect();
         self.state().secrets.insert((namespace.into(), name.into()), (type_.into(), data));
+    }
+
+    /// The Events received (`events.k8s.io/v1`), as they stand after their patches.
+    pub fn events(&self) -> Vec<Value> {
+        self.state().events.clone()
     }
 
     pub fn requests(&self, endpoint: Endpoint) -> usize {

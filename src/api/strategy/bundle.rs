@@ -14,6 +14,7 @@ use crate::api::status::BundleStatus;
 use crate::api::Cause;
 
 pub static BUNDLE: ResourceDef = ResourceDef {
+    api_version: crate::api::API_VERSION,
     plural: Bundle::PLURAL,
     singular: "bundle",
     kind: Bundle::KIND,
@@ -60,6 +61,7 @@ pub static BUNDLE: ResourceDef = ResourceDef {
     // A Bundle's BundleContents name it as their owner: the garbage collector deletes or orphans
     // them per the delete's propagation policy, nothing changes in the same write.
     on_delete: None,
+    view: None,
 };
 
 fn schema() -> Value {

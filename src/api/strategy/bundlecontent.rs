@@ -15,6 +15,7 @@ use crate::api::status::BundleStatus;
 use crate::api::Cause;
 
 pub static BUNDLE_CONTENT: ResourceDef = ResourceDef {
+    api_version: crate::api::API_VERSION,
     plural: BundleContent::PLURAL,
     singular: "bundlecontent",
     kind: BundleContent::KIND,
@@ -49,6 +50,7 @@ pub static BUNDLE_CONTENT: ResourceDef = ResourceDef {
     selectable_fields: &[("spec.bundle", "/spec/bundle")],
     secret_refs: |_| Vec::new(),
     on_delete: Some(OnDelete { target: owning_bundle, update: unserve }),
+    view: None,
 };
 
 fn schema() -> Value {

@@ -11,6 +11,7 @@
 
 pub mod bundle;
 pub mod bundlecontent;
+pub mod event;
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -45,6 +46,8 @@ pub struct OnDelete {
 
 /// Everything the generic verbs need to know about one resource.
 pub struct ResourceDef {
+    /// `GROUP/VERSION` (`v1` for the core group) objects and lists are written with.
+    pub api_version: &'static str,
     pub plural: &'static str,
     pub singular: &'static str,
     pub kind: &'static str,
@@ -75,6 +78,9 @@ pub struct ResourceDef {
     /// may read themselves, or the server would read them on their behalf (a confused deputy).
     pub secret_refs: fn(&Value) -> Vec<(String, String)>,
     pub on_delete: Option<OnDelete>,
+    /// How a stored object is shown, when this resource is a view of another's objects (core
+    /// `v1` Events of the stored `events.k8s.io/v1` ones); `None`: as stored.
+    pub view: Option<fn(&Value) -> Value>,
 }
 
 pub static RESOURCES: [&ResourceDef; 2] = [&bundle::BUNDLE, &bundlecontent::BUNDLE_CONTENT];

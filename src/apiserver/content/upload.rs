@@ -2,6 +2,7 @@
 //! through the tar validator into a new revision, then commits it atomically with a BundleContent
 //! and the Bundle's status — or reuses the BundleContent that already holds identical content.
 
+use crate::api::event::Regarding;
 use axum::body::{Body, Bytes};
 use std::collections::HashMap;
 use std::io::Read;
@@ -98,6 +99,11 @@ pub(super) struct UploadTarget {
 }
 
 impl UploadTarget {
+    /// The Bundle, as its Events name it.
+    fn regarding(&self) -> Regarding {
+        Regarding::bundle(&self.namespace, &self.name, &self.uid)
+    }
+
     /// The Bundle as an upload target: it must have an `upload` source.
     pub fn of(bundle: &Value, namespace: &str, name: &str) -> ApiResult<UploadTarget> {
         let bundle: Bundle = decode_or_default(bundle);
@@ -138,8 +144,14 @@ where
     let (store, limits, checked) = (app.store.clone(), app.limits.unpack, target.clone());
     let ingested = tokio::task::spawn_blocking(move || ingest(&store, limits, &checked, reader, encoding, verify))
         .await
-        .map_err(ApiError::from)??;
-    commit_ingested(app, target, ingested).await
+        .map_err(ApiError::from)?;
+    match ingested {
+        Ok(ingested) => commit_ingested(app, target, ingested).await,
+        Err(refused) => {
+            app.events.warning(&target.regarding(), "UploadRefused", "Upload", &refused.message);
+            Err(refused)
+        }
+    }
 }
 
 /// A finalized revision of an upload and what its content was found to be, not yet committed.
@@ -190,13 +202,25 @@ pub(super) async fn commit_ingested(app: &AppState, target: UploadTarget, ingest
         generation: None,
         checked_generation: target.generation,
     };
-    let resolved = [ResolvedSource::Upload { digest: pending.record().digest.clone() }];
-    blocking(app, move |store| match revisions::commit(store, &expect, pending, &report, &resolved) {
-        Ok(bundle) => Ok(bundle),
-        Err(CommitError::Storage(e)) => Err(e),
-        Err(other) => Err(StorageError::Conflict(other.to_string())),
-    })
-    .await
+    let record = pending.record().clone();
+    let resolved = [ResolvedSource::Upload { digest: record.digest.clone() }];
+    let regarding = Regarding::bundle(&expect.namespace, &expect.name, &expect.uid);
+    let events = app.events.clone();
+    let committed =
+        blocking(app, move |store| match revisions::commit(store, &expect, pending, &report, &resolved, &events) {
+            Ok(bundle) => Ok(bundle),
+            Err(CommitError::Storage(e)) => Err(e),
+            Err(other) => Err(StorageError::Conflict(other.to_string())),
+        })
+        .await;
+    match &committed {
+        Ok(_) => {
+            let note = format!("uploaded {} ({} files, {} bytes)", record.digest, record.files, record.size);
+            app.events.normal(&regarding, "Uploaded", "Upload", &note);
+        }
+        Err(refused) => app.events.warning(&regarding, "UploadRefused", "Upload", &refused.message),
+    }
+    committed
 }
 
 /// The upload's (still compressed) bytes on their way to the archive reader, counted.

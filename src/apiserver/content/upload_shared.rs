@@ -245,6 +245,22 @@ impl SharedSpool {
         Ok(())
     }
 
+    /// Records of sessions not marked committed, of every replica. Blocking.
+    pub fn open_sessions(&self) -> io::Result<u64> {
+        let prefix = self.remote.key(b"uploads/");
+        let mut etcd = self.remote.etcd_client();
+        let answer = self
+            .remote
+            .block_on(async move { etcd.get(prefix, Some(GetOptions::new().with_prefix())).await })
+            .map_err(|e| io_error("etcd", e))?;
+        let open = answer
+            .kvs()
+            .iter()
+            .filter(|kv| serde_json::from_slice::<SessionMeta>(kv.value()).is_ok_and(|meta| !meta.committed))
+            .count();
+        Ok(open as u64)
+    }
+
     /// On the leader only: removes sessions idle longer than `timeout` (unless a live replica is
     /// committing one) and objects no record names. Blocking.
     pub fn sweep(&self, timeout: Duration) -> usize {

@@ -286,6 +286,22 @@ impl Spool {
         Ok(())
     }
 
+    /// Sessions open: started, neither committed nor removed (`/metrics`). Embedded, the spool
+    /// files (a commit or a removal deletes its session's); replicated, the records of every
+    /// replica's sessions not marked committed. Blocking.
+    pub fn open_sessions(&self) -> io::Result<u64> {
+        if let Some(shared) = &self.shared {
+            return shared.open_sessions();
+        }
+        let mut open = 0;
+        for entry in fs::read_dir(&self.dir)? {
+            if entry?.file_name().to_str().is_some_and(Spool::valid_id) {
+                open += 1;
+            }
+        }
+        Ok(open)
+    }
+
     /// Removes sessions idle for longer than the timeout, and leftovers of sessions that never
     /// got a sidecar; sessions in use are left alone. Returns how many were removed. Blocking.
     pub fn sweep(&self) -> usize {

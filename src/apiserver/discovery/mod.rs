@@ -24,6 +24,7 @@ use super::negotiation::{accepted, Caching, Document};
 use super::reviews;
 use super::{AppState, API_VERSION, GROUP, VERSION};
 
+pub mod events;
 mod review_groups;
 mod version;
 
@@ -129,6 +130,7 @@ fn api_groups(standalone: bool) -> Vec<meta::APIGroup> {
     let mut groups = vec![api_group(GROUP, VERSION)];
     if standalone {
         groups.extend([reviews::AUTHENTICATION, reviews::AUTHORIZATION].map(|g| api_group(g, reviews::VERSION)));
+        groups.push(events::api_group_entry());
     }
     groups
 }
@@ -211,9 +213,14 @@ fn discovery_list(version: Aggregated, with_groups: bool, standalone: bool) -> A
     let mut items = vec![group];
     if standalone {
         items.extend([reviews::AUTHENTICATION, reviews::AUTHORIZATION].map(review_group_discovery));
+        items.push(events::group_discovery(crate::api::event::EVENTS_GROUP));
     }
     if !with_groups {
+        // `/api`: the core group, which standalone serves Events in.
         items.clear();
+        if standalone {
+            items.push(events::group_discovery(""));
+        }
     }
     AggregatedDocument {
         kind: "APIGroupDiscoveryList",
@@ -258,7 +265,10 @@ impl Documents {
             false => Vec::new(),
         };
         Documents {
-            core_legacy: Document::json(&to_json(&meta::APIVersions::default())),
+            core_legacy: match standalone {
+                true => Document::json(&to_json(&events::core_versions())),
+                false => Document::json(&to_json(&meta::APIVersions::default())),
+            },
             core_aggregated: both(false),
             groups_legacy: Document::json(&to_json(&meta::APIGroupList { groups: api_groups(standalone) })),
             groups_aggregated: both(true),
@@ -293,7 +303,7 @@ fn legacy_or_aggregated(headers: &HeaderMap, legacy: &Document, aggregated: &[Do
     }
 }
 
-/// `/api`: this server serves no core (legacy) group.
+/// `/api`: the core group, standalone for its Events only; none delegated.
 pub async fn core_versions(State(app): State<AppState>, headers: HeaderMap) -> Response {
     let documents = documents(&app);
     legacy_or_aggregated(&headers, &documents.core_legacy, &documents.core_aggregated)
@@ -380,7 +390,7 @@ mod tests {
     }
 
     #[test]
-    fn standalone_discovery_adds_the_review_groups_only() {
+    fn standalone_discovery_adds_the_review_groups_and_events_only() {
         let names = |standalone| {
             discovery_list(Aggregated::V2, true, standalone)
                 .list
@@ -390,8 +400,10 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(names(false), [GROUP]);
-        assert_eq!(names(true), [GROUP, "authentication.k8s.io", "authorization.k8s.io"]);
-        assert!(discovery_list(Aggregated::V2, false, true).list.items.is_empty(), "/api has no groups");
+        assert_eq!(names(true), [GROUP, "authentication.k8s.io", "authorization.k8s.io", "events.k8s.io"]);
+        assert!(discovery_list(Aggregated::V2, false, false).list.items.is_empty(), "/api has no groups");
+        let core = discovery_list(Aggregated::V2, false, true).list.items;
+        assert_eq!(core.len(), 1, "/api standalone: the core group, for Events");
         let legacy: Vec<String> = api_groups(true).into_iter().map(|g| g.name).collect();
         assert_eq!(legacy, names(true));
         let authz = review_resource_list("authorization.k8s.io");

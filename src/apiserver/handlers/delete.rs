@@ -14,7 +14,7 @@ use crate::api::strategy::ResourceDef;
 use crate::apiserver::lifecycle::{self, DeleteOptions, Deleted};
 use crate::apiserver::selectors::{FieldSelector, LabelSelector};
 use crate::apiserver::status::ApiResult;
-use crate::apiserver::{blocking, AppState, ChannelStream, API_VERSION};
+use crate::apiserver::{blocking, AppState, ChannelStream};
 use crate::storage::{ObjectKey, StorageError};
 
 /// DELETE on one object: 200 with the object, as it was last if it is gone, or with its
@@ -56,7 +56,7 @@ pub async fn delete_collection(
     let dry = dry_run(&params)?;
     let collection = Arc::new(Collection { def, namespace, labels, fields, options, dry });
     let (first, mut after) = delete_page(&app, &collection, None).await?;
-    let mut head = json!({"kind": def.list_kind, "apiVersion": API_VERSION, "metadata": {}}).to_string();
+    let mut head = json!({"kind": def.list_kind, "apiVersion": def.api_version, "metadata": {}}).to_string();
     head.pop(); // the closing brace: the items follow
     head.push_str(",\"items\":[");
     if after.is_none() {

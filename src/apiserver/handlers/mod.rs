@@ -4,7 +4,7 @@
 
 mod delete;
 mod paging;
-mod read;
+pub(super) mod read;
 mod write;
 
 pub use delete::{delete, delete_collection};

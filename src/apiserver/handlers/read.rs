@@ -19,7 +19,7 @@ use crate::apiserver::selectors::{FieldSelector as Fields, LabelSelector as Labe
 use crate::apiserver::stall::ConnectionCut;
 use crate::apiserver::status::{ApiError, ApiResult, ListFailure};
 use crate::apiserver::table::{self, Representation};
-use crate::apiserver::{blocking, AppState, ChannelStream, API_VERSION};
+use crate::apiserver::{blocking, AppState, ChannelStream};
 use crate::storage::{ListCursor, ListFilter, ListQuery, ListSink, Listed, ObjectKey, StorageError};
 
 pub async fn list_all(
@@ -43,14 +43,25 @@ pub async fn list_namespaced(
 }
 
 async fn list(
-    State(app): State<AppState>,
+    state: State<AppState>,
     namespace: Option<String>,
     resource: &str,
+    params: Params,
+    cut: Option<Extension<ConnectionCut>>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    list_of(state, namespace, resource_def(resource)?, params, cut, headers).await
+}
+
+/// A list (or watch) of `def`'s objects, in `namespace` or all.
+pub(crate) async fn list_of(
+    State(app): State<AppState>,
+    namespace: Option<String>,
+    def: &'static ResourceDef,
     Query(params): Params,
     cut: Option<Extension<ConnectionCut>>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let def = resource_def(resource)?;
     let labels = LabelSelector::parse(params.get("labelSelector").map(String::as_str).unwrap_or(""))?;
     let fields = FieldSelector::parse(
         params.get("fieldSelector").map(String::as_str).unwrap_or(""),
@@ -140,7 +151,12 @@ impl ListSink for ListBody {
         self.count += 1;
         // Writing a JSON value into memory cannot fail.
         match self.representation {
-            Representation::Object => object.write_json(&mut self.items),
+            Representation::Object => match self.def.view {
+                Some(view) => {
+                    let _ = serde_json::to_writer(&mut self.items, &view(object.value()?));
+                }
+                None => object.write_json(&mut self.items),
+            },
             Representation::Metadata => {
                 let _ = serde_json::to_writer(&mut self.items, &table::partial_object_metadata(object.value()?));
             }
@@ -177,7 +193,9 @@ impl ListBody {
     /// up to the opening bracket of its items.
     fn head(&self, list_meta: Option<Value>) -> String {
         let (mut head, items_field) = match self.representation {
-            Representation::Object => (json!({"kind": self.def.list_kind, "apiVersion": API_VERSION}), "items"),
+            Representation::Object => {
+                (json!({"kind": self.def.list_kind, "apiVersion": self.def.api_version}), "items")
+            }
             Representation::Metadata => {
                 (json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1"}), "items")
             }
@@ -251,13 +269,28 @@ impl ListBody {
 }
 
 pub async fn get(
-    State(app): State<AppState>,
+    state: State<AppState>,
     Path((namespace, resource, name)): Path<(String, String, String)>,
+    params: Params,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    get_of(state, resource_def(&resource)?, namespace, name, params, headers).await
+}
+
+/// One of `def`'s objects.
+pub(crate) async fn get_of(
+    State(app): State<AppState>,
+    def: &'static ResourceDef,
+    namespace: String,
+    name: String,
     Query(params): Params,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let def = resource_def(&resource)?;
     let representation = table::negotiate(&headers, params.get("includeObject").map(String::as_str));
+    if let (Some(view), Representation::Object) = (def.view, representation) {
+        let obj = get_object(&app, def, &namespace, &name).await?;
+        return Ok(json_response(StatusCode::OK, &view(&obj), &[]));
+    }
     if representation != Representation::Object {
         let obj = get_object(&app, def, &namespace, &name).await?;
         return Ok(json_response(StatusCode::OK, &render(def, &obj, &headers, &params), &[]));

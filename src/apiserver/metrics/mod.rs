@@ -2,7 +2,9 @@
 //! `apiserver_request_total`, the `apiserver_request_duration_seconds` histogram (long-running
 //! requests left out, as kube does) and the `apiserver_longrunning_requests` gauge — recorded by a
 //! middleware around every route; the admission state ([`admission`]); the store's gauges and
-//! counters, read at scrape time ([`store`]); and whatever else `serve` registered (the unpacker's
+//! counters, read at scrape time ([`store`]); content bytes by encoding, download streams and
+//! upload sessions open ([`content`]); the process and build ([`process`]); and whatever else
+//! `serve` registered (the unpacker's, delegated authentication's and the replicated store's
 //! families) in the same registry.
 //!
 //! Label values come from a fixed set ([`request_labels`]), so the families stay small. The
@@ -10,6 +12,8 @@
 //! OpenMetrics in `Accept`.
 
 mod admission;
+pub mod content;
+mod process;
 mod request_labels;
 mod store;
 
@@ -29,6 +33,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
+use super::content::upload_spool::Spool;
 use super::fairness::Fairness;
 use super::negotiation;
 use super::status::{ApiError, ApiResult};
@@ -54,6 +59,7 @@ pub struct Metrics {
     requests: Family<(Code, RequestLabels), Counter>,
     durations: Family<RequestLabels, Histogram, fn() -> Histogram>,
     long_running: Family<RequestLabels, Gauge>,
+    content: content::ContentMetrics,
 }
 
 /// What `GET /metrics` encodes: every family and collector, registered once at start.
@@ -61,13 +67,20 @@ pub struct Exposition {
     registry: Registry,
 }
 
-/// Registers the request families and the store and admission collectors into `registry`, which
-/// becomes the one `/metrics` serves.
-pub fn install(mut registry: Registry, store: Store, fairness: Arc<Fairness>) -> (Arc<Metrics>, Arc<Exposition>) {
+/// Registers the request and content families and the store, admission, upload-session and
+/// process collectors into `registry`, which becomes the one `/metrics` serves.
+pub fn install(
+    mut registry: Registry,
+    store: Store,
+    fairness: Arc<Fairness>,
+    uploads: Arc<Spool>,
+) -> (Arc<Metrics>, Arc<Exposition>) {
+    let content = content::ContentMetrics::register(&mut registry);
     let metrics = Metrics {
         requests: Family::default(),
         durations: Family::new_with_constructor(|| Histogram::new(DURATION_BUCKETS)),
         long_running: Family::default(),
+        content,
     };
     // kube-apiserver's help texts; the registry ends each with a period.
     registry.register(
@@ -88,6 +101,8 @@ pub fn install(mut registry: Registry, store: Store, fairness: Arc<Fairness>) ->
     );
     registry.register_collector(Box::new(admission::AdmissionCollector(fairness)));
     registry.register_collector(Box::new(store::StoreCollector::new(store)));
+    registry.register_collector(Box::new(content::UploadSessionsCollector(uploads)));
+    registry.register_collector(Box::new(process::ProcessCollector));
     (Arc::new(metrics), Arc::new(Exposition { registry }))
 }
 

@@ -1,7 +1,7 @@
 //! The store as `/metrics` shows it, read at scrape time by a collector: gauges from
 //! [`Store::stats`] (chunks, bytes, revisions by state, disk use), the resourceVersion, group-commit
-//! counts, the store's flushes, collection passes and compactions ([`Store::counts`]), and whether
-//! a failed sync poisoned it.
+//! counts, the store's flushes, collection passes and compactions ([`Store::counts`]), whether a
+//! failed sync poisoned it and, replicated, whether this replica leads (`stowage_leader`).
 //!
 //! `stats` walks the whole index, so a walk is reused by scrapes within [`STATS_TTL`] of it while
 //! nothing was written; concurrent scrapes wait for one walk. A failed walk leaves its gauges out
@@ -133,6 +133,14 @@ impl Collector for StoreCollector {
             Some(&Unit::Bytes),
             ConstCounter::new(counts.compacted_bytes),
         )?;
+        if let Some(remote) = self.store.remote() {
+            gauge(
+                &mut encoder,
+                "stowage_leader",
+                "1 while this replica leads (runs collection, the reconcile loop and the garbage collector), else 0.",
+                u64::from(remote.is_leader()),
+            )?;
+        }
         gauge(
             &mut encoder,
             "stowage_store_poisoned",

@@ -33,6 +33,12 @@ impl DelegatedTokenAuthenticator {
         Self::new(Some(ServiceAccountVerifier::new(client.clone(), local)), TokenReviewer::new(client, review))
     }
 
+    /// Records the TokenReview half's requests and cache lookups in `metrics`.
+    pub fn with_metrics(mut self, metrics: super::DelegatedMetrics) -> Self {
+        self.review = self.review.with_metrics(metrics);
+        self
+    }
+
     pub fn service_accounts(&self) -> Option<&ServiceAccountVerifier> {
         self.local.as_ref()
     }

@@ -14,6 +14,7 @@
 //! - [`authentication_config`]: the client and front-proxy CAs the kube-apiserver publishes in the
 //!   `kube-system/extension-apiserver-authentication` ConfigMap, read into [`TrustAnchors`] and kept
 //!   current in a [`ClientTrust`].
+//! - [`metrics`]: [`DelegatedMetrics`], the reviews' counts, latencies and cache hits in `/metrics`.
 //!
 //! Like every authenticator here, these return users without `system:authenticated` unless the cluster
 //! put it there (TokenReview answers carry it); the authentication chain adds it once
@@ -29,6 +30,7 @@ pub mod authenticator;
 mod cache;
 pub mod client;
 mod jwks;
+pub mod metrics;
 mod sa_claims;
 pub mod sar;
 pub mod service_account;
@@ -42,6 +44,7 @@ use sha2::{Digest, Sha256};
 pub use authentication_config::{read_trust_anchors, AuthenticationConfigWatcher};
 pub use authenticator::DelegatedTokenAuthenticator;
 pub use client::{delegation_client, ClientSource};
+pub use metrics::DelegatedMetrics;
 pub use sar::{SarAuthorizer, SarConfig};
 pub use service_account::{ServiceAccountConfig, ServiceAccountVerifier, Verdict};
 pub use token_review::{TokenReviewConfig, TokenReviewer};

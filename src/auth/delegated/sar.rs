@@ -19,6 +19,7 @@ use kube::api::{Api, PostParams};
 use kube::Client;
 
 use super::cache::TtlCache;
+use super::metrics::{DelegatedMetrics, Review};
 use super::{digest, extra_or_none, non_empty, DelegatedError};
 use crate::auth::attributes::{Attributes, Decision, Request, ResourceAttributes};
 use crate::auth::UserInfo;
@@ -53,6 +54,7 @@ pub struct SarAuthorizer {
     config: Arc<SarConfig>,
     allowed: Arc<TtlCache<[u8; 32], Decision>>,
     denied: Arc<TtlCache<[u8; 32], Decision>>,
+    metrics: DelegatedMetrics,
 }
 
 impl std::fmt::Debug for SarAuthorizer {
@@ -68,7 +70,14 @@ impl SarAuthorizer {
             allowed: Arc::new(TtlCache::new(config.cache_size)),
             denied: Arc::new(TtlCache::new(config.cache_size)),
             config: Arc::new(config),
+            metrics: DelegatedMetrics::default(),
         }
+    }
+
+    /// Records reviews and cache lookups in `metrics` (registered ones, for `/metrics`).
+    pub fn with_metrics(mut self, metrics: DelegatedMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     pub fn config(&self) -> &SarConfig {
@@ -84,17 +93,16 @@ impl SarAuthorizer {
     pub async fn authorize(&self, attributes: &Attributes) -> Result<Decision, DelegatedError> {
         let spec = review_spec(attributes);
         let key = serde_json::to_vec(&spec).ok().map(|json| digest(&json));
-        if let Some(key) = &key {
-            if let Some(decision) = self.allowed.get(key).or_else(|| self.denied.get(key)) {
-                return Ok(decision);
-            }
+        let cached = key.as_ref().and_then(|key| self.allowed.get(key).or_else(|| self.denied.get(key)));
+        self.metrics.cache_lookup(Review::Authz, cached.is_some());
+        if let Some(decision) = cached {
+            return Ok(decision);
         }
         let review = authz::SubjectAccessReview { spec, ..Default::default() };
-        let answer = self
-            .api
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|source| DelegatedError::Request { what: "SubjectAccessReview", source })?;
+        let started = std::time::Instant::now();
+        let answer = self.api.create(&PostParams::default(), &review).await;
+        self.metrics.request(Review::Authz, started, &answer);
+        let answer = answer.map_err(|source| DelegatedError::Request { what: "SubjectAccessReview", source })?;
         let status = answer.status.ok_or_else(|| DelegatedError::Response {
             what: "SubjectAccessReview",
             detail: "the answer has no status".into(),

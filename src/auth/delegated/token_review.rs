@@ -17,6 +17,7 @@ use kube::api::{Api, PostParams};
 use kube::Client;
 
 use super::cache::TtlCache;
+use super::metrics::{DelegatedMetrics, Review};
 use super::{digest, DelegatedError};
 use crate::auth::UserInfo;
 
@@ -53,6 +54,7 @@ pub struct TokenReviewer {
     api: Api<TokenReview>,
     config: Arc<TokenReviewConfig>,
     cache: Arc<TtlCache<[u8; 32], Option<UserInfo>>>,
+    metrics: DelegatedMetrics,
 }
 
 impl std::fmt::Debug for TokenReviewer {
@@ -64,7 +66,13 @@ impl std::fmt::Debug for TokenReviewer {
 impl TokenReviewer {
     pub fn new(client: Client, config: TokenReviewConfig) -> Self {
         let cache = Arc::new(TtlCache::new(config.cache_size));
-        TokenReviewer { api: Api::all(client), config: Arc::new(config), cache }
+        TokenReviewer { api: Api::all(client), config: Arc::new(config), cache, metrics: DelegatedMetrics::default() }
+    }
+
+    /// Records reviews and cache lookups in `metrics` (registered ones, for `/metrics`).
+    pub fn with_metrics(mut self, metrics: DelegatedMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     pub fn config(&self) -> &TokenReviewConfig {
@@ -80,7 +88,9 @@ impl TokenReviewer {
     /// `Err` if it could not be asked (not cached: the next request asks again).
     pub async fn authenticate(&self, token: &str) -> Result<Option<UserInfo>, DelegatedError> {
         let key = digest(token.as_bytes());
-        if let Some(answer) = self.cache.get(&key) {
+        let cached = self.cache.get(&key);
+        self.metrics.cache_lookup(Review::Authn, cached.is_some());
+        if let Some(answer) = cached {
             return Ok(answer);
         }
         let answer = self.review(token).await?;
@@ -99,11 +109,10 @@ impl TokenReviewer {
             },
             ..TokenReview::default()
         };
-        let answer = self
-            .api
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|source| DelegatedError::Request { what: "TokenReview", source })?;
+        let started = std::time::Instant::now();
+        let answer = self.api.create(&PostParams::default(), &review).await;
+        self.metrics.request(Review::Authn, started, &answer);
+        let answer = answer.map_err(|source| DelegatedError::Request { what: "TokenReview", source })?;
         let status = answer.status.ok_or_else(|| DelegatedError::Response {
             what: "TokenReview",
             detail: "the answer has no status".into(),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use sled::IVec;
 
+use super::metrics::{kind, op};
 use super::{remote_error, Remote, DEFAULT_MAX_TXN_OPS};
 use crate::storage::meta::{prefix_end, Batch};
 use crate::storage::{Result, StorageError};
@@ -51,7 +52,9 @@ impl EtcdMeta {
     pub fn get(&self, key: &[u8]) -> Result<Option<IVec>> {
         let mut etcd = self.remote.etcd.clone();
         let full = self.full_key(key);
-        let mut answer = self.remote.block_on(async move { etcd.get(full, None).await }).map_err(etcd_error)?;
+        let get = async move { etcd.get(full, None).await };
+        let mut answer =
+            self.remote.block_on(self.remote.metrics().etcd(op::GET, kind::STORE, get)).map_err(etcd_error)?;
         Ok(answer.take_kvs().into_iter().next().map(|kv| IVec::from(kv.value())))
     }
 
@@ -120,7 +123,8 @@ impl EtcdMeta {
     pub fn mod_revision(&self, key: &[u8]) -> Result<i64> {
         let mut etcd = self.remote.etcd.clone();
         let full = self.full_key(key);
-        let answer = self.remote.block_on(async move { etcd.get(full, None).await }).map_err(etcd_error)?;
+        let get = async move { etcd.get(full, None).await };
+        let answer = self.remote.block_on(self.remote.metrics().etcd(op::GET, kind::STORE, get)).map_err(etcd_error)?;
         Ok(answer.kvs().first().map_or(0, |kv| kv.mod_revision()))
     }
 
@@ -153,8 +157,9 @@ impl EtcdMeta {
                 .collect();
             ops.extend(probes.iter().map(|p| TxnOp::get(self.full_key(p), Some(GetOptions::new().with_count_only()))));
             let mut etcd = self.remote.etcd.clone();
+            let txn = async move { etcd.txn(Txn::new().and_then(ops)).await };
             let answer =
-                self.remote.block_on(async move { etcd.txn(Txn::new().and_then(ops)).await }).map_err(etcd_error)?;
+                self.remote.block_on(self.remote.metrics().etcd(op::TXN, kind::STORE, txn)).map_err(etcd_error)?;
             let counts = answer.op_responses().into_iter().filter_map(|op| match op {
                 TxnOpResponse::Get(get) => Some(get.count() > 0),
                 _ => None,
@@ -176,10 +181,8 @@ impl EtcdMeta {
     pub fn revision(&self) -> Result<i64> {
         let mut etcd = self.remote.etcd.clone();
         let probe = self.base.clone();
-        let answer = self
-            .remote
-            .block_on(async move { etcd.get(probe, Some(GetOptions::new().with_count_only())).await })
-            .map_err(etcd_error)?;
+        let get = async move { etcd.get(probe, Some(GetOptions::new().with_count_only())).await };
+        let answer = self.remote.block_on(self.remote.metrics().etcd(op::GET, kind::STORE, get)).map_err(etcd_error)?;
         Ok(answer.header().map_or(0, |h| h.revision()))
     }
 
@@ -195,15 +198,17 @@ impl EtcdMeta {
 
     fn txn(&self, txn: Txn) -> Result<bool> {
         let mut etcd = self.remote.etcd.clone();
-        let answer = self.remote.block_on(async move { etcd.txn(txn).await }).map_err(etcd_error)?;
+        let txn = async move { etcd.txn(txn).await };
+        let answer = self.remote.block_on(self.remote.metrics().etcd(op::TXN, kind::STORE, txn)).map_err(etcd_error)?;
         Ok(answer.succeeded())
     }
 
     fn page(&self, from: Vec<u8>, end: Vec<u8>) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut etcd = self.remote.etcd.clone();
         let options = GetOptions::new().with_range(end).with_limit(SCAN_PAGE);
+        let list = async move { etcd.get(from, Some(options)).await };
         let mut answer =
-            self.remote.block_on(async move { etcd.get(from, Some(options)).await }).map_err(etcd_error)?;
+            self.remote.block_on(self.remote.metrics().etcd(op::LIST, kind::STORE, list)).map_err(etcd_error)?;
         self.pages.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(answer.take_kvs().into_iter().map(|kv| (kv.key().to_vec(), kv.value().to_vec())).collect())
     }

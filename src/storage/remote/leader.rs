@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
+use super::metrics::{kind, op};
 use super::{remote_error, Remote};
 use crate::storage::Result;
 
@@ -26,9 +27,9 @@ impl Remote {
     pub fn live_replicas(&self) -> Result<HashSet<String>> {
         let mut etcd = self.etcd.clone();
         let prefix = self.key(b"replicas/");
-        let answer = self
-            .block_on(async move { etcd.get(prefix, Some(GetOptions::new().with_prefix().with_keys_only())).await })
-            .map_err(|e| remote_error("etcd", e))?;
+        let list = async move { etcd.get(prefix, Some(GetOptions::new().with_prefix().with_keys_only())).await };
+        let answer =
+            self.block_on(self.metrics().etcd(op::LIST, kind::REPLICAS, list)).map_err(|e| remote_error("etcd", e))?;
         let skip = self.key(b"replicas/").len();
         Ok(answer
             .kvs()
@@ -44,6 +45,7 @@ impl Remote {
         let mut etcd = self.etcd.clone();
         let key = self.key(b"leader");
         let me = self.options.replica_id.clone().into_bytes();
+        let metrics = self.metrics().clone();
         self.spawn(async move {
             loop {
                 let Some(lease) = remote.upgrade().filter(|r| !r.resigned.load(Ordering::Acquire)).map(|r| r.lease())
@@ -54,9 +56,9 @@ impl Remote {
                     .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                     .and_then(vec![TxnOp::put(key.clone(), me.clone(), Some(PutOptions::new().with_lease(lease)))])
                     .or_else(vec![TxnOp::get(key.clone(), None)]);
-                let leads = match etcd.txn(round).await {
+                let leads = match metrics.etcd(op::TXN, kind::LEADER, etcd.txn(round)).await {
                     Ok(answer) if answer.succeeded() => Some(true),
-                    Ok(_) => match etcd.get(key.clone(), None).await {
+                    Ok(_) => match metrics.etcd(op::GET, kind::LEADER, etcd.get(key.clone(), None)).await {
                         Ok(now) => Some(now.kvs().first().is_some_and(|kv| kv.value() == me.as_slice())),
                         Err(_) => None,
                     },

@@ -12,6 +12,7 @@
 
 mod etcd;
 mod leader;
+pub mod metrics;
 mod s3;
 
 use std::future::Future;
@@ -23,6 +24,7 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions, PutOptions};
 
 pub use etcd::EtcdMeta;
+pub use metrics::RemoteMetrics;
 pub use s3::S3Blocks;
 
 use super::{Result, StorageError};
@@ -56,6 +58,8 @@ pub struct RemoteOptions {
     pub block_grace: Duration,
     /// How often the leader runs a full collection pass unasked.
     pub collect_every: Duration,
+    /// Where etcd and object storage requests are recorded (`/metrics`).
+    pub metrics: RemoteMetrics,
 }
 
 /// The two connections, the runtime driving them, and this replica's lease.
@@ -139,6 +143,11 @@ impl Remote {
         }
     }
 
+    /// The request families etcd and object storage calls are recorded in.
+    pub fn metrics(&self) -> &RemoteMetrics {
+        &self.options.metrics
+    }
+
     /// Spawns a task on the clients' runtime.
     pub fn spawn<F: Future<Output = ()> + Send + 'static>(&self, fut: F) {
         self.handle.spawn(fut);
@@ -177,9 +186,9 @@ impl Remote {
         self.lease_lost.store(true, Ordering::Release);
         let mut etcd = self.etcd.clone();
         let lease = self.lease();
-        let revoked = self.block_on(async move {
-            tokio::time::timeout(Duration::from_secs(2), etcd.lease_revoke(lease)).await.map(|r| r.map(drop))
-        });
+        let revoke = self.metrics().etcd(metrics::op::REVOKE, metrics::kind::LEASE, etcd.lease_revoke(lease));
+        let revoked = self
+            .block_on(async move { tokio::time::timeout(Duration::from_secs(2), revoke).await.map(|r| r.map(drop)) });
         match revoked {
             Ok(Ok(())) => tracing::info!("gave up this replica's etcd lease"),
             Ok(Err(e)) => tracing::warn!(error = %e, "giving up the etcd lease; it expires by itself"),
@@ -242,39 +251,62 @@ impl Remote {
         self.key(format!("replicas/{}", self.options.replica_id).as_bytes())
     }
 
-    /// Whether both backends answer (readiness).
+    /// Whether both backends answer and the lease is held (readiness): [`Remote::etcd_reachable`],
+    /// [`Remote::lease_held`], [`Remote::bucket_reachable`].
     pub fn reachable(&self) -> Result<()> {
+        self.etcd_reachable()?;
+        self.lease_held()?;
+        self.bucket_reachable()
+    }
+
+    /// Whether etcd answers a read within 2 s (the `etcd` health check).
+    pub fn etcd_reachable(&self) -> Result<()> {
         let mut etcd = self.etcd.clone();
         let presence = self.presence_key();
-        self.block_on(async move {
+        let get = async move {
             tokio::time::timeout(Duration::from_secs(2), etcd.get(presence, None))
                 .await
                 .map_err(|_| remote_error("etcd", "no answer within 2 s"))?
                 .map_err(|e| remote_error("etcd", e))
-        })?;
+        };
+        self.block_on(self.metrics().etcd(metrics::op::GET, metrics::kind::REPLICAS, get))?;
+        Ok(())
+    }
+
+    /// Whether this replica holds its etcd lease (the `lease` health check).
+    pub fn lease_held(&self) -> Result<()> {
         if self.lease_lost() {
             return Err(StorageError::Remote("this replica lost its etcd lease".into()));
         }
+        Ok(())
+    }
+
+    /// Whether the bucket answers a listing within 5 s (the `object-storage` health check).
+    pub fn bucket_reachable(&self) -> Result<()> {
         self.check_bucket()
     }
 
     fn check_bucket(&self) -> Result<()> {
         let s3 = self.s3.clone();
+        let recorded = self.metrics().clone();
         self.block_on(async move {
             use futures_util::StreamExt;
             let path = object_store::path::Path::from("blocks");
             let mut listing = s3.list(Some(&path));
-            match tokio::time::timeout(Duration::from_secs(5), listing.next()).await {
-                Err(_) => Err(remote_error("object storage", "no answer within 5 s")),
-                Ok(Some(Err(e))) => Err(remote_error("object storage", e)),
-                Ok(_) => Ok(()),
-            }
+            let first = async {
+                match tokio::time::timeout(Duration::from_secs(5), listing.next()).await {
+                    Err(_) => Err(remote_error("object storage", "no answer within 5 s")),
+                    Ok(Some(Err(e))) => Err(remote_error("object storage", e)),
+                    Ok(_) => Ok(()),
+                }
+            };
+            recorded.object_storage(metrics::op::LIST, first).await
         })
     }
 
     /// Grants the lease, writes the presence key under it and keeps it alive in the background.
     fn take_lease(self: &Arc<Self>) -> Result<()> {
-        let id = self.block_on(grant(self.etcd.clone(), self.presence_key()))?;
+        let id = self.block_on(grant(self.etcd.clone(), self.presence_key(), self.metrics()))?;
         self.lease.store(id, Ordering::Release);
         self.spawn(keep_lease(Arc::downgrade(self), id));
         Ok(())
@@ -288,11 +320,13 @@ impl Remote {
 }
 
 /// A new lease with this replica's presence key under it.
-async fn grant(mut etcd: Client, presence: Vec<u8>) -> Result<i64> {
-    let lease = etcd.lease_grant(LEASE_TTL_SECS, None).await.map_err(|e| remote_error("etcd lease", e))?;
-    etcd.put(presence, b"".to_vec(), Some(PutOptions::new().with_lease(lease.id())))
+async fn grant(mut etcd: Client, presence: Vec<u8>, recorded: &RemoteMetrics) -> Result<i64> {
+    let lease = recorded
+        .etcd(metrics::op::GRANT, metrics::kind::LEASE, etcd.lease_grant(LEASE_TTL_SECS, None))
         .await
-        .map_err(|e| remote_error("etcd", e))?;
+        .map_err(|e| remote_error("etcd lease", e))?;
+    let put = etcd.put(presence, b"".to_vec(), Some(PutOptions::new().with_lease(lease.id())));
+    recorded.etcd(metrics::op::PUT, metrics::kind::REPLICAS, put).await.map_err(|e| remote_error("etcd", e))?;
     Ok(lease.id())
 }
 
@@ -314,19 +348,24 @@ async fn keep_lease(remote: std::sync::Weak<Remote>, mut id: i64) {
             keeper.keep_alive().await?;
             Ok::<bool, etcd_client::Error>(answers.message().await?.is_some_and(|a| a.ttl() > 0))
         };
-        match tokio::time::timeout(ttl / 3, renewal).await {
-            Ok(Ok(true)) => {
+        // A renewal with no answer in time counts as a failed request (`None`).
+        let timed =
+            async { tokio::time::timeout(ttl / 3, renewal).await.map_err(|_| None).and_then(|r| r.map_err(Some)) };
+        let answer = this.metrics().etcd(metrics::op::KEEPALIVE, metrics::kind::LEASE, timed).await;
+        this.metrics().lease_renewal(matches!(answer, Ok(true)));
+        match answer {
+            Ok(true) => {
                 renewed = std::time::Instant::now();
                 continue;
             }
-            Ok(Err(_)) | Err(_) if renewed.elapsed() < ttl => continue,
+            Err(_) if renewed.elapsed() < ttl => continue,
             _ => {}
         }
         this.lease_lost.store(true, Ordering::Release);
         this.lease_epoch.fetch_add(1, Ordering::AcqRel);
         this.leader.store(false, Ordering::Release);
         tracing::error!("this replica's etcd lease lapsed: writes are refused until it has a new one");
-        match grant(this.etcd.clone(), this.presence_key()).await {
+        match grant(this.etcd.clone(), this.presence_key(), this.metrics()).await {
             Ok(new) => {
                 id = new;
                 this.lease.store(new, Ordering::Release);

@@ -15,6 +15,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
+use super::metrics::op;
 use super::{remote_error, Remote, RemoteOptions};
 use crate::storage::packs::{encode_record, scan_records, BlockAt, Member, ScannedBlock};
 use crate::storage::{Result, StorageError};
@@ -65,7 +66,11 @@ impl S3Blocks {
         let s3 = self.remote.s3.clone();
         let path = block_path(id);
         self.remote
-            .block_on(async move { s3.put(&path, PutPayload::from(Bytes::from(record))).await })
+            .block_on(
+                self.remote
+                    .metrics()
+                    .object_storage(op::PUT, async move { s3.put(&path, PutPayload::from(Bytes::from(record))).await }),
+            )
             .map_err(|e| remote_error("writing a block to object storage", e))?;
         Ok(BlockAt { pack: id, payload_offset, stored_len: payload.len() as u32, codec, raw_len })
     }
@@ -74,7 +79,8 @@ impl S3Blocks {
         let s3 = self.remote.s3.clone();
         let path = block_path(at.pack);
         let range = at.payload_offset..at.payload_offset + at.stored_len as u64;
-        let bytes = self.remote.block_on(async move { s3.get_range(&path, range).await }).map_err(|e| match e {
+        let get = async move { s3.get_range(&path, range).await };
+        let bytes = self.remote.block_on(self.remote.metrics().object_storage(op::GET, get)).map_err(|e| match e {
             object_store::Error::NotFound { .. } => {
                 StorageError::Corrupt(format!("block {:016x} is missing from object storage", at.pack))
             }
@@ -90,7 +96,8 @@ impl S3Blocks {
     pub fn list(&self) -> Result<Vec<u64>> {
         let s3 = self.remote.s3.clone();
         let grace = self.grace();
-        self.remote.block_on(async move {
+        // The whole listing (every page of it) is one measurement.
+        self.remote.block_on(self.remote.metrics().object_storage(op::LIST, async move {
             let mut ids = Vec::new();
             let mut listing = s3.list(Some(&Path::from("blocks")));
             let now = SystemTime::now();
@@ -102,7 +109,7 @@ impl S3Blocks {
                 }
             }
             Ok(ids)
-        })
+        }))
     }
 
     pub fn size(&self, id: u64) -> Result<u64> {
@@ -110,7 +117,7 @@ impl S3Blocks {
         let path = block_path(id);
         let meta = self
             .remote
-            .block_on(async move { s3.head(&path).await })
+            .block_on(self.remote.metrics().object_storage(op::HEAD, async move { s3.head(&path).await }))
             .map_err(|e| remote_error("reading a block's size in object storage", e))?;
         Ok(meta.size)
     }
@@ -120,7 +127,7 @@ impl S3Blocks {
         let path = block_path(id);
         let bytes = self
             .remote
-            .block_on(async move { s3.get(&path).await?.bytes().await })
+            .block_on(self.remote.metrics().object_storage(op::GET, async move { s3.get(&path).await?.bytes().await }))
             .map_err(|e| remote_error("reading a block from object storage", e))?;
         scan_records(id, &mut std::io::Cursor::new(bytes), visit)
     }
@@ -128,7 +135,10 @@ impl S3Blocks {
     pub fn remove(&self, id: u64) -> Result<()> {
         let s3 = self.remote.s3.clone();
         let path = block_path(id);
-        match self.remote.block_on(async move { s3.delete(&path).await }) {
+        match self
+            .remote
+            .block_on(self.remote.metrics().object_storage(op::DELETE, async move { s3.delete(&path).await }))
+        {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(remote_error("deleting a block in object storage", e)),
         }

@@ -110,6 +110,8 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
                     // Out of space (or the store failing): give back what was downloaded too.
                     shared.config.downloads.for_bundle(&expect.uid).remove();
                 }
+                let note = format!("{error}; retrying in {}s", delay.as_secs().max(1));
+                shared.config.events.warning(&regarding(&expect), error.reason(), "Unpack", &note);
                 let _ = write_status(shared, &expect, move |b| failed(b, &error, Some(delay))).await;
                 // A retry of a recheck only needs the recheck.
                 wait = delay;
@@ -121,6 +123,7 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: Expect, plan: Plan, cancel
                 // credentials also for new ones.
                 tracing::info!(bundle = %expect.name, namespace = %expect.namespace, error = %error, "unpack failed");
                 let denied = matches!(error, UnpackError::Denied(_));
+                shared.config.events.warning(&regarding(&expect), error.reason(), "Unpack", &error.to_string());
                 let _ = write_status(shared, &expect, move |b| {
                     let mut status = failed(b, &error, None);
                     status.schedule(next_poll);
@@ -333,11 +336,23 @@ async fn try_attempt(
     }
     if !unpack {
         write_status(shared, expect, unpacking).await.map_err(commit_error)?;
+        for (i, (now, before)) in
+            resolved.iter().zip(served.iter().map(Some).chain(std::iter::repeat(None))).enumerate()
+        {
+            if Some(now) != before {
+                let pin = serde_json::to_string(now).unwrap_or_default();
+                let note = format!("source {i} resolved to new content: {pin}");
+                shared.config.events.normal(&regarding(expect), "NewVersion", "Resolve", &note);
+            }
+        }
     }
+    let note = format!("fetching the sources of generation {}", bundle.generation());
+    shared.config.events.normal(&regarding(expect), "Unpacking", "Unpack", &note);
     let declared = bundle.spec.format_name();
     let allow_empty = bundle.spec.allows_empty();
     let (store, limits, expect_owned) = (shared.store.clone(), shared.config.limits, expect.clone());
     let metrics = shared.config.metrics.clone();
+    let events = shared.config.events.clone();
     let spool = shared.config.downloads.for_bundle(&expect.uid);
     tokio::task::spawn_blocking(move || -> Result<bool, UnpackError> {
         let mut writer = store.begin_revision()?;
@@ -357,7 +372,10 @@ async fn try_attempt(
         }
         let report: FormatReport = sink.finish(declared, true, allow_empty)?;
         let pending = writer.finalize()?;
-        revisions::commit(&store, &expect_owned, pending, &report, &finals).map_err(commit_error)?;
+        let record = pending.record().clone();
+        revisions::commit(&store, &expect_owned, pending, &report, &finals, &events).map_err(commit_error)?;
+        let note = format!("unpacked {} ({} files, {} bytes)", record.digest, record.files, record.size);
+        events.normal(&regarding(&expect_owned), "Unpacked", "Unpack", &note);
         spool.remove();
         Ok(true)
     })
@@ -366,8 +384,8 @@ async fn try_attempt(
 
 /// The served content checked against the current spec, nothing fetched ([`revisions::recheck_served`]).
 async fn recheck_served(shared: &Arc<Shared>, expect: &Expect) -> Result<(), UnpackError> {
-    let (store, expect) = (shared.store.clone(), expect.clone());
-    tokio::task::spawn_blocking(move || revisions::recheck_served(&store, &expect))
+    let (store, expect, events) = (shared.store.clone(), expect.clone(), shared.config.events.clone());
+    tokio::task::spawn_blocking(move || revisions::recheck_served(&store, &expect, &events))
         .await
         .unwrap_or(Err(CommitError::Gone))
         .map_err(commit_error)
@@ -402,6 +420,11 @@ fn pin_tag(pin: &ResolvedSource) -> String {
         }
         ResolvedSource::Upload { .. } => String::new(),
     }
+}
+
+/// The Bundle the job's Events are about.
+fn regarding(expect: &Expect) -> crate::api::event::Regarding {
+    crate::api::event::Regarding::bundle(&expect.namespace, &expect.name, &expect.uid)
 }
 
 fn current(shared: &Arc<Shared>, expect: &Expect) -> Result<Bundle, UnpackError> {

@@ -55,6 +55,8 @@ pub struct ReconcilerConfig {
     pub downloads: Downloads,
     /// Jobs, durations, queue depth and fetched bytes, registered for `/metrics`.
     pub metrics: super::metrics::UnpackMetrics,
+    /// Events about each Bundle's unpacks, versions, served content and pruned revisions.
+    pub events: crate::events::EventRecorder,
 }
 
 /// `(namespace, name)` of a Bundle.

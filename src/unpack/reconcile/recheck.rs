@@ -19,8 +19,8 @@ pub(super) async fn run(shared: &Arc<Shared>, expect: &Expect, cancel: &Cancella
             _ = cancel.cancelled() => return,
             permit = shared.slots.acquire() => match permit { Ok(p) => p, Err(_) => return },
         };
-        let (store, owned) = (shared.store.clone(), expect.clone());
-        let result = tokio::task::spawn_blocking(move || revisions::recheck_served(&store, &owned))
+        let (store, owned, events) = (shared.store.clone(), expect.clone(), shared.config.events.clone());
+        let result = tokio::task::spawn_blocking(move || revisions::recheck_served(&store, &owned, &events))
             .await
             .unwrap_or(Err(CommitError::Gone));
         drop(permit);

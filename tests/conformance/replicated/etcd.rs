@@ -16,6 +16,11 @@ pub struct Etcd {
 }
 
 impl Etcd {
+    /// The etcd process (to pause and resume it).
+    pub fn process(&self) -> &Proc {
+        &self.proc
+    }
+
     /// Starts etcd and waits until it answers a status request.
     pub async fn start() -> Etcd {
         let dir = tempfile::Builder::new().prefix("stowage-etcd-").tempdir().expect("etcd tempdir");

@@ -44,6 +44,13 @@ pub struct Garage {
     _dir: tempfile::TempDir,
 }
 
+impl Garage {
+    /// The Garage process (to pause and resume it).
+    pub fn process(&self) -> &Proc {
+        &self._proc
+    }
+}
+
 /// The Garage binary; a missing one is a failure (the test script builds it), never a skip.
 pub fn binary() -> PathBuf {
     let path = match std::env::var_os("STOWAGE_GARAGE") {

@@ -23,6 +23,7 @@ mod compacted;
 mod failover;
 mod gc_race;
 mod handover;
+mod observability;
 mod pieces;
 mod rolling;
 mod smoke;

@@ -114,6 +114,23 @@ impl Proc {
         }
     }
 
+    /// Freezes the process (SIGSTOP): its sockets stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Thaws a paused process (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let child = self.child.as_ref().unwrap_or_else(|| panic!("{} is not running", self.name));
+        let pid = libc::pid_t::try_from(child.id()).unwrap();
+        // SAFETY: kill only sends a signal to our own child.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal {signal} to {}", self.name);
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

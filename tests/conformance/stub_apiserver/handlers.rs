@@ -102,6 +102,7 @@ async fn handle(AxumState(shared): AxumState<Shared>, request: Request) -> Respo
         ("GET", "/.well-known/openid-configuration") => Endpoint::OpenIdConfiguration,
         ("GET", "/openid/v1/jwks") => Endpoint::Jwks,
         ("GET", path) if secret_key(path).is_some() => Endpoint::Secret,
+        ("POST" | "PATCH", path) if path.starts_with("/apis/events.k8s.io/v1/namespaces/") => Endpoint::Event,
         _ => Endpoint::Other,
     };
     let body = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
@@ -158,7 +159,56 @@ async fn handle(AxumState(shared): AxumState<Shared>, request: Request) -> Respo
                 }
             }
         }
+        Endpoint::Event => event(&mut state, parts.method.as_str(), parts.uri.path(), &parts.headers, body),
         Endpoint::Other => status(404, "NotFound", "the server could not find the requested resource"),
+    }
+}
+
+/// `POST …/namespaces/NS/events` (checked as kube-apiserver's events.k8s.io/v1 validation does)
+/// and `PATCH …/events/NAME` (a JSON merge patch).
+fn event(state: &mut State, method: &str, path: &str, headers: &http::HeaderMap, body: Value) -> Response {
+    let rest = path.trim_start_matches("/apis/events.k8s.io/v1/namespaces/");
+    let parts: Vec<&str> = rest.split('/').collect();
+    match (method, parts.as_slice()) {
+        ("POST", [namespace, "events"]) => {
+            for field in ["eventTime", "reportingController", "reportingInstance", "action", "reason", "regarding"] {
+                if body.get(field).is_none_or(|v| v.is_null() || v == "") {
+                    return status(422, "Invalid", &format!("Event.events.k8s.io is invalid: {field}: Required value"));
+                }
+            }
+            if body.pointer("/metadata/namespace").and_then(Value::as_str) != Some(namespace) {
+                return status(
+                    400,
+                    "BadRequest",
+                    "the namespace of the object does not match the namespace on the request",
+                );
+            }
+            if body["apiVersion"] != "events.k8s.io/v1" || body["kind"] != "Event" {
+                return status(400, "BadRequest", "not an events.k8s.io/v1 Event");
+            }
+            let mut event = body;
+            event["metadata"]["uid"] = Value::String(format!("event-{}", state.events.len()));
+            event["metadata"]["resourceVersion"] = Value::String("1".into());
+            state.events.push(event.clone());
+            json_response(201, event)
+        }
+        ("PATCH", [_, "events", name]) => {
+            let merge = headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok())
+                == Some("application/merge-patch+json");
+            if !merge {
+                return status(415, "UnsupportedMediaType", "the stub takes merge patches of Events only");
+            }
+            let Some(event) = state.events.iter_mut().find(|e| e["metadata"]["name"] == *name) else {
+                return status(404, "NotFound", &format!("events.events.k8s.io {name:?} not found"));
+            };
+            if let (Some(target), Some(patch)) = (event.as_object_mut(), body.as_object()) {
+                for (key, value) in patch {
+                    target.insert(key.clone(), value.clone());
+                }
+            }
+            json_response(200, event.clone())
+        }
+        _ => status(404, "NotFound", "the server could not find the requested resource"),
     }
 }
 
