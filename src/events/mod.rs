@@ -89,6 +89,9 @@ impl EventRecorder {
 struct Series {
     name: String,
     first: String,
+    /// The first occurrence's note: kube-apiserver keeps an Event's note immutable, so a series
+    /// says how often and when, not what each occurrence said.
+    note: String,
     count: u64,
     seen: Instant,
 }
@@ -127,7 +130,7 @@ async fn run(sink: EventSink, instance: String, mut rx: mpsc::Receiver<Emitted>,
                     emitted.kind,
                     &emitted.reason,
                     &emitted.action,
-                    &emitted.note,
+                    &known.note,
                     &instance,
                     &known.first,
                     Some((known.count, &now)),
@@ -154,7 +157,8 @@ async fn run(sink: EventSink, instance: String, mut rx: mpsc::Receiver<Emitted>,
                         series.retain(|_, s| s.seen.elapsed() < SERIES_WINDOW);
                     }
                     if series.len() < MAX_SERIES {
-                        series.insert(key, Series { name, first: now, count: 1, seen: Instant::now() });
+                        let note = emitted.note.clone();
+                        series.insert(key, Series { name, first: now, note, count: 1, seen: Instant::now() });
                     }
                 }
                 written

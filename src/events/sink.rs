@@ -79,7 +79,8 @@ impl EventSink {
         match self {
             EventSink::Cluster(client) => {
                 let path = format!("/apis/{EVENTS_API_VERSION}/namespaces/{namespace}/events/{name}");
-                let patch = json!({"series": event.get("series"), "note": event.get("note")});
+                // Only the series: kube-apiserver refuses changes to the rest of an Event.
+                let patch = json!({"series": event.get("series")});
                 match send(client, http::Method::PATCH, &path, "application/merge-patch+json", &patch).await {
                     Err(e) if e.starts_with("404") => self.create(namespace, event).await,
                     other => other,
@@ -130,7 +131,13 @@ impl EventSink {
                 .collect();
             let kept = total - deletes.len();
             for batch in deletes.chunks(256) {
-                store.write_objects(batch.to_vec())?;
+                match store.write_objects(batch.to_vec()) {
+                    // Another replica swept (or a series moved) meanwhile: the next sweep sees it.
+                    Err(crate::storage::StorageError::Conflict(_)) => {}
+                    other => {
+                        other?;
+                    }
+                }
             }
             Ok(kept)
         })

@@ -186,6 +186,18 @@ async fn in_a_cluster_events_go_to_its_api_server() {
         }
     })
     .await;
+    // Refused again: the cluster's Event gets a series (a merge PATCH of `series` alone, which
+    // kube-apiserver accepts: the rest of an Event is immutable).
+    assert!(!put(build_tar(&BTreeMap::new())).await.unwrap().status().is_success());
+    let series = eventually(WAIT, "a series of two refusals", || async {
+        let refusals: Vec<Value> = stub.events().into_iter().filter(|e| e["reason"] == "UploadRefused").collect();
+        match refusals.as_slice() {
+            [one] if one["series"]["count"] == 2 => Ok(one.clone()),
+            _ => Err(format!("{refusals:#?}")),
+        }
+    })
+    .await;
+    assert!(!series["series"]["lastObservedTime"].as_str().unwrap_or("").is_empty(), "{series:#}");
     for event in &events {
         assert_eq!((event["apiVersion"].as_str(), event["kind"].as_str()), (Some("events.k8s.io/v1"), Some("Event")));
         assert_eq!(event["reportingController"], "stowage");

@@ -201,10 +201,20 @@ fn event(state: &mut State, method: &str, path: &str, headers: &http::HeaderMap,
             let Some(event) = state.events.iter_mut().find(|e| e["metadata"]["name"] == *name) else {
                 return status(404, "NotFound", &format!("events.events.k8s.io {name:?} not found"));
             };
-            if let (Some(target), Some(patch)) = (event.as_object_mut(), body.as_object()) {
-                for (key, value) in patch {
-                    target.insert(key.clone(), value.clone());
-                }
+            // As kube-apiserver validates events.k8s.io/v1 updates: only the series may change.
+            let changed: Vec<&String> = body
+                .as_object()
+                .map(|patch| patch.keys().filter(|k| *k != "series" && event.get(*k) != patch.get(*k)).collect())
+                .unwrap_or_default();
+            if let Some(field) = changed.first() {
+                return status(
+                    422,
+                    "Invalid",
+                    &format!("Event.events.k8s.io {name:?} is invalid: {field}: field is immutable"),
+                );
+            }
+            if let Some(series) = body.get("series") {
+                event["series"] = series.clone();
             }
             json_response(200, event.clone())
         }
