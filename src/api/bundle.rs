@@ -236,7 +236,7 @@ impl BundleSpec {
             causes.push(Cause::invalid(
                 "spec.pollInterval",
                 &json!(poll),
-                "must be a duration such as 30s, 10m or 1h30m, and at most 2562047h (about 292 years)",
+                "must be a non-negative duration such as 30s, 10m or 1h30m, and at most 2562047h (about 292 years)",
             ));
         }
         causes
@@ -464,6 +464,28 @@ mod tests {
         let causes = huge.validate();
         assert_eq!(causes.len(), 1, "{causes:?}");
         assert_eq!(causes[0].field, "spec.pollInterval");
+    }
+
+    #[test]
+    fn poll_intervals_are_go_durations_never_negative() {
+        let spec = |interval: &str| BundleSpec {
+            sources: vec![upload()],
+            poll_interval: Some(interval.into()),
+            ..Default::default()
+        };
+        assert_eq!(spec("1.5h").poll_interval(), Some(Duration::from_secs(5400)));
+        assert_eq!(spec("300ms").poll_interval(), Some(MIN_POLL_INTERVAL), "clamped to the minimum");
+        assert_eq!(spec("0").poll_interval(), Some(MIN_POLL_INTERVAL), "as 0s always was");
+        for good in ["0", "1.5h", "300ms", "2us"] {
+            assert!(spec(good).validate().is_empty(), "{good}");
+        }
+        for bad in ["-1s", "10x"] {
+            let causes = spec(bad).validate();
+            assert_eq!(causes.len(), 1, "{bad}: {causes:?}");
+            assert_eq!(causes[0].field, "spec.pollInterval");
+            assert!(causes[0].message.contains("non-negative duration"), "{causes:?}");
+            assert_eq!(spec(bad).poll_interval(), None, "{bad}");
+        }
     }
 
     #[test]

@@ -47,11 +47,68 @@ pub fn dns1123_label_errors(value: &str) -> Vec<String> {
 }
 
 fn label_value_ok(value: &str) -> bool {
-    value.is_empty()
-        || (value.len() <= 63
-            && value.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-            && value.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
-            && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.'))
+    label_value_errors(value).is_empty()
+}
+
+/// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`: the name part of a label key, and a non-empty
+/// label value.
+fn label_chars_ok(value: &str) -> bool {
+    value.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && value.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+        && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+const QUALIFIED_NAME_RULE: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end \
+     with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is \
+     '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+
+/// A label key (`[DNS subdomain prefix/]name`, the name at most 63 characters), in the words of
+/// apimachinery's `validation.IsQualifiedName`; empty when valid.
+pub fn qualified_name_errors(value: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut parts = value.split('/');
+    let (prefix, name) = match (parts.next(), parts.next(), parts.next()) {
+        (Some(name), None, _) => (None, name),
+        (Some(prefix), Some(name), None) => (Some(prefix), name),
+        _ => {
+            return vec![format!(
+                "a qualified name {QUALIFIED_NAME_RULE} with an optional DNS subdomain prefix and '/' (e.g. \
+                 'example.com/MyName')"
+            )]
+        }
+    };
+    match prefix {
+        Some("") => errors.push("prefix part must be non-empty".to_string()),
+        Some(prefix) => errors.extend(dns1123_subdomain_errors(prefix).into_iter().map(|e| format!("prefix part {e}"))),
+        None => {}
+    }
+    if name.is_empty() {
+        errors.push("name part must be non-empty".to_string());
+    } else if name.len() > 63 {
+        errors.push("name part must be no more than 63 characters".to_string());
+    }
+    if !label_chars_ok(name) {
+        errors.push(format!("name part {QUALIFIED_NAME_RULE}"));
+    }
+    errors
+}
+
+/// A label value (at most 63 characters, may be empty), in the words of apimachinery's
+/// `validation.IsValidLabelValue`; empty when valid.
+pub fn label_value_errors(value: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if value.len() > 63 {
+        errors.push("must be no more than 63 characters".to_string());
+    }
+    if !value.is_empty() && !label_chars_ok(value) {
+        errors.push(
+            "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and \
+             must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex \
+             used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+                .to_string(),
+        );
+    }
+    errors
 }
 
 /// Label keys (`[prefix/]name`) and values, as Kubernetes validates them.
@@ -170,38 +227,53 @@ pub fn human_bytes(n: u64) -> String {
 /// can write, and everything it takes fits a timer and an `Instant`.
 pub const MAX_DURATION: std::time::Duration = std::time::Duration::new(9_223_372_036, 854_775_807);
 
-/// Go-style durations: `1h30m`, `10m`, `45s`, `500ms`; `None` for anything else, also for one
-/// beyond [`MAX_DURATION`] (Go's `time.ParseDuration` refuses those too).
+/// Go durations as `time.ParseDuration` (and `metav1.Duration`) reads them, through
+/// [`kube::core::Duration`]: `0`, `1h30m`, `1.5h`, `45s`, `300ms`, `2us`/`2µs`, `10ns`. `None` for
+/// anything else, for a negative one (`-1s`; `-0` is 0) and for one beyond [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
-    let mut total = 0f64;
-    let mut number = String::new();
-    let mut chars = text.chars().peekable();
-    let mut any = false;
-    while let Some(c) = chars.next() {
-        if c.is_ascii_digit() || c == '.' {
-            number.push(c);
-            continue;
-        }
-        let value: f64 = number.parse().ok()?;
-        number.clear();
-        let unit = match c {
-            'h' => 3600.0,
-            's' => 1.0,
-            'm' if chars.peek() == Some(&'s') => {
-                chars.next();
-                0.001
-            }
-            'm' => 60.0,
-            _ => return None,
-        };
-        total += value * unit;
-        any = true;
-    }
-    if !number.is_empty() || !any {
+    if !go_shaped(text) {
         return None;
     }
-    // Not finite or out of range: refused, never a panic (`Duration::from_secs_f64` would).
-    std::time::Duration::try_from_secs_f64(total).ok().filter(|d| *d <= MAX_DURATION)
+    let parsed: kube::core::Duration = text.parse().ok()?;
+    let duration = std::time::Duration::from(parsed);
+    if parsed.is_negative() && !duration.is_zero() {
+        return None;
+    }
+    Some(duration).filter(|d| *d <= MAX_DURATION)
+}
+
+/// What kube-core's parser must not be given: it panics (in `Duration::mul_f64` or `+=`) on a
+/// sign inside the text (`1h-5s`) and on a number past `Duration::MAX` (`1e30h` written out), and
+/// it takes texts Go refuses (empty, a lone sign, a number without a unit after the first, `1h0`).
+/// Refuses those; the sum checked here is in seconds, with the units kube-core knows, and only
+/// keeps the parse far from overflowing (the exact bound is checked on the parsed value).
+fn go_shaped(text: &str) -> bool {
+    let body = text.strip_prefix(['-', '+']).unwrap_or(text);
+    if body == "0" {
+        return true;
+    }
+    if !body.ends_with(char::is_alphabetic) || body.contains(['-', '+']) {
+        return false;
+    }
+    let mut seconds = 0f64;
+    let mut rest = body;
+    while let Some(unit_at) = rest.find(char::is_alphabetic) {
+        let (number, tail) = rest.split_at(unit_at);
+        let unit_len = tail.find(|c: char| !c.is_alphabetic()).unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let scale = match unit {
+            "ns" => 1e-9,
+            "us" | "\u{b5}s" | "\u{3bc}s" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => 0.0, // kube-core refuses the unit
+        };
+        seconds += number.parse::<f64>().unwrap_or(0.0) * scale;
+        rest = tail;
+    }
+    seconds <= 2.0 * MAX_DURATION.as_secs_f64()
 }
 
 #[cfg(test)]
@@ -216,6 +288,82 @@ mod tests {
         assert!(!dns1123_subdomain_errors(&"a".repeat(254)).is_empty());
         assert!(dns1123_label_errors("team-a").is_empty());
         assert!(!dns1123_label_errors("team.a").is_empty());
+    }
+
+    #[test]
+    fn label_keys_and_values_as_apimachinery_checks_them() {
+        for key in ["app", "a", "A_b.c-9", "example.com/app", &"k".repeat(63), &format!("{}/x", "a".repeat(253))] {
+            assert!(qualified_name_errors(key).is_empty(), "{key}");
+        }
+        let first = |key: &str| qualified_name_errors(key).into_iter().next().unwrap_or_default();
+        assert!(first("-app").starts_with("name part must consist of alphanumeric characters"));
+        assert!(first("app_").starts_with("name part must consist of"));
+        assert_eq!(first(&"k".repeat(64)), "name part must be no more than 63 characters");
+        assert_eq!(first("/app"), "prefix part must be non-empty");
+        assert_eq!(first("example.com/"), "name part must be non-empty");
+        assert!(first("Example.com/app").starts_with("prefix part a lowercase RFC 1123 subdomain"));
+        assert!(first("a/b/c").starts_with("a qualified name must consist of"));
+        assert!(first("a/b/c").ends_with("with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"));
+        for value in ["", "x", "MyValue", "my_value", "1.2-3", &"v".repeat(63)] {
+            assert!(label_value_errors(value).is_empty(), "{value}");
+        }
+        for value in ["-x", "x-", "a b", "x/y", "\u{e9}t\u{e9}"] {
+            let errors = label_value_errors(value);
+            assert!(errors.len() == 1 && errors[0].starts_with("a valid label must be an empty string"), "{value}");
+        }
+        assert_eq!(label_value_errors(&"v".repeat(64)), ["must be no more than 63 characters"]);
+    }
+
+    #[test]
+    fn durations_are_gos() {
+        use std::time::Duration;
+        for (text, want) in [
+            // The serve flags' documented spellings.
+            ("1h", Duration::from_secs(3600)),
+            ("30m", Duration::from_secs(1800)),
+            ("90s", Duration::from_secs(90)),
+            ("500ms", Duration::from_millis(500)),
+            ("0", Duration::ZERO),
+            ("-0", Duration::ZERO),
+            ("1.5h", Duration::from_secs(5400)),
+            ("1h30m", Duration::from_secs(5400)),
+            ("300ms", Duration::from_millis(300)),
+            ("2us", Duration::from_micros(2)),
+            ("2\u{b5}s", Duration::from_micros(2)),
+            ("10ns", Duration::from_nanos(10)),
+            ("+90s", Duration::from_secs(90)),
+            ("2562047h", Duration::from_secs(2_562_047 * 3600)),
+            ("2562047h47m16s", Duration::from_secs(9_223_372_036)),
+            ("9223372036s", Duration::from_secs(9_223_372_036)),
+        ] {
+            assert_eq!(parse_duration(text), Some(want), "{text}");
+        }
+    }
+
+    #[test]
+    fn durations_go_refuses_are_refused_without_a_panic() {
+        for text in [
+            "",
+            "-",
+            "-1s",
+            "10x",
+            "1h0",
+            "5",
+            "00",
+            "1h-5s",
+            "1h+5s",
+            "--1s",
+            "1e3s",
+            ".s",
+            "1.2.3s",
+            "2562048h",
+            "9223372036854775808ns",
+            "100000000000000000000h",
+            &"9".repeat(400),
+            &format!("{}h", "9".repeat(400)),
+        ] {
+            assert_eq!(parse_duration(text), None, "{text:?}");
+        }
     }
 
     #[test]

@@ -320,7 +320,7 @@ async fn shutdown_signal() {
     }
 }
 
-/// Go-style durations, as `spec.pollInterval` takes them: `1h`, `30m`, `1h30m`, `500ms`.
+/// Go durations, as `spec.pollInterval` takes them: `1h`, `30m`, `90s`, `1h30m`, `500ms`, `1.5h`.
 fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     crate::api::meta::parse_duration(text)
         .ok_or_else(|| format!("invalid duration {text:?}: expected e.g. 1h, 30m, 90s, 500ms"))

@@ -140,15 +140,15 @@ impl Store {
             full |= self.release_orphaned_staging()? > 0;
         }
         self.ensure_space(super::WriteKind::Metadata)?;
-        let deleting: Vec<RevisionId> = self
-            .tree()
-            .scan_prefix(b"v")
-            .map(|item| item.map(|(_, v)| v))
-            .filter_map(|v| v.ok())
-            .filter_map(|v| decode_json::<RevisionRecord>(&v).ok())
-            .filter(|r| r.state == RevisionState::Deleting)
-            .map(|r| r.id)
-            .collect();
+        // A read that fails fails the pass, rather than passing for the end of the revisions.
+        let mut deleting: Vec<RevisionId> = Vec::new();
+        for item in self.tree().scan_prefix(b"v") {
+            let (_, v) = item?;
+            let record = decode_json::<RevisionRecord>(&v).ok();
+            if let Some(record) = record.filter(|r| r.state == RevisionState::Deleting) {
+                deleting.push(record.id);
+            }
+        }
         for id in deleting {
             // A writer that gave up removed its files; one that crashed left them for `recover`.
             let _ = std::fs::remove_dir_all(self.staging_dir(id));
@@ -197,15 +197,7 @@ impl Store {
         let mut removed = 0;
         let mut after: Vec<u8> = key(b'c', &[]);
         loop {
-            let group: Vec<Hash> = self
-                .tree()
-                .range(after.clone()..key(b'c' + 1, &[]))
-                .map(|item| item.map(|(k, _)| k))
-                .filter_map(|k| k.ok())
-                .filter(|k| k.as_ref() != after.as_slice())
-                .filter_map(|k| k.get(1..33).and_then(|h| h.try_into().ok()))
-                .take(SWEEP_GROUP)
-                .collect();
+            let group = sweep_group(self.tree().range(after.clone()..key(b'c' + 1, &[])), &after)?;
             let Some(last) = group.last() else { return Ok(removed) };
             after = chunk_key(last);
             let pins = self.lock_pins();
@@ -369,6 +361,27 @@ impl Store {
     }
 }
 
+/// The next group of a sweep: the hashes of up to [`SWEEP_GROUP`] chunk index entries from
+/// `items`, a scan starting at `after` (the last key of the previous group, skipped). A failed read
+/// fails the group, and with it the pass: an empty group ends a sweep as done, so a read that
+/// failed must not look like the end of the index.
+pub(super) fn sweep_group(items: super::meta::MetaIter<'_>, after: &[u8]) -> Result<Vec<Hash>> {
+    let mut group = Vec::new();
+    for item in items {
+        let (k, _) = item?;
+        if k.as_ref() == after {
+            continue;
+        }
+        if let Some(hash) = k.get(1..33).and_then(|h| Hash::try_from(h).ok()) {
+            group.push(hash);
+            if group.len() >= SWEEP_GROUP {
+                break;
+            }
+        }
+    }
+    Ok(group)
+}
+
 /// Returns the heap pages freed by a release to the OS. glibc keeps freed memory in its arenas
 /// (a release of a revision with many files frees tens of MiB of sled nodes and batches), which
 /// otherwise stays in the RSS as if still used.
@@ -434,5 +447,35 @@ pub(super) fn spawn_collector(store: std::sync::Weak<super::Inner>, requests: st
     });
     if let Err(e) = spawned {
         tracing::error!(error = %e, "could not start the garbage collector");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(hash: &Hash) -> Result<(sled::IVec, sled::IVec)> {
+        Ok((sled::IVec::from(chunk_key(hash)), sled::IVec::from(&b"at"[..])))
+    }
+
+    fn failed_page() -> Result<(sled::IVec, sled::IVec)> {
+        Err(StorageError::Remote("etcd: a page of the scan failed".into()))
+    }
+
+    #[test]
+    fn a_failed_scan_fails_the_sweep_group_instead_of_ending_it() {
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        let start = key(b'c', &[]);
+        // The scan's first page fails: no group (an empty one would end the sweep as done).
+        let first: super::super::meta::MetaIter<'_> = Box::new(vec![failed_page()].into_iter());
+        assert!(matches!(sweep_group(first, &start), Err(StorageError::Remote(_))));
+        // A later page fails: the whole group fails, so none of it is deleted.
+        let later: super::super::meta::MetaIter<'_> = Box::new(vec![entry(&a), failed_page(), entry(&b)].into_iter());
+        assert!(matches!(sweep_group(later, &start), Err(StorageError::Remote(_))));
+        // Without errors: the previous group's last key is skipped, the others come in order.
+        let fine: super::super::meta::MetaIter<'_> = Box::new(vec![entry(&a), entry(&b)].into_iter());
+        assert_eq!(sweep_group(fine, &chunk_key(&a)).unwrap(), vec![b]);
+        let empty: super::super::meta::MetaIter<'_> = Box::new(std::iter::empty());
+        assert!(sweep_group(empty, &start).unwrap().is_empty());
     }
 }

@@ -16,7 +16,7 @@
 
 use std::collections::HashSet;
 
-use super::chunks::{chunk_key, pins_of, Hash, MANIFESTS_KEY, SWEEP_GROUP};
+use super::chunks::{chunk_key, pins_of, Hash, MANIFESTS_KEY};
 use super::gc::LiveSet;
 use super::meta::{Batch, Meta};
 use super::remote::EtcdMeta;
@@ -59,15 +59,7 @@ impl Store {
         let mut after: Vec<u8> = key(b'c', &[]);
         let per_txn = (etcd.max_ops().saturating_sub(1) / 2).max(1);
         loop {
-            let group: Vec<Hash> = self
-                .tree()
-                .range(after.clone()..key(b'c' + 1, &[]))
-                .map(|item| item.map(|(k, _)| k))
-                .filter_map(|k| k.ok())
-                .filter(|k| k.as_ref() != after.as_slice())
-                .filter_map(|k| k.get(1..33).and_then(|h| h.try_into().ok()))
-                .take(SWEEP_GROUP)
-                .collect();
+            let group = super::gc::sweep_group(self.tree().range(after.clone()..key(b'c' + 1, &[])), &after)?;
             let Some(last) = group.last() else { return Ok(removed) };
             after = chunk_key(last);
             let candidates: Vec<Hash> = group.into_iter().filter(|h| !live.contains(h)).collect();

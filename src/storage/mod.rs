@@ -586,7 +586,7 @@ mod frames_tests;
 #[cfg(test)]
 mod layout_tests;
 #[cfg(test)]
-mod remote_tests;
+pub(crate) mod remote_tests;
 #[cfg(test)]
 mod scale_tests;
 #[cfg(test)]

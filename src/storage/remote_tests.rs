@@ -30,7 +30,7 @@ fn wait_for_port(port: u16, what: &str) {
 }
 
 /// etcd and Garage, killed on drop.
-struct Backends {
+pub(crate) struct Backends {
     children: Vec<Child>,
     _dir: tempfile::TempDir,
     etcd: String,
@@ -61,7 +61,7 @@ fn garage(config: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn start_backends() -> Backends {
+pub(crate) fn start_backends() -> Backends {
     let dir = tempfile::tempdir().unwrap();
     let (client, peer) = (free_port(), free_port());
     let etcd = Command::new("etcd")
@@ -131,8 +131,9 @@ fn start_backends() -> Backends {
     }
 }
 
-fn replica(backends: &Backends, id: &str, scratch: &Path) -> Store {
-    let options = RemoteOptions {
+/// The options of replica `id` on `backends`.
+pub(crate) fn remote_options(backends: &Backends, id: &str) -> RemoteOptions {
+    RemoteOptions {
         etcd_servers: vec![backends.etcd.clone()],
         etcd_prefix: "/test".into(),
         s3_endpoint: Some(backends.s3.clone()),
@@ -146,8 +147,11 @@ fn replica(backends: &Backends, id: &str, scratch: &Path) -> Store {
         block_grace: Duration::from_secs(5),
         collect_every: Duration::from_secs(3600),
         ..RemoteOptions::default()
-    };
-    let remote = Remote::connect(options).unwrap();
+    }
+}
+
+fn replica(backends: &Backends, id: &str, scratch: &Path) -> Store {
+    let remote = Remote::connect(remote_options(backends, id)).unwrap();
     Store::open_replicated(&scratch.join(id), StoreOptions::default(), remote).unwrap()
 }
 

@@ -27,7 +27,7 @@ fn assert_no_panic(server: &Server) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_poll_interval_beyond_any_duration_is_422_naming_the_field() {
     let server = Server::start_temp(&[]);
-    for interval in ["100000000000000000000h", "2562048h"] {
+    for interval in ["100000000000000000000h", "2562048h", "-1s", "1h-5s", "10x"] {
         let mut b = upload_bundle(NS, "polled");
         b["spec"]["pollInterval"] = json!(interval);
         let resp = server.post_json(&bundles(NS), &b).await;
@@ -41,6 +41,12 @@ async fn a_poll_interval_beyond_any_duration_is_422_naming_the_field() {
     let mut b = upload_bundle(NS, "polled");
     b["spec"]["pollInterval"] = json!("2562047h");
     assert_eq!(server.post_json(&bundles(NS), &b).await.status(), 201);
+    // Go's other spellings too (kube-core's `Duration`): a fraction, microseconds, a bare 0.
+    for (name, interval) in [("fraction", "1.5h"), ("micros", "2us"), ("zero", "0")] {
+        let mut b = upload_bundle(NS, name);
+        b["spec"]["pollInterval"] = json!(interval);
+        assert_eq!(server.post_json(&bundles(NS), &b).await.status(), 201, "{interval}");
+    }
     assert_no_panic(&server);
 }
 
@@ -143,6 +149,44 @@ async fn list_parameters_at_the_edges_get_answers() {
             };
             expect_status(resp, code, reason).await;
         }
+    }
+    assert_no_panic(&server);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn label_selectors_are_read_as_kube_reads_them() {
+    let server = Server::start_temp(&[]);
+    for (name, tier) in [("web", "front"), ("db", "back"), ("cache", "edge")] {
+        let mut b = upload_bundle(NS, name);
+        b["metadata"]["labels"] = json!({"tier": tier});
+        assert_eq!(server.post_json(&bundles(NS), &b).await.status(), 201);
+    }
+    let names = |list: &Value| -> Vec<String> {
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        items.iter().map(|o| str_at(o, "/metadata/name").to_owned()).collect()
+    };
+    // `in(` and `notin(` without a space, as client-go's parser takes them.
+    let list = server.get_json(&format!("{}?labelSelector=tier%20in(front,edge)", bundles(NS))).await;
+    assert_eq!(names(&list), ["cache", "web"], "{list:#}");
+    let list = server.get_json(&format!("{}?labelSelector=tier%20notin(front,edge)", bundles(NS))).await;
+    assert_eq!(names(&list), ["db"], "{list:#}");
+
+    // Bad keys, values and syntax: 400 BadRequest in apimachinery's words.
+    for (selector, message) in [
+        ("-tier=front", "unable to parse requirement: <nil>: Invalid value: \"-tier\": name part must consist of"),
+        (
+            "tier=front_",
+            "unable to parse requirement: values[0][tier]: Invalid value: \"front_\": a valid label must be",
+        ),
+        ("tier%20in%20(front", "unable to parse requirement: found '', expected: ',' or ')'"),
+        ("tierin(front)", "unable to parse requirement: found '(', expected: in, notin, =, ==, !=, gt, lt"),
+        ("tier=front%20back", "found 'back', expected: ',' or 'end of string'"),
+    ] {
+        let resp = server.get(&format!("{}?labelSelector={selector}", bundles(NS))).await;
+        let status = expect_status(resp, 400, "BadRequest").await;
+        let text = str_at(&status, "/message");
+        assert!(text.starts_with(message), "{selector}: {status:#}");
+        assert!(text.is_ascii() && !text.contains('{') && !text.contains("Err("), "plain: {text}");
     }
     assert_no_panic(&server);
 }

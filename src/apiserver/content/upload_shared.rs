@@ -261,6 +261,23 @@ impl SharedSpool {
         Ok(open as u64)
     }
 
+    /// The IDs of every replica's sessions that have a record (expired or not). Blocking.
+    pub fn session_ids(&self) -> io::Result<HashSet<String>> {
+        let prefix = self.remote.key(b"uploads/");
+        let mut etcd = self.remote.etcd_client();
+        let list = prefix.clone();
+        let answer = self
+            .remote
+            .block_on(async move { etcd.get(list, Some(GetOptions::new().with_prefix().with_keys_only())).await })
+            .map_err(|e| io_error("etcd", e))?;
+        Ok(answer
+            .kvs()
+            .iter()
+            .filter_map(|kv| kv.key().get(prefix.len()..))
+            .map(|id| String::from_utf8_lossy(id).into_owned())
+            .collect())
+    }
+
     /// On the leader only: removes sessions idle longer than `timeout` (unless a live replica is
     /// committing one) and objects no record names. Blocking.
     pub fn sweep(&self, timeout: Duration) -> usize {

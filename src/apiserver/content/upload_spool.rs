@@ -303,10 +303,15 @@ impl Spool {
     }
 
     /// Removes sessions idle for longer than the timeout, and leftovers of sessions that never
-    /// got a sidecar; sessions in use are left alone. Returns how many were removed. Blocking.
+    /// got a sidecar; sessions in use are left alone. Then drops the locks no request holds of IDs
+    /// that name no session (requests for unknown IDs, sessions removed here or, replicated, by
+    /// another replica). Returns how many sessions were removed. Blocking.
     pub fn sweep(&self) -> usize {
         if let Some(shared) = &self.shared {
-            return shared.sweep(self.timeout);
+            // Only the leader removes sessions, but every replica has locks of its own.
+            let removed = shared.sweep(self.timeout);
+            self.prune_shared_locks(shared);
+            return removed;
         }
         let Ok(entries) = fs::read_dir(&self.dir) else { return 0 };
         let mut ids: Vec<String> = entries
@@ -339,11 +344,36 @@ impl Spool {
                 Err(e) => tracing::warn!(upload = %id, error = %e, "removing an expired upload session"),
             }
         }
-        // Locks of IDs that name no session (requests for unknown IDs) are dropped too.
-        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-        locks.retain(|id, lock| lock.try_lock().is_err() || self.meta_path(id).exists());
+        self.prune_locks(|id| self.meta_path(id).exists());
         removed
     }
+
+    /// Drops the locks no request holds or waits for whose ID `exists` says names no session.
+    /// Dropping an unused lock never lets two requests on one session run together (the next
+    /// request makes a new one); keeping those of existing sessions only saves the churn.
+    fn prune_locks(&self, exists: impl Fn(&str) -> bool) {
+        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        locks.retain(|id, lock| lock_in_use(lock) || exists(id));
+    }
+
+    /// [`Spool::prune_locks`] in the replicated store, where the sessions are etcd's records
+    /// (read outside the map's lock; a failed read drops nothing).
+    fn prune_shared_locks(&self, shared: &SharedSpool) {
+        let unused = self.locks.lock().unwrap_or_else(|e| e.into_inner()).values().any(|lock| !lock_in_use(lock));
+        if !unused {
+            return;
+        }
+        match shared.session_ids() {
+            Ok(sessions) => self.prune_locks(|id| sessions.contains(id)),
+            Err(e) => tracing::warn!(error = %e, "listing upload sessions to drop unused locks"),
+        }
+    }
+}
+
+/// Whether a request holds or waits for a session's lock, asked under the map's lock: every
+/// holder or waiter keeps a clone of it (one taken from [`Spool::lock`] and not locked yet too).
+fn lock_in_use(lock: &Arc<tokio::sync::Mutex<()>>) -> bool {
+    Arc::strong_count(lock) > 1 || lock.try_lock().is_err()
 }
 
 /// Refuses a piece that starts past the bytes received, or ends past the limit.
@@ -583,5 +613,27 @@ mod tests {
         assert!(spool.load(&old).unwrap().is_none());
         assert!(!tmp.path().join(&old).exists() && !tmp.path().join(&orphan).exists());
         assert!(tmp.path().join("unrelated").exists());
+    }
+
+    #[test]
+    fn a_shared_sweep_drops_the_locks_of_unknown_sessions_only() {
+        let backends = crate::storage::remote_tests::start_backends();
+        let remote = Remote::connect(crate::storage::remote_tests::remote_options(&backends, "a")).unwrap();
+        let spool = Spool::shared(remote, Duration::from_secs(60));
+        let live = spool.create(&SessionMeta::new("ns", "b", "uid", "")).unwrap();
+        // A request for an ID that names no session leaves its lock behind.
+        let unknown = uuid::Uuid::new_v4().to_string();
+        drop(spool.lock(&unknown));
+        // A request in progress (a commit holds its session's lock throughout) keeps its lock,
+        // whether or not the record exists; so does one that has its lock and not locked it yet.
+        let (busy, waiting) = (uuid::Uuid::new_v4().to_string(), uuid::Uuid::new_v4().to_string());
+        let busy_lock = spool.lock(&busy);
+        let _held = busy_lock.try_lock().unwrap();
+        let _waiting_lock = spool.lock(&waiting);
+        spool.sweep();
+        let locks = spool.locks.lock().unwrap();
+        assert!(!locks.contains_key(&unknown), "the lock of an unknown session is dropped");
+        assert!(locks.contains_key(&live), "the lock of a live session stays");
+        assert!(locks.contains_key(&busy) && locks.contains_key(&waiting), "locks in use stay");
     }
 }
