@@ -9,10 +9,37 @@ use sha2::{Digest, Sha256};
 use super::{content_path, ClientError, ContentClient};
 
 /// What a `?path=` value may hold as it is.
-pub(super) const QUERY: &percent_encoding::AsciiSet =
+const QUERY: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
 
+/// The `content` subresource's URL for `?path=PATH` (a file, or a directory's subtree or listing).
+pub(super) fn path_url(namespace: &str, name: &str, revision: Option<&str>, path: &str) -> String {
+    let base = content_path(namespace, name, revision);
+    format!("{base}?path={}", percent_encoding::utf8_percent_encode(path, QUERY))
+}
+
 impl ContentClient {
+    /// A GET whose body is read as it streams (`accept`: the media type asked for, if any); any
+    /// answer but 200 is the server's refusal.
+    pub(super) async fn get_streamed(
+        &self,
+        url: &str,
+        accept: Option<&str>,
+    ) -> Result<http::Response<kube::client::Body>, ClientError> {
+        let mut builder = http::Request::get(url);
+        if let Some(accept) = accept {
+            builder = builder.header("Accept", accept);
+        }
+        let request = builder.body(kube::client::Body::empty()).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let response = self.client.send(request).await?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            let body = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            return Err(ClientError::from_response(status, &body));
+        }
+        Ok(response)
+    }
+
     /// Writes file `path` of Bundle `name`'s served content (or of BundleContent `revision`) to
     /// `out`, then checks it against the listing's sha256. Returns the bytes written.
     pub async fn read_file(
@@ -35,17 +62,7 @@ impl ContentClient {
         if entry.kind != "file" {
             return Err(ClientError::Protocol(format!("{wanted:?} is a {}, not a file", entry.kind)));
         }
-        let base = content_path(namespace, name, revision);
-        let url = format!("{base}?path={}", percent_encoding::utf8_percent_encode(wanted, QUERY));
-        let request = http::Request::get(&url)
-            .body(kube::client::Body::empty())
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let response = self.client.send(request).await?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            let body = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-            return Err(ClientError::from_response(status, &body));
-        }
+        let response = self.get_streamed(&path_url(namespace, name, revision, wanted), None).await?;
         let mut data = response.into_body().into_data_stream();
         let (mut sha, mut written) = (Sha256::new(), 0u64);
         while let Some(chunk) = data.next().await {

@@ -278,7 +278,22 @@ impl ContentClient {
         name: &str,
         revision: Option<&str>,
     ) -> Result<FileList, ClientError> {
-        let request = http::Request::get(content_path(namespace, name, revision))
+        self.listing(namespace, name, revision, None).await
+    }
+
+    /// The listing, of the entries whose path starts with `prefix` if one is given.
+    async fn listing(
+        &self,
+        namespace: &str,
+        name: &str,
+        revision: Option<&str>,
+        prefix: Option<&str>,
+    ) -> Result<FileList, ClientError> {
+        let url = match prefix {
+            Some(prefix) => file::path_url(namespace, name, revision, prefix),
+            None => content_path(namespace, name, revision),
+        };
+        let request = http::Request::get(url)
             .header("Accept", "application/json")
             .body(Vec::new())
             .map_err(|e| ClientError::Protocol(e.to_string()))?;

@@ -10,8 +10,8 @@ use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use sha2::{Digest, Sha256};
 
-use super::{content_path, pieces, target, ClientError, ContentClient, Fetched, FileInfo, FileList};
-use crate::client::file::QUERY;
+use super::file::path_url;
+use super::{pieces, target, ClientError, ContentClient, Fetched, FileInfo};
 
 impl ContentClient {
     /// Fetches the entries under `subtree` of Bundle `name`'s served content (or of BundleContent
@@ -29,10 +29,10 @@ impl ContentClient {
         let what = format!("{namespace}/{name}");
         let subtree = subtree.trim_start_matches("./").trim_matches('/');
         let prefix = format!("{subtree}/");
-        let listing = self.listing_under(namespace, name, revision, &prefix).await?;
+        let listing = self.listing(namespace, name, revision, Some(&prefix)).await?;
         let expected: Vec<&FileInfo> = listing.files.iter().filter(|f| f.path.starts_with(&prefix)).collect();
         if expected.is_empty() {
-            let whole = self.listing_under(namespace, name, revision, subtree).await?;
+            let whole = self.listing(namespace, name, revision, Some(subtree)).await?;
             if whole.files.iter().any(|f| f.path == subtree) {
                 let hint =
                     format!("{subtree:?} is a file, not a directory: kubectl stowage cat {name} {subtree} > FILE");
@@ -56,26 +56,6 @@ impl ContentClient {
         fetched
     }
 
-    /// The listing of the entries whose path starts with `prefix`.
-    async fn listing_under(
-        &self,
-        namespace: &str,
-        name: &str,
-        revision: Option<&str>,
-        prefix: &str,
-    ) -> Result<FileList, ClientError> {
-        let url = format!(
-            "{}?path={}",
-            content_path(namespace, name, revision),
-            percent_encoding::utf8_percent_encode(prefix, QUERY)
-        );
-        let request = http::Request::get(url)
-            .header("Accept", "application/json")
-            .body(Vec::new())
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        Ok(self.client.request(request).await?)
-    }
-
     /// The subtree's tar, extracted into `staging` (paths kept whole) as it streams in.
     async fn download_subtree(
         &self,
@@ -85,21 +65,8 @@ impl ContentClient {
         subtree: &str,
         staging: &Path,
     ) -> Result<(), ClientError> {
-        let url = format!(
-            "{}?path={}",
-            content_path(namespace, name, revision),
-            percent_encoding::utf8_percent_encode(subtree, QUERY)
-        );
-        let request = http::Request::get(url)
-            .header("Accept", "application/x-tar")
-            .body(kube::client::Body::empty())
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let response = self.client.send(request).await?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            let body = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-            return Err(ClientError::from_response(status, &body));
-        }
+        let url = path_url(namespace, name, revision, subtree);
+        let response = self.get_streamed(&url, Some("application/x-tar")).await?;
         let stream = response.into_body().into_data_stream().map(|chunk| chunk.map_err(std::io::Error::other));
         let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
         let target = staging.to_owned();

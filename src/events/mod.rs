@@ -119,51 +119,42 @@ async fn run(sink: EventSink, instance: String, mut rx: mpsc::Receiver<Emitted>,
         };
         let now = micro_time();
         let key = key_of(&emitted);
-        let existing = series.get_mut(&key).filter(|s| s.seen.elapsed() < SERIES_WINDOW);
-        let written = match existing {
+        // The series this occurrence extends, else a new Event.
+        let (name, first, note, count) = match series.get_mut(&key).filter(|s| s.seen.elapsed() < SERIES_WINDOW) {
             Some(known) => {
                 known.count += 1;
                 known.seen = Instant::now();
-                let event = crate::api::event::event_object(
-                    &known.name,
-                    &emitted.regarding,
-                    emitted.kind,
-                    &emitted.reason,
-                    &emitted.action,
-                    &known.note,
-                    &instance,
-                    &known.first,
-                    Some((known.count, &now)),
-                );
-                sink.update(&emitted.regarding.namespace, &known.name, event).await
+                (known.name.clone(), known.first.clone(), known.note.clone(), known.count)
             }
             None => {
-                let name =
-                    format!("{}.{:x}", emitted.regarding.name, chrono::Utc::now().timestamp_nanos_opt().unwrap_or(0));
-                let event = crate::api::event::event_object(
-                    &name,
-                    &emitted.regarding,
-                    emitted.kind,
-                    &emitted.reason,
-                    &emitted.action,
-                    &emitted.note,
-                    &instance,
-                    &now,
-                    None,
-                );
-                let written = sink.create(&emitted.regarding.namespace, event).await;
-                if written.is_ok() {
-                    if series.len() >= MAX_SERIES {
-                        series.retain(|_, s| s.seen.elapsed() < SERIES_WINDOW);
-                    }
-                    if series.len() < MAX_SERIES {
-                        let note = emitted.note.clone();
-                        series.insert(key, Series { name, first: now, note, count: 1, seen: Instant::now() });
-                    }
-                }
-                written
+                let nanos = chrono::Utc::now().timestamp_nanos_opt().unwrap_or(0);
+                (format!("{}.{nanos:x}", emitted.regarding.name), now.clone(), emitted.note.clone(), 1)
             }
         };
+        let event = crate::api::event::event_object(
+            &name,
+            &emitted.regarding,
+            emitted.kind,
+            &emitted.reason,
+            &emitted.action,
+            &note,
+            &instance,
+            &first,
+            (count > 1).then_some((count, now.as_str())),
+        );
+        let namespace = &emitted.regarding.namespace;
+        let written = match count {
+            1 => sink.create(namespace, event).await,
+            _ => sink.update(namespace, &name, event).await,
+        };
+        if count == 1 && written.is_ok() {
+            if series.len() >= MAX_SERIES {
+                series.retain(|_, s| s.seen.elapsed() < SERIES_WINDOW);
+            }
+            if series.len() < MAX_SERIES {
+                series.insert(key, Series { name, first, note, count, seen: Instant::now() });
+            }
+        }
         if let Err(error) = written {
             tracing::warn!(%error, reason = %emitted.reason, object = %emitted.regarding.name, "writing an event failed");
         }

@@ -13,7 +13,8 @@ use crate::harness::*;
 use crate::stub_apiserver::pki::CertifiedKey;
 use crate::stub_apiserver::{Endpoint, StubApiServer};
 
-fn client(server: &Server, identity_pem: Option<String>) -> reqwest::Client {
+/// A client trusting the server's CA, with `identity_pem` (certificate and key) if given.
+pub(crate) fn client(server: &Server, identity_pem: Option<String>) -> reqwest::Client {
     let ca = std::fs::read(server.data_dir().join("pki/ca.crt")).unwrap();
     let mut builder =
         reqwest::Client::builder().tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()]).no_proxy();
@@ -23,7 +24,8 @@ fn client(server: &Server, identity_pem: Option<String>) -> reqwest::Client {
     builder.build().unwrap()
 }
 
-fn identity(key: &CertifiedKey) -> String {
+/// A certified key as one PEM identity.
+pub(crate) fn identity(key: &CertifiedKey) -> String {
     format!("{}{}", key.cert_pem, key.key_pem)
 }
 

@@ -159,14 +159,8 @@ async fn in_a_cluster_events_go_to_its_api_server() {
     stub.publish_pki(&["front-proxy-client"]);
     let kubeconfig = stub.kubeconfig().to_str().unwrap().to_owned();
     let server = Server::start_temp(&["--kubeconfig", &kubeconfig]);
-    let ca = std::fs::read(server.data_dir().join("pki/ca.crt")).unwrap();
     let key = stub.client_ca().client_cert("alice", &["devs"]);
-    let alice = reqwest::Client::builder()
-        .tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()])
-        .identity(reqwest::Identity::from_pem(format!("{}{}", key.cert_pem, key.key_pem).as_bytes()).unwrap())
-        .no_proxy()
-        .build()
-        .unwrap();
+    let alice = crate::delegated_server::client(&server, Some(crate::delegated_server::identity(&key)));
     stub.allow("alice", "*", "*", NS);
     let created = alice.post(server.url(&bundles(NS))).json(&upload_bundle(NS, "app")).send().await.unwrap();
     assert_eq!(created.status(), 201);

@@ -78,6 +78,19 @@ impl Drop for Registry {
 
 const REGISTRY_BIN: &str = "/usr/bin/docker-registry";
 
+/// `docker-registry serve CONFIG`, its output into `log`.
+fn spawn(config: &Path, log: &Path) -> Child {
+    let log_file = std::fs::File::create(log).expect("log file");
+    Command::new(REGISTRY_BIN)
+        .arg("serve")
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().expect("log file"))
+        .stderr(log_file)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {REGISTRY_BIN}: {e}"))
+}
+
 impl Registry {
     /// An anonymous registry.
     pub async fn start() -> Registry {
@@ -108,15 +121,7 @@ impl Registry {
                 std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
             let config = write_config(dir.path(), port, auth.as_ref(), tls.as_ref());
             let log = dir.path().join(format!("registry-{port}.log"));
-            let log_file = std::fs::File::create(&log).expect("log file");
-            let mut child = Command::new(REGISTRY_BIN)
-                .arg("serve")
-                .arg(&config)
-                .stdin(Stdio::null())
-                .stdout(log_file.try_clone().expect("log file"))
-                .stderr(log_file)
-                .spawn()
-                .unwrap_or_else(|e| panic!("start {REGISTRY_BIN}: {e}"));
+            let mut child = spawn(&config, &log);
             let http = reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
                 .tls_danger_accept_invalid_certs(tls.is_some())
@@ -143,15 +148,7 @@ impl Registry {
     pub async fn restart(&mut self) {
         assert!(self.auth.is_none() && !self.tls, "restart is for anonymous plain-http registries");
         let config = write_config(self.dir.path(), self.port, None, None);
-        let log = std::fs::File::create(self.dir.path().join("registry-restarted.log")).expect("log file");
-        self.child = Command::new(REGISTRY_BIN)
-            .arg("serve")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log file"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {REGISTRY_BIN}: {e}"));
+        self.child = spawn(&config, &self.dir.path().join("registry-restarted.log"));
         let base = format!("http://127.0.0.1:{}", self.port);
         assert!(wait_ready(&mut self.child, &self.http, &base).await, "docker-registry did not start again");
     }

@@ -150,14 +150,8 @@ async fn pull_secrets_are_read_from_the_cluster_in_delegated_mode() {
     );
     let kubeconfig = stub.kubeconfig().to_str().unwrap().to_owned();
     let server = Server::start_temp(&["--kubeconfig", &kubeconfig, "--insecure-registry", &registry.host()]);
-    let ca = std::fs::read(server.data_dir().join("pki/ca.crt")).unwrap();
     let key = stub.client_ca().client_cert("alice", &[]);
-    let alice = reqwest::Client::builder()
-        .tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()])
-        .identity(reqwest::Identity::from_pem(format!("{}{}", key.cert_pem, key.key_pem).as_bytes()).unwrap())
-        .no_proxy()
-        .build()
-        .unwrap();
+    let alice = crate::delegated_server::client(&server, Some(crate::delegated_server::identity(&key)));
     for verb in ["create", "get", "list"] {
         stub.allow("alice", verb, "bundles", NS);
     }

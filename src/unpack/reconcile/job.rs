@@ -336,14 +336,10 @@ async fn try_attempt(
     }
     if !unpack {
         write_status(shared, expect, unpacking).await.map_err(commit_error)?;
-        for (i, (now, before)) in
-            resolved.iter().zip(served.iter().map(Some).chain(std::iter::repeat(None))).enumerate()
-        {
-            if Some(now) != before {
-                let pin = serde_json::to_string(now).unwrap_or_default();
-                let note = format!("source {i} resolved to new content: {pin}");
-                shared.config.events.normal(&regarding(expect), "NewVersion", "Resolve", &note);
-            }
+        for (i, now) in resolved.iter().enumerate().filter(|(i, now)| served.get(*i) != Some(*now)) {
+            let pin = serde_json::to_string(now).unwrap_or_default();
+            let note = format!("source {i} resolved to new content: {pin}");
+            shared.config.events.normal(&regarding(expect), "NewVersion", "Resolve", &note);
         }
     }
     let note = format!("fetching the sources of generation {}", bundle.generation());
