@@ -4,7 +4,7 @@
 use futures_util::TryStreamExt;
 use kube::runtime::{watcher, WatchStreamExt};
 use std::{collections::HashMap, future::ready, path::PathBuf, pin::pin};
-use stowage::{api::Bundle, client::ContentClient, client::Fetched::Updated};
+use stowage_client::{api::Bundle, ContentClient, Fetched::Updated};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use stowage::client::{ContentClient, FetchOptions, Fetched};
+use stowage_client::{ContentClient, FetchOptions, Fetched};
 
 const USAGE: &str =
     "usage: provisioner OUT_DIR [--namespace NS | --all-namespaces] [--piece-bytes N] [--every SECONDS]";

@@ -74,7 +74,13 @@ done
 cargo fmt --all -- --check
 # No panic reachable from input: unwrap, expect, panic and unchecked indexing are denied outside
 # tests (Cargo.toml [lints.clippy], clippy.toml), and every other clippy warning fails too.
-cargo clippy --locked --all-targets -- -D warnings
+cargo clippy --locked --workspace --all-targets -- -D warnings
+# A provisioner depends on stowage-client alone: none of the server's heavy crates may reach it.
+if server_crates=$(cargo tree --locked -p stowage-client -e normal --prefix none | grep -E '^(sled|etcd-client|tonic|prost|gix|object_store) '); then
+    echo "test.sh: stowage-client depends on server crates:" >&2
+    echo "$server_crates" >&2
+    exit 1
+fi
 # The provisioner example is run by the conformance suite as the program a user would run.
 cargo build --locked --examples
-cargo test --locked --all-targets
+cargo test --locked --workspace --all-targets

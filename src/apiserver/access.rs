@@ -14,12 +14,12 @@ use super::access_log;
 use super::request_info::RequestInfo;
 use super::status::{ApiError, ApiResult};
 use super::{AppState, GROUP};
-use crate::api::strategy::ResourceDef;
 use crate::auth::attributes::{Attributes, Request as AuthzRequest, ResourceAttributes};
 use crate::auth::authn::AuthnError;
 use crate::auth::impersonation::{self, ImpersonationError};
 use crate::auth::trust::PeerCertificate;
 use crate::auth::UserInfo;
+use crate::strategy::ResourceDef;
 
 /// The authenticated user a request runs as.
 #[derive(Clone, Debug)]

@@ -1,7 +1,7 @@
 //! Standalone, the server serves the Events it writes about its own objects (`crate::events`):
 //! `events.k8s.io/v1` as stored, and the core `v1` view `kubectl describe` and `kubectl get
 //! events` read — get, list (selectors, paging) and watch, through the generic verbs with the
-//! strategies of `api::strategy::event`. In a cluster Events go to the cluster's API server and
+//! strategies of `strategy::event`. In a cluster Events go to the cluster's API server and
 //! none of this is routed (the APIService covers `content.stowage.dev` only).
 
 use axum::extract::{Extension, Path, State};
@@ -15,8 +15,8 @@ use super::handlers::{read, Params};
 use super::stall::ConnectionCut;
 use super::status::ApiResult;
 use super::AppState;
-use crate::api::strategy::event::{CORE_EVENT, EVENT};
-use crate::api::strategy::ResourceDef;
+use crate::strategy::event::{CORE_EVENT, EVENT};
+use crate::strategy::ResourceDef;
 
 pub fn routes(standalone: bool) -> Router<AppState> {
     if !standalone {

@@ -8,4 +8,4 @@ pub(crate) use super::handlers::{
 pub(crate) use super::patch::{parse as parse_patch, patched_object, PatchKind};
 pub(crate) use super::range;
 pub(crate) use super::selectors::{FieldSelector, LabelSelector};
-pub(crate) use crate::api::strategy::{ResourceDef, RESOURCES};
+pub(crate) use crate::strategy::{ResourceDef, RESOURCES};

@@ -20,9 +20,9 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::lifecycle::{self, DeleteOptions, FOREGROUND, ORPHAN};
-use crate::api::strategy::{self, ResourceDef};
 use crate::apiserver::lifecycle::str_at;
 use crate::storage::{ChangedObject, ObjectKey, ObjectWrite, Precondition, StorageError, Store, StoredObject};
+use crate::strategy::{self, ResourceDef};
 
 const FULL_PASS_EVERY: Duration = Duration::from_secs(300);
 const BATCH: usize = 512;

@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 use super::status::{ApiError, ApiResult, Cause};
 use super::GROUP;
 use crate::api::meta;
-use crate::api::strategy::{self, ResourceDef};
 use crate::storage::{ObjectKey, ObjectWrite, Precondition, StorageError, Store, StoredObject};
+use crate::strategy::{self, ResourceDef};
 
 pub const FOREGROUND: &str = "foregroundDeletion";
 pub const ORPHAN: &str = "orphan";

@@ -22,8 +22,8 @@ use super::handlers::{
 use super::status::{ApiError, ApiResult, Reason};
 use super::{blocking, fieldmanager, AppState};
 use crate::api::meta;
-use crate::api::strategy::ResourceDef;
 use crate::storage::ObjectKey;
+use crate::strategy::ResourceDef;
 
 const RETRIES: usize = 5;
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use serde_json::Value;
 
 use super::status::Cause;
-use crate::api::strategy::ResourceDef;
+use crate::strategy::ResourceDef;
 
 /// A resource's structural schema, built once per resource (every write walks it; building it
 /// is hundreds of allocations). The map holds one entry per resource the server defines.

@@ -5,7 +5,7 @@
 use axum::http::HeaderMap;
 use serde_json::{json, Map, Value};
 
-use crate::api::strategy::ResourceDef;
+use crate::strategy::ResourceDef;
 
 /// What the client asked to receive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -27,8 +27,8 @@ use super::status::{ApiError, ApiResult};
 use super::table::{self, Representation};
 use super::watch_cache::{self, event_line, CachedEvent, WatchCache, Window};
 use super::{blocking, AppState};
-use crate::api::strategy::ResourceDef;
 use crate::storage::{ChangeEvent, ListCursor, ListQuery, ListSink, Listed, StorageError};
+use crate::strategy::ResourceDef;
 
 /// Events taken (from the cache or the log) per step.
 const BATCH: usize = 256;

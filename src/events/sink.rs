@@ -55,7 +55,7 @@ impl EventSink {
                 let name = event.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_owned();
                 let mut event = event;
                 if let Some(metadata) = event.get_mut("metadata").and_then(Value::as_object_mut) {
-                    crate::api::strategy::stamp_new(metadata);
+                    crate::strategy::stamp_new(metadata);
                     metadata.remove("generation");
                 }
                 let write = ObjectWrite::Put {

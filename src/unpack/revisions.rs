@@ -16,12 +16,12 @@ use super::error::UnpackError;
 use super::format::FormatReport;
 use super::sink;
 use crate::api::event::Regarding;
-use crate::api::strategy::{self, bundlecontent::BUNDLE_CONTENT, decode};
 use crate::api::{content_name, Bundle, BundleContent, BundleStatus, ResolvedSource, Served, BUNDLE_LABEL};
 use crate::events::EventRecorder;
 use crate::storage::{
     ObjectKey, ObjectWrite, PendingRevision, Precondition, RevisionId, StorageError, Store, StoredObject,
 };
+use crate::strategy::{self, bundlecontent::BUNDLE_CONTENT, decode};
 
 /// What must still hold for a commit to land.
 #[derive(Clone, Debug)]

@@ -10,9 +10,6 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use crate::api::strategy::bundle::BUNDLE;
-use crate::api::strategy::bundlecontent::BUNDLE_CONTENT;
-use crate::api::strategy::decode_or_default;
 use crate::api::Bundle;
 use crate::apiserver::handlers::{get_object, resource_def};
 use crate::apiserver::range::{self, RangeRequest};
@@ -21,6 +18,9 @@ use crate::apiserver::{blocking, AppState, API_VERSION};
 use crate::storage::{
     tarfmt, EntryKind, FileEntry, ObjectKey, RangeSpec, RevisionId, RevisionRecord, StorageError, Store, ZstdDownload,
 };
+use crate::strategy::bundle::BUNDLE;
+use crate::strategy::bundlecontent::BUNDLE_CONTENT;
+use crate::strategy::decode_or_default;
 
 use super::stream::{self, Producer};
 use crate::apiserver::stall::ConnectionCut;

@@ -14,15 +14,15 @@ use axum::response::Response;
 use futures_util::TryStreamExt;
 use serde_json::Value;
 
-use crate::api::strategy::decode_or_default;
 use crate::api::Bundle;
+use crate::strategy::decode_or_default;
 
 use super::upload_session;
-use crate::api::strategy::bundle::BUNDLE;
 use crate::apiserver::handlers::{get_object, json_response, resource_def};
 use crate::apiserver::status::{ApiError, ApiResult, BodyTooLarge, UploadFailure};
 use crate::apiserver::{blocking, AppState};
 use crate::storage::{PendingRevision, StorageError, Store};
+use crate::strategy::bundle::BUNDLE;
 use crate::unpack::format::FormatReport;
 use crate::unpack::read_ahead::ReadAhead;
 use crate::unpack::revisions::{self, CommitError, Expect};

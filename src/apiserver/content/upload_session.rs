@@ -28,10 +28,10 @@ use tokio::sync::OwnedMutexGuard;
 use super::upload::{commit_ingested, encoding, ingest_and_commit, writable, UploadTarget};
 use super::upload_early::Start;
 use super::upload_spool::{AppendError, Piece, SessionMeta, Spool};
-use crate::api::strategy::bundle::BUNDLE;
 use crate::apiserver::handlers::{get_object, json_response};
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::{AppState, API_VERSION};
+use crate::strategy::bundle::BUNDLE;
 use crate::unpack::source::HashingReader;
 use crate::unpack::tar_ingest::Encoding;
 

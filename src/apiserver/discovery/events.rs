@@ -9,8 +9,8 @@ use kube::core::discovery::v2;
 
 use super::{api_group, strings, to_json};
 use crate::api::event::EVENTS_GROUP;
-use crate::api::strategy::event::EVENT;
 use crate::apiserver::negotiation::{Caching, Document};
+use crate::strategy::event::EVENT;
 
 const VERSION: &str = "v1";
 

@@ -28,7 +28,7 @@ pub mod events;
 mod review_groups;
 mod version;
 
-use crate::api::strategy::{ResourceDef, RESOURCES};
+use crate::strategy::{ResourceDef, RESOURCES};
 use review_groups::{review_group_discovery, review_resource_list};
 pub use version::version;
 

@@ -4,7 +4,7 @@ use serde_json::{json, Value};
 
 use super::fieldset::FieldSet;
 use super::{apply, manager_from_user_agent, update, ApplyError, Conflict};
-use crate::api::strategy::bundle::BUNDLE;
+use crate::strategy::bundle::BUNDLE;
 
 const API: &str = "content.stowage.dev/v1alpha1";
 const T1: &str = "2024-01-01T00:00:00Z";
@@ -593,7 +593,7 @@ fn items_the_configuration_names_take_its_order_and_other_items_keep_their_place
 
 #[test]
 fn preserve_unknown_fields_subtrees_are_granular_maps_with_atomic_lists() {
-    let schema = (crate::api::strategy::bundlecontent::BUNDLE_CONTENT.schema)();
+    let schema = (crate::strategy::bundlecontent::BUNDLE_CONTENT.schema)();
     let content = |source: Value| json!({"apiVersion": API, "kind": "BundleContent", "metadata": {"name": "c"}, "spec": {"formatDetails": source}});
     let a = match apply(&schema, None, &content(json!({"image": {"ref": "x"}, "tags": [1, 2]})), "a", false, None, T1) {
         Ok(object) => object,

@@ -10,12 +10,12 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::{dry_run, json_response, relabel, resource_def, Params};
-use crate::api::strategy::ResourceDef;
 use crate::apiserver::lifecycle::{self, DeleteOptions, Deleted};
 use crate::apiserver::selectors::{FieldSelector, LabelSelector};
 use crate::apiserver::status::ApiResult;
 use crate::apiserver::{blocking, AppState, ChannelStream};
 use crate::storage::{ObjectKey, StorageError};
+use crate::strategy::ResourceDef;
 
 /// DELETE on one object: 200 with the object, as it was last if it is gone, or with its
 /// deletionTimestamp if finalizers (including the propagation policy's) hold it.

@@ -1,5 +1,5 @@
 //! The generic verbs — get, list, create, update, update status, delete — written once for every
-//! resource in [`crate::api::strategy`], and what they share: decoding and checking bodies, validation,
+//! resource in [`crate::strategy`], and what they share: decoding and checking bodies, validation,
 //! dry runs, responses.
 
 mod delete;
@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 use super::status::{ApiError, ApiResult, Cause, Reason};
 use super::table;
 use super::{fieldmanager, lifecycle, schema, API_VERSION};
-use crate::api::strategy::{self, ResourceDef};
+use crate::strategy::{self, ResourceDef};
 
 pub type Params = Query<HashMap<String, String>>;
 

@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use super::paging;
 use super::{json_response, render, resource_def, Params};
-use crate::api::strategy::ResourceDef;
 use crate::apiserver::selectors::{FieldSelector, LabelSelector};
 use crate::apiserver::selectors::{FieldSelector as Fields, LabelSelector as Labels};
 use crate::apiserver::stall::ConnectionCut;
@@ -21,6 +20,7 @@ use crate::apiserver::status::{ApiError, ApiResult, ListFailure};
 use crate::apiserver::table::{self, Representation};
 use crate::apiserver::{blocking, AppState, ChannelStream};
 use crate::storage::{ListCursor, ListFilter, ListQuery, ListSink, Listed, ObjectKey, StorageError};
+use crate::strategy::ResourceDef;
 
 pub async fn list_all(
     state: State<AppState>,

@@ -14,13 +14,13 @@ use super::{
     updatable_resource_def, validate, writable_resource_def, Params, UpdateScope,
 };
 use crate::api::meta;
-use crate::api::strategy::{self, ResourceDef};
 use crate::apiserver::access::{check_secret_access, Identity};
 use crate::apiserver::schema::set_field;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
 use crate::apiserver::{blocking, fieldmanager, lifecycle, write_objects, AppState};
 use crate::auth::UserInfo;
 use crate::storage::{ObjectKey, ObjectWrite, Precondition, StoredObject};
+use crate::strategy::{self, ResourceDef};
 
 /// `generateName` suffix: five characters from Kubernetes' alphabet (no vowels, no look-alikes).
 fn random_suffix() -> String {

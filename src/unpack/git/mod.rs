@@ -315,7 +315,11 @@ fn authenticate(
             }
         };
         Ok(Some(gix::credentials::protocol::Outcome {
-            identity: gix::sec::identity::Account { username, password, oauth_refresh_token: None },
+            credentials: gix::sec::identity::Credentials::UsernamePassword {
+                username,
+                password,
+                oauth_refresh_token: None,
+            },
             next: context.into(),
         }))
     }

@@ -123,7 +123,7 @@ async fn relist(shared: &Arc<Shared>, first: bool) -> u64 {
     let listed = tokio::task::spawn_blocking(move || {
         let listed = store.list_objects("bundles", None)?;
         if first {
-            let resumed = listed.0.iter().filter_map(|b| crate::api::strategy::decode::<Bundle>(&b.value).ok());
+            let resumed = listed.0.iter().filter_map(|b| crate::strategy::decode::<Bundle>(&b.value).ok());
             downloads.sweep(
                 &resumed
                     .filter(|b| matches!(plan(b), Plan::Unpack(_) | Plan::Refresh(_)))
@@ -208,7 +208,7 @@ fn forget(shared: &Shared, key: &Key) {
 
 /// Starts whatever `bundle` needs, unless its job for this generation already runs.
 fn consider(shared: &Arc<Shared>, object: &Value) {
-    let Ok(bundle) = crate::api::strategy::decode::<Bundle>(object) else {
+    let Ok(bundle) = crate::strategy::decode::<Bundle>(object) else {
         tracing::warn!("a stored Bundle does not decode; skipped");
         return;
     };

@@ -7,11 +7,11 @@ use super::{
     add_defaulted, decode, decode_or_default, name_and_age, short_digest, Column, ResourceDef, Subresource, AGE_COLUMN,
     NAME_COLUMN,
 };
-use crate::api::bundle::{Bundle, BundleSpec, FORMATS};
 use crate::api::meta;
 use crate::api::schema::{array_of, boolean, conditions, doc_string, integer, kind_root, object, string};
-use crate::api::status::BundleStatus;
+use crate::api::BundleStatus;
 use crate::api::Cause;
+use crate::api::{Bundle, BundleSpec, FORMATS};
 
 pub static BUNDLE: ResourceDef = ResourceDef {
     api_version: crate::api::API_VERSION,

@@ -17,8 +17,8 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::meta;
-use super::Cause;
+use crate::api::meta;
+use crate::api::Cause;
 
 /// A table column, as `metav1.TableColumnDefinition`.
 pub struct Column {

@@ -3,9 +3,9 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::*;
-use crate::api::source::{GitRef, GitSource, HttpSource, ImageSource, Releases, ResolvedSource, Source, UploadSource};
-use crate::api::status::{AvailableVersions, Condition, FormatDetails};
-use crate::api::strategy::schema_check::{declared, written};
+use crate::api::{AvailableVersions, Condition, FormatDetails};
+use crate::api::{GitRef, GitSource, HttpSource, ImageSource, Releases, ResolvedSource, Source, UploadSource};
+use crate::strategy::schema_check::{declared, written};
 
 /// A Bundle with every field set (sources of every kind, though one Bundle may have only one).
 fn full_bundle() -> Bundle {
@@ -37,7 +37,7 @@ fn full_bundle() -> Bundle {
     };
     let spec = BundleSpec {
         sources: vec![source],
-        format: Some(crate::api::bundle::Format::Helm),
+        format: Some(crate::api::Format::Helm),
         paused: Some(false),
         revision_history_limit: Some(3),
         poll_interval: Some("1m".into()),

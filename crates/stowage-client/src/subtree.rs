@@ -104,7 +104,12 @@ fn verify(staging: &Path, subtree: &str, expected: &[&FileInfo], what: &str) -> 
             "file" => {
                 let mut file = std::fs::File::open(&path).map_err(io)?;
                 let mut sha = Sha256::new();
-                std::io::copy(&mut file, &mut sha).map_err(io)?;
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    let n = std::io::Read::read(&mut file, &mut buf).map_err(io)?;
+                    let Some(read) = buf.get(..n).filter(|r| !r.is_empty()) else { break };
+                    sha.update(read);
+                }
                 let actual = format!("sha256:{}", hex::encode(sha.finalize()));
                 if actual.trim_start_matches("sha256:") != entry.sha256.trim_start_matches("sha256:") {
                     return Err(ClientError::DigestMismatch {

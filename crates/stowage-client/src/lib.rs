@@ -22,7 +22,10 @@ use std::path::{Path, PathBuf};
 use kube::api::ListParams;
 use kube::Api;
 
-use crate::api::{Bundle, BundleContent, BUNDLE_LABEL, UNPACKED};
+use stowage_api::{Bundle, BundleContent, BUNDLE_LABEL, UNPACKED};
+
+/// The typed model (crate `stowage-api`), so a provisioner needs this one dependency.
+pub use stowage_api as api;
 
 pub use archive::{Archive, Compression};
 pub use kube::core::Status;
@@ -111,7 +114,7 @@ fn request_message(error: &kube::Error) -> String {
 }
 
 /// An error and its causes, `a: b: c`, leaving out a cause its parent already says.
-pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut next = error.source();
     while let Some(cause) = next {
@@ -334,4 +337,20 @@ fn summary(bundle: Bundle) -> Option<UnpackedBundle> {
         digest: status.digest.clone().unwrap_or_default(),
         format: status.format.clone().unwrap_or_default(),
     })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    /// Incompressible bytes, the same for a seed (xorshift), for archives and packs of a known size.
+    pub(crate) fn noise(seed: u64, len: usize) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
 }

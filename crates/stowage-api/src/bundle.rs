@@ -1,6 +1,6 @@
 //! `Bundle`: where a bundle's content comes from (the user's `spec`) and what is served now (the
 //! server's `status`, see [`super::status`]). Its defaults and its validation live here, next to
-//! the fields they concern; `strategy::bundle` says how the API stores, prints and deletes one.
+//! the fields they concern; the server's `strategy::bundle` says how the API stores, prints and deletes one.
 
 use std::time::Duration;
 
@@ -96,7 +96,7 @@ impl Bundle {
 
     /// Whether the content served is still what every source asks for: each source's pin in
     /// `status.resolvedSources` was resolved from the source as it is now
-    /// ([`crate::api::ResolvedSource::resolved_from`]). A spec change that keeps this true (history
+    /// ([`crate::ResolvedSource::resolved_from`]). A spec change that keeps this true (history
     /// limit, format, poll interval, pause) changes no content: the served content is checked
     /// against the new spec instead of being fetched again.
     pub fn still_pinned(&self) -> bool {
@@ -392,7 +392,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::api::source::{HttpSource, UploadSource};
+    use crate::source::{HttpSource, UploadSource};
 
     fn upload() -> Source {
         Source { upload: Some(UploadSource {}), ..Default::default() }

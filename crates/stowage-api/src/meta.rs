@@ -228,13 +228,13 @@ pub fn human_bytes(n: u64) -> String {
 pub const MAX_DURATION: std::time::Duration = std::time::Duration::new(9_223_372_036, 854_775_807);
 
 /// Go durations as `time.ParseDuration` (and `metav1.Duration`) reads them, through
-/// [`kube::core::Duration`]: `0`, `1h30m`, `1.5h`, `45s`, `300ms`, `2us`/`2µs`, `10ns`. `None` for
+/// [`kube_core::Duration`]: `0`, `1h30m`, `1.5h`, `45s`, `300ms`, `2us`/`2µs`, `10ns`. `None` for
 /// anything else, for a negative one (`-1s`; `-0` is 0) and for one beyond [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
     if !go_shaped(text) {
         return None;
     }
-    let parsed: kube::core::Duration = text.parse().ok()?;
+    let parsed: kube_core::Duration = text.parse().ok()?;
     let duration = std::time::Duration::from(parsed);
     if parsed.is_negative() && !duration.is_zero() {
         return None;

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::archive::RunningDigest;
 use super::{Archive, ClientError, ContentClient, Transferred, API};
-use crate::api::Bundle;
+use stowage_api::Bundle;
 
 /// Times a commit is re-sent after a 5xx or a cut connection (each may wait up to the
 /// aggregator's 60 s for the server's running commit).

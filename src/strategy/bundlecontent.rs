@@ -7,11 +7,11 @@ use serde_json::{json, Value};
 use super::{
     decode_or_default, name_and_age, short_digest, Column, OnDelete, ResourceDef, Subresource, AGE_COLUMN, NAME_COLUMN,
 };
-use crate::api::bundle::Bundle;
-use crate::api::content::BundleContent;
 use crate::api::meta;
 use crate::api::schema::{array_of, doc_string, integer, kind_root, object, string};
-use crate::api::status::BundleStatus;
+use crate::api::Bundle;
+use crate::api::BundleContent;
+use crate::api::BundleStatus;
 use crate::api::Cause;
 
 pub static BUNDLE_CONTENT: ResourceDef = ResourceDef {
@@ -119,9 +119,9 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::api::source::ResolvedSource;
-    use crate::api::status::FormatDetails;
-    use crate::api::strategy::schema_check::{declared, written};
+    use crate::api::FormatDetails;
+    use crate::api::ResolvedSource;
+    use crate::strategy::schema_check::{declared, written};
 
     #[test]
     fn the_schema_declares_exactly_the_typed_fields() {

@@ -320,7 +320,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.tar.zst");
         let mut tar = tar::Builder::new(Vec::new());
-        let data = crate::storage::tests::noise(7, 3_000_000);
+        let data = crate::tests::noise(7, 3_000_000);
         let mut header = tar::Header::new_gnu();
         header.set_size(data.len() as u64);
         header.set_cksum();

@@ -304,7 +304,7 @@ mod tests {
     #[tokio::test]
     async fn a_piece_goes_out_before_the_input_ends() {
         // Incompressible, so the packed bytes pass 1 MiB long before the gate.
-        let input = crate::storage::tests::noise(7, 48 << 20);
+        let input = crate::tests::noise(7, 48 << 20);
         let (let_go, open) = std::sync::mpsc::channel();
         let gate = Gate { data: std::io::Cursor::new(input.clone()), first: 40 << 20, open, released: false };
         let packer = Packer::start(Input::Tar(Box::new(gate), "gate".into()), Path::new("gate")).unwrap();
@@ -343,7 +343,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let long = format!("d/{}", "n".repeat(150));
         std::fs::create_dir_all(dir.path().join("d")).unwrap();
-        std::fs::write(dir.path().join("big"), crate::storage::tests::noise(3, (3 << 20) + 5)).unwrap();
+        std::fs::write(dir.path().join("big"), crate::tests::noise(3, (3 << 20) + 5)).unwrap();
         std::fs::write(dir.path().join("empty"), b"").unwrap();
         std::fs::write(dir.path().join(&long), b"long").unwrap();
         std::fs::write(dir.path().join("run.sh"), b"#!/bin/sh\n").unwrap();
@@ -352,7 +352,7 @@ mod tests {
         let mut expected = tar::Builder::new(Vec::new());
         expected.follow_symlinks(false);
         expected.sparse(false);
-        for entry in crate::client::archive::walk(dir.path()) {
+        for entry in crate::archive::walk(dir.path()) {
             let entry = entry.unwrap();
             let name = entry.path().strip_prefix(dir.path()).unwrap();
             match entry.file_type().is_dir() {
@@ -361,7 +361,7 @@ mod tests {
             }
         }
         let expected = expected.into_inner().unwrap();
-        let archive = crate::client::Archive::pack(dir.path()).unwrap();
+        let archive = crate::Archive::pack(dir.path()).unwrap();
         let packed = zstd::decode_all(&archive.whole().await.unwrap()[..]).unwrap();
         assert!(packed == expected, "{} bytes packed, {} expected", packed.len(), expected.len());
     }
@@ -371,11 +371,11 @@ mod tests {
     #[tokio::test]
     async fn a_file_met_again_megabytes_later_packs_small() {
         let dir = tempfile::tempdir().unwrap();
-        let first = crate::storage::tests::noise(1, 3 << 20);
+        let first = crate::tests::noise(1, 3 << 20);
         std::fs::write(dir.path().join("a"), &first).unwrap();
-        std::fs::write(dir.path().join("b"), crate::storage::tests::noise(2, 3 << 20)).unwrap();
+        std::fs::write(dir.path().join("b"), crate::tests::noise(2, 3 << 20)).unwrap();
         std::fs::write(dir.path().join("c"), &first).unwrap();
-        let packed = crate::client::Archive::pack(dir.path()).unwrap().whole().await.unwrap();
+        let packed = crate::Archive::pack(dir.path()).unwrap().whole().await.unwrap();
         assert!(packed.len() < 7 << 20, "{} bytes packed for 6 MiB of distinct noise", packed.len());
     }
 

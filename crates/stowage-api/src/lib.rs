@@ -1,29 +1,30 @@
-//! The typed API model of `content.stowage.dev/v1alpha1`, shared by the server, the unpacker and
-//! every Rust client (as kube-rs shares `kube-core`): [`Bundle`] and [`BundleContent`] with their
-//! spec, status and conditions, sources and the pins they resolve to, defaults and validation
-//! (field-path [`Cause`]s), the name, label and duration rules, and — in [`strategy`] — one
-//! home per resource for everything the API's generic verbs need to know about it.
+//! The typed API model of `content.stowage.dev/v1alpha1`, shared by the stowage server, its
+//! unpacker and every Rust client, as kube-rs shares `kube-core`: [`Bundle`] and [`BundleContent`]
+//! with their spec, status and conditions, sources and the pins they resolve to, defaults and
+//! validation (field-path [`Cause`]s), and the name, label and duration rules.
 //!
-//! Both kinds implement `kube::Resource`, so a provisioner writes `Api::<Bundle>::namespaced`.
-//! This module depends on serde, k8s-openapi and kube-core only (plus the clock, a uid source for
-//! server-side creates and node-semver for version ranges); everything else depends on it.
+//! Both kinds implement `kube_core::Resource`, so a provisioner writes
+//! `kube::Api::<Bundle>::namespaced(client, ns)`. The crate depends on serde, k8s-openapi and
+//! kube-core only (plus chrono for timestamps and node-semver for version ranges); it picks neither
+//! a k8s-openapi version feature nor a TLS provider, so it adds nothing to a client's choices. How
+//! the server stores, prints and defaults each kind is the server's (its `strategy` module).
 
-/// `kube::Resource` for a namespaced kind of this group with `KIND` and `PLURAL` consts and a
+/// `kube_core::Resource` for a namespaced kind of this group with `KIND` and `PLURAL` consts and a
 /// `metadata` field: what `kube::Api::<T>` needs.
 macro_rules! namespaced_resource {
     ($kind:ty) => {
-        impl kube::core::Resource for $kind {
+        impl kube_core::Resource for $kind {
             type DynamicType = ();
-            type Scope = kube::core::NamespaceResourceScope;
+            type Scope = kube_core::NamespaceResourceScope;
 
             fn kind(_: &()) -> std::borrow::Cow<'_, str> {
                 std::borrow::Cow::Borrowed(<$kind>::KIND)
             }
             fn group(_: &()) -> std::borrow::Cow<'_, str> {
-                std::borrow::Cow::Borrowed($crate::api::GROUP)
+                std::borrow::Cow::Borrowed($crate::GROUP)
             }
             fn version(_: &()) -> std::borrow::Cow<'_, str> {
-                std::borrow::Cow::Borrowed($crate::api::VERSION)
+                std::borrow::Cow::Borrowed($crate::VERSION)
             }
             fn plural(_: &()) -> std::borrow::Cow<'_, str> {
                 std::borrow::Cow::Borrowed(<$kind>::PLURAL)
@@ -47,7 +48,6 @@ pub mod meta;
 pub mod schema;
 mod source;
 mod status;
-pub mod strategy;
 pub mod versions;
 
 pub use bundle::{Bundle, BundleSpec, Format, DEFAULT_HISTORY_LIMIT, FORMATS, MIN_POLL_INTERVAL, REFRESH_ANNOTATION};
