@@ -11,7 +11,8 @@
 //!   upload Bundle.
 //!
 //! Everything else is the server itself (`stowage serve`, the `kubectl stowage` plugin): public
-//! only so the binary and the black-box tests reach it, hidden from the docs, no stable interface.
+//! only so the binaries, the tests and the fuzz targets reach it, hidden from the docs, no stable
+//! interface.
 //! Data flows one way: request → `auth` → `apiserver` → `storage`; `unpack` writes through the
 //! same storage interface, and every layer reads objects through [`api`]. See `ARCHITECTURE.md`.
 

@@ -1,7 +1,10 @@
-//! Who is calling: TLS identities and (in later work) delegated authentication and authorization.
-//!
-//! Standalone mode trusts client certificates signed by the server's own CA: the certificate's CN is
-//! the user name and its O entries are the groups, as in kube-apiserver.
+//! Who is calling and what they may do. Identities come from TLS client certificates (the CN is the
+//! user name and the O entries are the groups, as in kube-apiserver), front-proxy headers on a
+//! connection the request-header CA vouches for, static bearer tokens, or — in a cluster —
+//! TokenReview and service-account JWTs ([`delegated`]); [`authn`] is the chain, [`impersonation`]
+//! the `Impersonate-*` headers. Decisions come from the bootstrap policy and an RBAC policy file
+//! ([`rbac`]) standalone, or SubjectAccessReview in a cluster ([`authz`]). [`pki`], [`serving`]
+//! and [`trust`] hold the certificates and CAs. This module imports no other module of the crate.
 
 use std::collections::BTreeMap;
 

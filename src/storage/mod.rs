@@ -1,20 +1,26 @@
-//! The store: API objects and bundle content in one embedded sled database.
+//! The store: API objects (with resourceVersions and a change log) and bundle content (revisions
+//! of content-addressed chunks), over one of two backends. Embedded ([`Store::open`]): a sled
+//! database for the metadata map and append-only pack files for blocks, in the data directory.
+//! Replicated ([`Store::open_replicated`]): the same map in etcd and blocks as objects in
+//! S3-compatible storage ([`remote`]), shared by several replicas. The rest of the store is written
+//! once against the map ([`meta`]) and the block surface ([`blocks`]).
 //!
-//! sled is used deliberately narrowly (it is unmaintained and has known weak spots): it holds only
-//! small metadata — API objects, the chunk index and one record per revision; chunk payloads,
-//! zstd-compressed by us, go to append-only pack files ([`packs`]) because sled kept every written
-//! value in memory, and so do revision manifests ([`manifest`]): the file records of a revision are
-//! chunks too, so a revision costs sled one key however many files it has. Uploads are staged in
-//! plain files ([`staging`]). Every acknowledged write is flushed first (packs fsynced, then sled;
-//! what sled leaves unsynced and directory entries too, and a failed sync poisons the store:
-//! [`durability`]),
-//! and every multi-key change that must be atomic is one `Batch` on one tree. A batch is held in
-//! memory whole, so every batch is bounded. Nothing outside this module sees sled.
+//! The map holds only small metadata — API objects, the chunk index and one record per revision;
+//! chunk payloads, zstd-compressed by us, go into blocks, and so do revision manifests
+//! ([`manifest`]): the file records of a revision are chunks too, so a revision costs the map one
+//! key however many files it has. Uploads are staged in plain files ([`staging`]). Every
+//! acknowledged write is durable first (embedded: packs fsynced, then sled flushed, with what sled
+//! leaves unsynced and directory entries; a failed sync poisons the store: [`durability`]), and
+//! every multi-key change that must be atomic is one batch (one sled batch, or one etcd
+//! transaction). A batch is held in memory whole, so every batch is bounded. Nothing outside this
+//! module sees sled or etcd.
 //!
-//! Chunks are collected by mark and sweep ([`gc`]): what no finalized revision's manifest reaches
-//! and no writer has pinned goes. Releasing a revision is deleting its record.
+//! Chunks are collected by mark and sweep ([`gc`]; against other replicas' writers, [`gc_shared`]):
+//! what no finalized revision's manifest or frame plan reaches and no writer has pinned goes.
+//! Releasing a revision is deleting its record.
 //!
-//! Layout of the single tree (first byte = record kind, integers big-endian so keys sort):
+//! Layout of the map (first byte = record kind, integers big-endian so keys sort; in etcd, under
+//! `<prefix>/s/`):
 //!
 //! | key | value |
 //! |---|---|
@@ -22,7 +28,8 @@
 //! | `v` rev(8) | [`RevisionRecord`] (JSON), naming its manifest's root chunk |
 //! | `o` resource `/` namespace `/` name | an API object ([`objects`]) |
 //! | `d` namespace `/` owner(16) resource `/` name | an object's owner reference: owner = hash of its uid ([`objects`]) |
-//! | `l` rv(8) | change-log entry for watches |
+//! | `l` rv(8) index(4) | change-log entry for watches, one per change of a write |
+//! | `p` hash(32) `/` replica | replicated only: a writer's pin, attached to its replica's lease |
 //! | `m` name | counters |
 //!
 //! Stores written before manifests (`f` file, `k` segment, `t` tar-index, `r` reference-count and

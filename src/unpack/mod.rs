@@ -9,7 +9,7 @@
 //! and [`download_spool`] what they downloaded, so an interrupted unpack resumes where it stopped.
 //! Every source writes through a [`sink::TreeSink`] (limits,
 //! destinations, the [`format`] inspector) into a storage revision that [`revisions`] attaches to
-//! a BundleContent; [`reconcile`] is the loop that drives Bundles, writing [`status`].
+//! a BundleContent; [`reconcile`] is the loop that drives Bundles, writing their status.
 
 pub mod download_spool;
 pub mod error;

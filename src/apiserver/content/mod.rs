@@ -1,8 +1,8 @@
 //! The `content` subresource: upload (PUT on bundles) and download (GET on bundles and
 //! bundlecontents) of a revision — the whole deterministic tar, one file, a subtree, or a JSON
 //! listing — with ETags and byte ranges, streamed both ways — and chunked, resumable uploads
-//! (POST/PATCH/PUT/DELETE with `?uploads` / `?upload=ID`, see [`upload_session`]), ingested as
-//! their pieces arrive ([`upload_early`]).
+//! (POST/PATCH/PUT/DELETE with `?uploads` / `?upload=ID`, see [`upload_session`]), in the
+//! embedded store ingested as their pieces arrive ([`upload_early`]).
 
 mod download;
 pub mod stream;

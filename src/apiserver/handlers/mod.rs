@@ -1,6 +1,6 @@
-//! The generic verbs — get, list, create, update, update status, delete — written once for every
-//! resource in [`crate::strategy`], and what they share: decoding and checking bodies, validation,
-//! dry runs, responses.
+//! The generic verbs — get, list, create, update, update status, delete, deletecollection —
+//! written once for every resource in [`crate::strategy`], and what they share: decoding and
+//! checking bodies, validation, dry runs, responses.
 
 mod delete;
 mod paging;

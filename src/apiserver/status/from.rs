@@ -1,6 +1,7 @@
-//! Every conversion of a lower layer's error into a Kubernetes `Status`, in one place: the store's,
-//! server-side apply's, an upload's (archive and format problems name the Bundle), a list's
-//! (an expired continue token carries a fresh one), and a blocking task that did not finish.
+//! The conversions of lower layers' errors into a Kubernetes `Status`: the store's, server-side
+//! apply's, an upload's (archive and format problems name the Bundle), a list's (an expired
+//! continue token carries a fresh one), and a blocking task that did not finish. (Authentication
+//! and authorization failures are converted by the access gate.)
 
 use axum::http::StatusCode;
 use serde_json::json;

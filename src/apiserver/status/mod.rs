@@ -1,8 +1,10 @@
 //! Kubernetes `Status` errors: every failure the API returns, in the shape clients parse.
 //!
-//! Lower layers have their own typed errors; they are converted into an [`ApiError`] exactly once,
-//! at the handler boundary, by the `From` impls in [`from`] (the one file that decides which code,
-//! reason and message each failure gets), and render as `{"kind":"Status",...}`.
+//! Lower layers have their own typed errors. The store's, server-side apply's, an upload's, a
+//! list's and a blocking task's become an [`ApiError`] through the `From` impls in [`from`];
+//! authentication and authorization failures are converted by the access gate, handlers re-label a
+//! NotFound/Conflict/AlreadyExists with the resource and name, and errors of the request itself are
+//! built where they are found. Every one renders as `{"kind":"Status",...}`.
 
 mod from;
 

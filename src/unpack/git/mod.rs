@@ -28,6 +28,7 @@
 //! counted ([`transport`]: refs and negotiation at most 32 MiB, the pack metered). Cancellation
 //! stops `resolve` from waiting at once and `fetch` at the next pack chunk or file.
 
+mod failure;
 mod meter;
 mod scratch;
 mod transport;
@@ -41,6 +42,7 @@ use gix::remote::Direction;
 
 use crate::api::versions::MAX_TAGS;
 
+use self::failure::GitFailure;
 use self::meter::Meter;
 pub use self::scratch::clean_scratch;
 use self::scratch::{Interrupt, TempDir};
@@ -233,7 +235,9 @@ fn ls_remote(
     let listing = Arc::new(Listing::default());
     let fail = |what: &str, e: &gix::Error| match listing.too_large.load(Ordering::Relaxed) {
         true => listing_too_large(&shown),
-        false => refused(format!("git source {shown}: {what}: {}", crate::unpack::error::describe(e))),
+        false => {
+            refused(failure::classify(e), format!("git source {shown}: {what}: {}", crate::unpack::error::describe(e)))
+        }
     };
     // gix needs a repository to hang a remote on; an empty, isolated one in a temp dir.
     let tmp = TempDir::new(scratch)?;
@@ -268,15 +272,13 @@ fn ls_remote(
     Ok(refs)
 }
 
-/// A failed git request: a 404 means the repository does not exist and a 401/403 that the
-/// credentials were refused, which waits for a spec change or the next poll; the rest is retried.
-fn refused(message: String) -> UnpackError {
-    if message.contains("HTTP status 404") {
-        UnpackError::NotFound(message)
-    } else if message.contains("HTTP status 401") || message.contains("HTTP status 403") {
-        UnpackError::Denied(message)
-    } else {
-        UnpackError::Fetch(message)
+/// A failed git request: a missing repository and refused credentials wait for a spec change or
+/// the next poll; the rest is retried.
+fn refused(failure: GitFailure, message: String) -> UnpackError {
+    match failure {
+        GitFailure::NotFound => UnpackError::NotFound(message),
+        GitFailure::Denied => UnpackError::Denied(message),
+        GitFailure::TooLarge | GitFailure::Other => UnpackError::Fetch(message),
     }
 }
 
@@ -373,10 +375,13 @@ fn fetch_into(
             listing_too_large(&shown)
         } else if ctx.cancel.is_cancelled() {
             UnpackError::Cancelled
-        } else if text.contains("too large to fit in memory") {
-            meter::object_too_large(&format!("git source {shown}"), limits.max_git_file_bytes)
         } else {
-            UnpackError::Fetch(format!("git source {shown}: {what}: {text}"))
+            match failure::classify(e) {
+                GitFailure::TooLarge => {
+                    meter::object_too_large(&format!("git source {shown}"), limits.max_git_file_bytes)
+                }
+                _ => UnpackError::Fetch(format!("git source {shown}: {what}: {text}")),
+            }
         }
     };
     let roots = super::trust::extra_roots(&ctx.network)?;
