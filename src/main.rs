@@ -86,9 +86,9 @@ fn certs(options: &stowage::certs::CertsOptions) -> anyhow::Result<()> {
 
 /// glibc gives every thread that allocates its own arena and keeps each arena's high-water mark:
 /// lists and uploads run on the blocking pool's many threads, so memory freed after a burst of
-/// large lists was never returned (234 MiB retained vs 45 MiB with two arenas, docs/benchmarks.md).
-/// Two arenas per core: with two in all, creates spent a fifth of their time waiting on the arena
-/// locks (docs/benchmarks.md, issue 19). `MALLOC_ARENA_MAX` still overrides.
+/// large lists was never returned (234 MiB retained vs 45 MiB with two arenas). Two arenas per
+/// core: with two in all, creates spent a fifth of their time waiting on the arena locks (both in
+/// the benchmarks journal, `git show 15314ef:docs/benchmarks.md`). `MALLOC_ARENA_MAX` still overrides.
 fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
