@@ -370,9 +370,10 @@ async fn a_watch_whose_client_takes_nothing_is_cut_a_quiet_one_is_not() {
             .filter(|(k, _)| k.starts_with("apiserver_longrunning_requests{") && k.contains(r#"verb="WATCH""#))
             .map(|(_, v)| v)
             .sum();
-        match open {
-            n if n == 1.0 => Ok(()),
-            n => Err(format!("{n} watches open")),
+        if open == 1.0 {
+            Ok(())
+        } else {
+            Err(format!("{open} watches open"))
         }
     })
     .await;
