@@ -321,12 +321,8 @@ async fn a_download_that_stalls_is_cut_and_its_seat_freed() {
     let status = expect_status(second, 429, "TooManyRequests").await;
     assert_eq!(u64_at(&status, "/details/retryAfterSeconds"), 1);
 
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    // Cut: what the client reads now ends in an error, short of the whole tar.
-    let read = stalled.bytes().await;
-    assert!(read.is_err(), "a stalled download was not cut (read {:?} bytes)", read.map(|b| b.len()));
-    // And its seat is free again.
-    let again = eventually(Duration::from_secs(10), "the stalled download's seat is freed", || {
+    // Once the stall timeout (5 s) cuts it, its seat is free again.
+    let again = eventually(Duration::from_secs(25), "the stalled download's seat is freed", || {
         let (client, url) = (client.clone(), url.clone());
         async move {
             let response = client.get(&url).bearer_auth("attacker-token").send().await.map_err(|e| e.to_string())?;
@@ -337,6 +333,9 @@ async fn a_download_that_stalls_is_cut_and_its_seat_freed() {
         }
     })
     .await;
+    // Freed because it was cut: what its client reads now ends in an error, short of the whole tar.
+    let read = stalled.bytes().await;
+    assert!(read.is_err(), "a stalled download was not cut (read {:?} bytes)", read.map(|b| b.len()));
     let body = again.bytes().await.unwrap();
     assert!(body.len() > 48 << 20);
 }
@@ -362,7 +361,22 @@ async fn a_watch_whose_client_takes_nothing_is_cut_a_quiet_one_is_not() {
         let created = server.post_json(&bundles(NS), &object).await;
         assert_eq!(created.status(), StatusCode::CREATED);
     }
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Not read from until the stall timeout (2 s) has cut it (reading would unstall it): until
+    // only the quiet watch is open.
+    eventually(Duration::from_secs(20), "the stalled watch cut", || async {
+        let m = server.metrics().await;
+        let open: f64 = m
+            .iter()
+            .filter(|(k, _)| k.starts_with("apiserver_longrunning_requests{") && k.contains(r#"verb="WATCH""#))
+            .map(|(_, v)| v)
+            .sum();
+        if open == 1.0 {
+            Ok(())
+        } else {
+            Err(format!("{open} watches open"))
+        }
+    })
+    .await;
     let closed = read_until_closed(&mut stalled, Duration::from_secs(20)).await;
     assert!(closed.is_some(), "the watch whose client took nothing is still open");
     // The quiet watch outlived the stall timeout and still delivers.

@@ -219,9 +219,20 @@ async fn tokens_and_the_rbac_policy_file_decide_who_reads_what() {
     })
     .await;
     // A policy file that stops parsing keeps the last good policy.
+    const NOT_RELOADED: &str = "authorization policy not reloaded; keeping the previous policy";
+    let refused = server.log().matches(NOT_RELOADED).count();
     write(dir.path(), "policy.yaml", "kind: [not yaml");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    eventually(Duration::from_secs(20), "the server read the broken policy file", || async {
+        match server.log().matches(NOT_RELOADED).count() > refused {
+            true => Ok(()),
+            false => Err(format!("no {NOT_RELOADED:?} in the log yet")),
+        }
+    })
+    .await;
     assert_eq!(as_user(&server, "alice-token", Method::GET, &bundles("team-a"), None).await.status(), 200);
+    let kept = upload_bundle("team-a", "kept");
+    let again = as_user(&server, "alice-token", Method::POST, &bundles("team-a"), Some(&kept)).await;
+    assert_eq!(again.status(), 201, "the grant of the last good policy holds");
 }
 
 /// A CA (PEM, and its issuer).

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::StatusCode;
 
@@ -58,16 +58,15 @@ async fn kill9_during_upload_keeps_committed_revisions() {
             client.put(url).header("Content-Type", "application/x-tar").body(stream.body).send().await
         })
     };
-    let started = Instant::now();
-    while sent.load(Ordering::Relaxed) < KILL_AFTER {
-        assert!(
-            started.elapsed() < Duration::from_secs(300),
-            "upload stalled at {} bytes",
-            sent.load(Ordering::Relaxed)
-        );
+    let every = Duration::from_millis(20);
+    eventually_every(Duration::from_secs(300), every, &format!("{KILL_AFTER} bytes of the upload sent"), || async {
         assert!(!upload.is_finished(), "upload ended before the kill");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        match sent.load(Ordering::Relaxed) {
+            n if n >= KILL_AFTER => Ok(()),
+            n => Err(format!("stalled at {n} bytes")),
+        }
+    })
+    .await;
     // The server must be in the middle of writing it: staging, with new chunks stored.
     let during = eventually(Duration::from_secs(30), "upload in progress on the server", || async {
         let m = server.metrics().await;
@@ -199,16 +198,14 @@ async fn a_second_server_on_the_same_data_dir_says_who_has_it() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn a second server");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = second.try_wait().expect("wait") {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = second.kill();
-            panic!("a second server on the same data directory kept running");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let exited = poll_until(Duration::from_secs(30), Duration::from_millis(100), || {
+        let status = second.try_wait().expect("wait");
+        async move { status.ok_or_else(|| "still running".to_owned()) }
+    })
+    .await;
+    let Ok(status) = exited else {
+        let _ = second.kill();
+        panic!("a second server on the same data directory kept running");
     };
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut second.stderr.take().expect("stderr"), &mut stderr).expect("read stderr");

@@ -5,7 +5,7 @@
 //! a failing or vanished kube-apiserver turning into errors, never into a user or an allow.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use jsonwebtoken::Algorithm;
 use rustls::pki_types::pem::PemObject;
@@ -22,10 +22,41 @@ use stowage::auth::rbac::ReloadOutcome;
 use stowage::auth::trust::PeerCertificate;
 use stowage::auth::UserInfo;
 
-use crate::harness::eventually;
+use crate::harness::{eventually, eventually_every};
 use crate::stub_apiserver::{now, service_account_uid, Endpoint, SaToken, StubApiServer, STUB_ISSUER};
 
 const TTL: Duration = Duration::from_millis(400);
+/// How often a cached answer is looked at while waiting for it to expire.
+const LOOK: Duration = Duration::from_millis(20);
+
+/// Calls `ask` every 20 ms until the stub has had `n` requests at `endpoint` (the cached answer
+/// `ask` gets expired, so it was asked again), failing after ten TTLs; asserts the answer was
+/// cached for at least the TTL since `cached`, when it was asked for.
+async fn asked_again<F, Fut>(
+    stub: &StubApiServer,
+    endpoint: Endpoint,
+    n: usize,
+    cached: Instant,
+    what: &str,
+    mut ask: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    eventually_every(TTL * 10, LOOK, &format!("{what} asked again"), || {
+        let asking = ask();
+        async move {
+            asking.await;
+            match stub.requests(endpoint) {
+                seen if seen >= n => Ok(()),
+                seen => Err(format!("{seen} requests")),
+            }
+        }
+    })
+    .await;
+    assert_eq!(stub.requests(endpoint), n, "{what}: one request once its answer expired");
+    assert!(cached.elapsed() >= TTL, "{what}: asked again {:?} after it was cached, before the TTL", cached.elapsed());
+}
 
 async fn client(stub: &StubApiServer) -> kube::Client {
     delegation_client(&ClientSource::Kubeconfig(stub.kubeconfig().to_owned())).await.expect("kube client for the stub")
@@ -63,6 +94,7 @@ async fn delegated_token_review_answers_are_cached_until_their_ttl() {
     stub.add_token("alice-token", alice.clone());
     let reviews = reviewer(client(&stub).await, &[]);
 
+    let cached = Instant::now();
     assert_eq!(reviews.authenticate("alice-token").await.expect("review"), Some(alice.clone()));
     assert_eq!(reviews.authenticate("alice-token").await.expect("cached"), Some(alice.clone()));
     assert_eq!(stub.requests(Endpoint::TokenReview), 1, "the second answer comes from the cache");
@@ -74,11 +106,18 @@ async fn delegated_token_review_answers_are_cached_until_their_ttl() {
     assert!(sent[0]["spec"].get("audiences").is_none(), "no audiences asked for: {}", sent[0]);
 
     // Past the TTL both are asked again; a revoked token is then refused.
-    tokio::time::sleep(TTL + Duration::from_millis(100)).await;
     stub.remove_token("alice-token");
-    assert_eq!(reviews.authenticate("alice-token").await.expect("review"), None);
-    assert_eq!(reviews.authenticate("bogus").await.expect("review"), None);
-    assert_eq!(stub.requests(Endpoint::TokenReview), 4);
+    let alice_then = alice.clone();
+    asked_again(&stub, Endpoint::TokenReview, 3, cached, "alice's review", || async {
+        let answer = reviews.authenticate("alice-token").await.expect("review");
+        assert!(answer.is_none() || answer == Some(alice_then.clone()), "{answer:?}");
+    })
+    .await;
+    assert_eq!(reviews.authenticate("alice-token").await.expect("review"), None, "revoked");
+    asked_again(&stub, Endpoint::TokenReview, 4, cached, "the refusal of bogus", || async {
+        assert_eq!(reviews.authenticate("bogus").await.expect("review"), None);
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -122,9 +161,21 @@ async fn delegated_errors_are_never_cached_nor_users() {
     let token = stub.service_account_token("team-a", "builder", &[STUB_ISSUER], now() + 600);
     stub.stop();
     assert!(reviews.authenticate("alice-token").await.expect("cached").is_some());
-    tokio::time::sleep(TTL + Duration::from_millis(100)).await;
-    assert!(reviews.authenticate("alice-token").await.is_err());
-    assert!(sar.authorize(&get).await.is_err());
+    assert!(sar.authorize(&get).await.expect("cached").is_allowed());
+    eventually_every(TTL * 10, LOOK, "the cached review expired: an error", || async {
+        match reviews.authenticate("alice-token").await {
+            Err(_) => Ok(()),
+            Ok(user) => Err(format!("still {user:?}")),
+        }
+    })
+    .await;
+    eventually_every(TTL * 10, LOOK, "the cached decision expired: an error", || async {
+        match sar.authorize(&get).await {
+            Err(_) => Ok(()),
+            Ok(decision) => Err(format!("still {decision:?}")),
+        }
+    })
+    .await;
     // Without the issuer's keys a service-account token cannot be verified locally either.
     let sa = ServiceAccountVerifier::new(client.clone(), ServiceAccountConfig::default());
     assert!(matches!(sa.verify(&token).await, Verdict::NotLocal(_)));
@@ -203,11 +254,25 @@ async fn delegated_verified_tokens_are_not_remembered_past_expiry() {
     let config = ServiceAccountConfig { leeway: Duration::ZERO, ..Default::default() };
     let local = ServiceAccountVerifier::new(client(&stub).await, config);
     let issuer = stub.issuer();
-    let token = stub.service_account_token("team-a", "brief", &[issuer.as_str()], now() + 2);
+    let expires = now() + 2;
+    let token = stub.service_account_token("team-a", "brief", &[issuer.as_str()], expires);
     assert!(matches!(local.verify(&token).await, Verdict::Verified(_)));
     assert!(matches!(local.verify(&token).await, Verdict::Verified(_)));
-    tokio::time::sleep(Duration::from_millis(3100)).await;
-    assert!(matches!(local.verify(&token).await, Verdict::Rejected(_)), "expired, and no longer remembered");
+    // Verified until it expires (no leeway), then rejected, not remembered.
+    eventually_every(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        "expired, and no longer remembered",
+        || async {
+            match local.verify(&token).await {
+                Verdict::Rejected(_) => Ok(()),
+                Verdict::Verified(_) => Err("still verified".to_owned()),
+                other => panic!("neither verified nor rejected: {other:?}"),
+            }
+        },
+    )
+    .await;
+    assert!(now() >= expires, "rejected before it expired");
 }
 
 #[tokio::test]
@@ -313,6 +378,7 @@ async fn delegated_subject_access_reviews_decide_and_are_cached() {
         let sar = sar.clone();
         async move { sar.authorize(&a).await.expect("SubjectAccessReview") }
     };
+    let cached = Instant::now();
     assert_eq!(decide(get_bundles("alice", "team-a")).await, Decision::Allow("allowed by the stub".into()));
     assert_eq!(decide(get_bundles("mallory", "team-a")).await, Decision::Deny("mallory is banned".into()));
     let none = decide(get_bundles("alice", "team-b")).await;
@@ -340,10 +406,14 @@ async fn delegated_subject_access_reviews_decide_and_are_cached() {
     other_uid.user.uid = "another".into();
     decide(other_uid).await;
     assert_eq!(stub.requests(Endpoint::SubjectAccessReview), 6);
-    tokio::time::sleep(TTL + Duration::from_millis(100)).await;
-    decide(get_bundles("alice", "team-a")).await;
-    decide(get_bundles("mallory", "team-a")).await;
-    assert_eq!(stub.requests(Endpoint::SubjectAccessReview), 8);
+    asked_again(&stub, Endpoint::SubjectAccessReview, 7, cached, "alice's allow", || async {
+        decide(get_bundles("alice", "team-a")).await;
+    })
+    .await;
+    asked_again(&stub, Endpoint::SubjectAccessReview, 8, cached, "mallory's denial", || async {
+        decide(get_bundles("mallory", "team-a")).await;
+    })
+    .await;
 
     // `can`: may a user get a Secret?
     let dev = user("dana", &["dev"]);

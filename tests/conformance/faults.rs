@@ -268,13 +268,17 @@ async fn run_and_kill(server: &mut Server, rng: &mut Rng, model: &mut Model, ops
         10..=14 => Duration::from_secs(10), // after everything answered
         _ => Duration::from_millis(rng.below(120)),
     };
-    let started = Instant::now();
     if roll >= 60 && !unpacking.is_empty() {
         wait_unpacking(server, &unpacking).await;
     } else {
-        while started.elapsed() < kill_at && !tasks.iter().all(|t| t.is_finished()) {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        // The kill comes at `kill_at`, or once every operation has its answer if that is sooner.
+        let _ = poll_until(kill_at, Duration::from_millis(2), || async {
+            match tasks.iter().filter(|t| !t.is_finished()).count() {
+                0 => Ok(()),
+                left => Err(format!("{left} operation(s) unanswered")),
+            }
+        })
+        .await;
     }
     model.stats.kills_mid_operation += u64::from(!tasks.iter().all(|t| t.is_finished()));
     server.kill9();
@@ -287,19 +291,21 @@ async fn run_and_kill(server: &mut Server, rng: &mut Rng, model: &mut Model, ops
 
 /// Returns once one of the Bundles is `Unpacking` (or after 3 s).
 async fn wait_unpacking(server: &Server, names: &[String]) {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < deadline {
+    // Looked for often and briefly: the kill is meant to land while the unpack runs (if it has
+    // not started within 3 s, the kill comes anyway).
+    let _ = poll_until(Duration::from_secs(3), Duration::from_millis(2), || async {
         for name in names {
             let resp = server.get(&bundle(NS, name)).await;
             if resp.status().is_success() {
                 let b: Value = resp.json().await.unwrap_or_default();
                 if b.pointer("/status/phase").and_then(Value::as_str) == Some("Unpacking") {
-                    return;
+                    return Ok(());
                 }
             }
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+        Err("no unpack under way".to_owned())
+    })
+    .await;
 }
 
 /// Deletes every Bundle; the store must come back to empty.

@@ -142,8 +142,17 @@ async fn a_full_disk_refuses_writes_keeps_reads_and_recovers_without_restart() {
     // A restart on the full disk: the store opens (recovery waits for space) and serves.
     server.restart();
     assert_reads_work(&server, &ledger, kept, "restarted at the floor").await;
-    // Let the unpack's retries meet the floor too.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // The unpack's retries meet the floor too: one ended since the restart, failed for want of
+    // space.
+    eventually(WAIT, "the unpack retried at the floor", || async {
+        let m = server.metrics().await;
+        match m.get(r#"stowage_unpack_jobs_total{result="failed",reason="StorageFailed"}"#).copied() {
+            Some(failed) if failed >= 1.0 => Ok(()),
+            failed => Err(format!("failed unpack jobs since the restart: {failed:?}")),
+        }
+    })
+    .await;
+    wait_unpacked_reason(&server, "pulled", "StorageFailed").await;
 
     // Space comes back: writes succeed again, without a restart, and the unpack is retried.
     filler.remove();

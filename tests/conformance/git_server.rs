@@ -29,6 +29,7 @@ pub(crate) struct GitServer {
     dir: tempfile::TempDir,
     addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
+    shared: Arc<Shared>,
 }
 
 struct Shared {
@@ -38,6 +39,8 @@ struct Shared {
     /// Ignore the client's `Git-Protocol` header: the server speaks protocol v0 only, where a
     /// commit that is no branch or tag tip cannot be asked for by id.
     v0_only: bool,
+    /// The path of every request so far, in order.
+    requests: std::sync::Mutex<Vec<String>>,
 }
 
 impl GitServer {
@@ -61,14 +64,21 @@ impl GitServer {
         let dir = tempfile::tempdir().unwrap();
         let project_root = dir.path().join("repos");
         std::fs::create_dir(&project_root).unwrap();
-        let shared = Arc::new(Shared { project_root, auth, v0_only });
-        let app = axum::Router::new().fallback(cgi).with_state(shared);
+        let shared = Arc::new(Shared { project_root, auth, v0_only, requests: Default::default() });
+        let app = axum::Router::new().fallback(cgi).with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        GitServer { dir, addr, task }
+        GitServer { dir, addr, task, shared }
+    }
+
+    /// How many times repository `repo` was asked for its refs so far: once per resolve or fetch
+    /// (each starts with `GET /REPO.git/info/refs`).
+    pub fn ref_requests(&self, repo: &str) -> usize {
+        let path = format!("/{repo}.git/info/refs");
+        self.shared.requests.lock().unwrap().iter().filter(|p| **p == path).count()
     }
 
     /// Stops accepting connections.
@@ -211,6 +221,7 @@ async fn cgi(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     // Owned copies of everything needed: the request (its body is not Sync) must not be
     // borrowed across an await.
     let (parts, body) = request.into_parts();
+    shared.requests.lock().unwrap().push(parts.uri.path().to_owned());
     let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     if let Some(expected) = &shared.auth {
         if header("authorization") != *expected {

@@ -108,8 +108,13 @@ pub fn u64_at(v: &Value, pointer: &str) -> u64 {
     v.pointer(pointer).and_then(Value::as_u64).unwrap_or_else(|| panic!("no unsigned integer at {pointer} in {v:#}"))
 }
 
-/// Polls `check` every 200 ms until it returns `Some`, panicking with `what` after `timeout`.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+/// How often the waits below look again unless told otherwise.
+pub const POLL: Duration = Duration::from_millis(200);
+
+/// Looks at `check` every `every` until it returns `Ok`; `Err` with the last observation once
+/// `timeout` has passed (the check is made once more at the deadline). The one place the async
+/// waits of the tests pause.
+pub async fn poll_until<T, F, Fut>(timeout: Duration, every: Duration, mut check: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
@@ -117,13 +122,79 @@ where
     let deadline = Instant::now() + timeout;
     loop {
         match check().await {
-            Ok(v) => return v,
-            Err(last) if Instant::now() >= deadline => {
-                panic!("{what}: not true within {timeout:?}; last observation: {last}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Ok(v) => return Ok(v),
+            Err(last) if Instant::now() >= deadline => return Err(last),
+            Err(_) => tokio::time::sleep(every.min(deadline.saturating_duration_since(Instant::now()))).await,
         }
     }
+}
+
+/// Polls `check` every 200 ms until it returns `Ok`, panicking with `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    eventually_every(timeout, POLL, what, check).await
+}
+
+/// [`eventually`], looking every `every` (for a state that lasts only a moment).
+pub async fn eventually_every<T, F, Fut>(timeout: Duration, every: Duration, what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    poll_until(timeout, every, check)
+        .await
+        .unwrap_or_else(|last| panic!("{what}: not true within {timeout:?}; last observation: {last}"))
+}
+
+/// Asserts that something does NOT happen: `check` must hold (`Ok`) at every look, every
+/// `every`, for all of `bound`; the first look at which it does not fails the test at once.
+/// `bound` is the longest the server would take to do the thing that must not happen (its own
+/// timing: a backoff's ceiling, a poll interval, a timeout); each caller states which.
+pub async fn holds_for<F, Fut>(bound: Duration, every: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let broke = poll_until(bound, every, || {
+        let look = check();
+        async move {
+            match look.await {
+                Ok(()) => Err(String::new()),
+                Err(why) => Ok(why),
+            }
+        }
+    })
+    .await;
+    if let Ok(why) = broke {
+        panic!("{what}: stopped holding within {bound:?}: {why}");
+    }
+}
+
+/// [`poll_until`] for threads and blocking code: looks at `check` every `every` until it returns
+/// `Ok`; `Err` with the last observation once `timeout` has passed.
+pub fn poll_until_blocking<T>(
+    timeout: Duration,
+    every: Duration,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> Result<T, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check() {
+            Ok(v) => return Ok(v),
+            Err(last) if Instant::now() >= deadline => return Err(last),
+            Err(_) => std::thread::sleep(every.min(deadline.saturating_duration_since(Instant::now()))),
+        }
+    }
+}
+
+/// Blocks until `check` returns `Ok` (looking every `every`), panicking with `what` and the last
+/// observation after `timeout`.
+pub fn wait_until<T>(timeout: Duration, every: Duration, what: &str, check: impl FnMut() -> Result<T, String>) -> T {
+    poll_until_blocking(timeout, every, check)
+        .unwrap_or_else(|last| panic!("{what}: not true within {timeout:?}; last observation: {last}"))
 }
 
 /// Asserts that `resp` is a Kubernetes `Status` failure with this code and reason; returns it.
@@ -307,18 +378,7 @@ impl Server {
     /// or `None` if it was still running at `limit` (it is then killed).
     pub fn terminate(&mut self, limit: Duration) -> Option<Duration> {
         let mut child = self.child.take()?;
-        let started = Instant::now();
-        // SAFETY: sending a signal to our own child process.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        while started.elapsed() < limit {
-            if let Ok(Some(_)) = child.try_wait() {
-                return Some(started.elapsed());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        None
+        terminate_child(&mut child, limit)
     }
 
     /// Starts the server again on the same data directory with the same arguments (killing it
@@ -525,6 +585,23 @@ impl Drop for Server {
             );
         }
     }
+}
+
+/// SIGTERM to `child`, then waits for it to exit (at most `limit`, then SIGKILL); how long it
+/// took, or `None` when it had to be killed.
+pub fn terminate_child(child: &mut Child, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let exited = poll_until_blocking(limit, Duration::from_millis(20), || match child.try_wait() {
+        Ok(Some(_)) => Ok(started.elapsed()),
+        other => Err(format!("{other:?}")),
+    });
+    if exited.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    exited.ok()
 }
 
 fn client_for(data_dir: &Path, with_identity: bool) -> Client {

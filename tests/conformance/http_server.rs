@@ -15,7 +15,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::harness::wait_until;
 
 pub(crate) enum HttpAuth {
     None,
@@ -167,18 +169,15 @@ http {{
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting nginx (Debian package nginx); a missing nginx fails the test");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return child;
-        }
+    let what = format!("nginx listening on port {port}");
+    wait_until(Duration::from_secs(10), Duration::from_millis(20), &what, || {
         if let Ok(Some(status)) = child.try_wait() {
             let log = std::fs::read_to_string(dir.join("logs/error.log")).unwrap_or_default();
             panic!("nginx exited ({status}): {log}");
         }
-        assert!(Instant::now() < deadline, "nginx did not start listening on port {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        std::net::TcpStream::connect(("127.0.0.1", port)).map(drop).map_err(|e| e.to_string())
+    });
+    child
 }
 
 impl Drop for HttpServer {

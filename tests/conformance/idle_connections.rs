@@ -131,8 +131,13 @@ async fn a_quiet_watch_outlives_the_idle_and_header_timeouts() {
         assert_eq!(response.status(), 200);
         streams.push((response.version(), response.bytes_stream()));
     }
-    // Three idle timeouts (3 s) without a single event.
-    tokio::time::sleep(Duration::from_secs(9)).await;
+    let streams_versions: Vec<_> = streams.iter().map(|(version, _)| *version).collect();
+    // Three idle timeouts (--idle-connection-timeout 3s) without a single event: neither watch
+    // ends (a cut would show at once) nor sends anything.
+    let next = futures_util::future::select_all(streams.iter_mut().map(|(_, stream)| stream.next()));
+    if let Ok((item, i, _)) = tokio::time::timeout(Duration::from_secs(9), next).await {
+        panic!("the {:?} watch did not stay quiet and open: {item:?}", streams_versions[i]);
+    }
     server.create_bundle("quiet", "late").await;
     for (version, stream) in &mut streams {
         let event = tokio::time::timeout(Duration::from_secs(10), stream.next()).await;

@@ -16,6 +16,8 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::harness::wait_until;
+
 const TAG: &str = "localhost/stowage:conformance";
 /// The serving certificate's name, as the kube-apiserver dials the Service.
 const SERVICE_NAME: &str = "stowage.stowage.svc";
@@ -222,12 +224,14 @@ impl Container {
     fn start(&self) -> Duration {
         let started = Instant::now();
         ok("podman", &["--runtime", "runc", "start", &self.name]);
-        while self.probe("/readyz").is_none() {
+        wait_until(Duration::from_secs(60), Duration::from_millis(50), "the container ready", || {
+            if self.probe("/readyz").is_some() {
+                return Ok(());
+            }
             let state = ok("podman", &["inspect", "--format", "{{.State.Status}}", &self.name]);
             assert!(state.trim() == "running", "the container is {state}: {}", self.logs());
-            assert!(started.elapsed() < Duration::from_secs(60), "not ready after 60 s: {}", self.logs());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            Err(self.logs())
+        });
         started.elapsed()
     }
 

@@ -88,14 +88,19 @@ fn generation(obj: &DynamicObject) -> i64 {
 /// The Bundle once the server has brought its status to its generation (it writes the status of
 /// an upload Bundle after each spec change, as a controller would).
 async fn settled(api: &Api<DynamicObject>, name: &str) -> DynamicObject {
-    for _ in 0..300 {
-        let obj = api.get(name).await.expect("get");
-        if obj.data["status"]["observedGeneration"] == json!(generation(&obj)) {
-            return obj;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    panic!("the status of {name} never reached its generation");
+    eventually_every(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        &format!("the status of {name} at its generation"),
+        || async {
+            let obj = api.get(name).await.expect("get");
+            match obj.data["status"]["observedGeneration"] == json!(generation(&obj)) {
+                true => Ok(obj),
+                false => Err(format!("{:?}", obj.data["status"])),
+            }
+        },
+    )
+    .await
 }
 
 fn rv(obj: &DynamicObject) -> String {
@@ -652,6 +657,18 @@ async fn converge(
     .await
 }
 
+/// Waits until the watcher has failed (one more error than the `seen` before `what`).
+async fn watcher_failed_since(errors: &Mutex<Vec<String>>, seen: usize, what: &str) {
+    eventually_every(CONVERGE, Duration::from_millis(20), &format!("the watcher failed after {what}"), || async {
+        let errors = errors.lock().expect("errors");
+        match errors.len() > seen {
+            true => Ok(()),
+            false => Err(format!("{} error(s): {:?}", errors.len(), errors.last())),
+        }
+    })
+    .await;
+}
+
 /// A reflector through a proxy follows creates, updates and deletes made while it is connected, while
 /// the server is down and restarts, and while it is cut off.
 async fn reflector_converges_across_restart_and_cut(config: watcher::Config, ns: &str) {
@@ -693,8 +710,9 @@ async fn reflector_converges_across_restart_and_cut(config: watcher::Config, ns:
     converge(&store, &direct, &errors, "after live changes").await;
 
     // The server dies and comes back on another port; changes land before the watcher is back.
+    let seen = errors.lock().expect("errors").len();
     server.kill9();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    watcher_failed_since(&errors, seen, "the server was killed").await;
     server.restart();
     proxy.set_backend(&server.url);
     direct = bundles_api(&kube_client(&server).await, ns);
@@ -707,15 +725,18 @@ async fn reflector_converges_across_restart_and_cut(config: watcher::Config, ns:
     converge(&store, &direct, &errors, "after a server restart").await;
 
     // Cut off from the server (connections closed, new ones refused) while objects change.
+    let seen = errors.lock().expect("errors").len();
     proxy.cut();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    watcher_failed_since(&errors, seen, "the cut").await;
     create(&direct, "while-cut", &[]).await;
     direct.delete("r3", &DeleteParams::default()).await.expect("delete r3");
     direct
         .patch("r4", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"gen": "3"}}})))
         .await
         .expect("label r4");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // It tried again after those changes, and was refused: it missed them while cut off.
+    let seen = errors.lock().expect("errors").len();
+    watcher_failed_since(&errors, seen, "the changes made while cut off").await;
     proxy.resume();
     converge(&store, &direct, &errors, "after the watch was cut off").await;
 

@@ -38,9 +38,19 @@ fn access_lines(server: &Server, agent: &str) -> Vec<Value> {
     json_lines(server).into_iter().filter(|v| v["target"] == ACCESS && v["user_agent"] == agent).collect()
 }
 
-/// Waits until `agent`'s requests have `count` access lines, then a little longer: a second line
-/// for the same request would show up by then.
+/// Waits until `agent`'s requests have `count` access lines, then for the access line of a
+/// marker request sent after them: the log is written in order, so a second line for one of
+/// `agent`'s requests, written while it was answered, would be in the log by then.
 async fn settled_access_lines(server: &Server, agent: &str, count: usize) -> Vec<Value> {
+    wait_access_lines(server, agent, count).await;
+    let marker = format!("{agent}/marker");
+    let response = server.client().get(server.url("/version")).header(USER_AGENT, &marker).send().await.unwrap();
+    response.bytes().await.unwrap();
+    wait_access_lines(server, &marker, 1).await;
+    access_lines(server, agent)
+}
+
+async fn wait_access_lines(server: &Server, agent: &str, count: usize) {
     eventually(Duration::from_secs(10), &format!("{count} access line(s) of {agent}"), || async {
         let lines = access_lines(server, agent);
         match lines.len() >= count {
@@ -49,8 +59,6 @@ async fn settled_access_lines(server: &Server, agent: &str, count: usize) -> Vec
         }
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    access_lines(server, agent)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -197,7 +205,18 @@ async fn denials_and_authentication_failures_at_info_without_the_token() {
     assert_eq!(failure["level"], "INFO", "{failure}");
     assert_eq!(failure["path"], bundles("default"), "{failure}");
 
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A marker: one more authentication failure, sent after the others were answered. Once its
+    // line is in the log (written in order), so is whatever they logged.
+    let marker = server.anonymous_client().get(&url).bearer_auth("marker-token").send().await.unwrap();
+    assert_eq!(marker.status(), 401);
+    eventually(Duration::from_secs(10), "the marker's line", || async {
+        let failures = json_lines(&server).into_iter().filter(|l| l["message"] == "authentication failed").count();
+        match failures {
+            2 => Ok(()),
+            n => Err(format!("{n} authentication failure lines")),
+        }
+    })
+    .await;
     let log = server.log();
     assert!(!log.contains(TOKEN), "the token is in the log:\n{log}");
     assert!(!log.contains(BAD_TOKEN), "the refused token is in the log:\n{log}");

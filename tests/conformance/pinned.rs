@@ -109,8 +109,28 @@ async fn a_pinned_branch_stays_on_its_commit_until_its_ref_changes_or_a_refresh_
     assert_eq!((commit_of(&b), str_at(&b, "/status/format")), (first.as_str(), "plain"));
     assert_eq!(b["metadata"]["generation"], 3);
     assert_current(&b);
+    let asked = git.ref_requests("app");
     server.restart();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The loop lists every Bundle when it starts and plans each at once: a Bundle created after
+    // the restart that gets unpacked shows it has run since. Had the restart dropped the pin,
+    // "pin" would have been resolved at once too: a moment more covers one in flight.
+    git.create("canary");
+    git.commit("canary", "main", &app("0"));
+    let canary = json!({"repository": git.url("canary"), "ref": {"branch": "main"}, "directory": "deploy"});
+    create(&server, "canary", json!({"sources": [{"git": canary}]})).await;
+    wait_reason(&server, "canary", "Unpacked").await;
+    holds_for(
+        Duration::from_secs(1),
+        Duration::from_millis(100),
+        "a restart asks nothing of a pinned source",
+        || async {
+            match git.ref_requests("app") {
+                n if n == asked => Ok(()),
+                n => Err(format!("{asked} → {n} requests for the app repository")),
+            }
+        },
+    )
+    .await;
     let b = wait_reason(&server, "pin", "Unpacked").await;
     assert_eq!(commit_of(&b), first, "a restart keeps the pin");
     assert_eq!(served(&server, "pin").await, deployed("1"));

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -352,20 +352,24 @@ async fn an_interrupted_push_resumes_when_run_again() {
         // 1 KiB pieces: hundreds of requests, time enough to kill it in the middle.
         let mut push = kubectl.command(&["push", name, source, "--create", "--piece-bytes", "1024"]);
         let mut child = push.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-        let started = Instant::now();
-        let (id, held) = loop {
-            assert!(started.elapsed() < Duration::from_secs(60), "no piece arrived");
-            assert!(child.try_wait().unwrap().is_none(), "the push ended before it could be interrupted");
+        let child = std::cell::RefCell::new(&mut child);
+        // Looked for often: the push must be caught between its first piece and its last.
+        let every = Duration::from_millis(20);
+        let (id, held) = eventually_every(Duration::from_secs(60), every, "a piece arrived", || async {
+            assert!(child.borrow_mut().try_wait().unwrap().is_none(), "the push ended before it could be interrupted");
             let remembered = std::fs::read_dir(&sessions).into_iter().flatten().flatten().next();
-            if let Some(record) = remembered.and_then(|e| std::fs::read(e.path()).ok()) {
-                let id = str_at(&parse_json(&record, "session record"), "/uploadID").to_owned();
-                let state = server.get_json(&format!("{}?upload={id}", bundle_content(NS, name))).await;
-                if u64_at(&state, "/offset") > 0 {
-                    break (id, u64_at(&state, "/offset"));
-                }
+            let Some(record) = remembered.and_then(|e| std::fs::read(e.path()).ok()) else {
+                return Err("no session record yet".to_owned());
+            };
+            let id = str_at(&parse_json(&record, "session record"), "/uploadID").to_owned();
+            let state = server.get_json(&format!("{}?upload={id}", bundle_content(NS, name))).await;
+            match u64_at(&state, "/offset") {
+                0 => Err(format!("session {id} at offset 0")),
+                offset => Ok((id, offset)),
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        })
+        .await;
+        let child = child.into_inner();
         child.kill().unwrap(); // SIGKILL: nothing is cleaned up
         child.wait().unwrap();
         if forget_on_server {

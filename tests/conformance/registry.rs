@@ -13,12 +13,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+use crate::harness::poll_until;
 use crate::tarutil::{self, Tree};
 
 /// One layer blob and what it unpacks to.
@@ -354,21 +355,21 @@ impl Registry {
     }
 }
 
+/// Whether the registry answers `/v2/` within 20 s (`false` at once if it exited: its port was
+/// taken).
 async fn wait_ready(child: &mut Child, http: &reqwest::Client, base: &str) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return false;
+    let child = std::cell::RefCell::new(child);
+    let ready = poll_until(Duration::from_secs(20), Duration::from_millis(50), || async {
+        if let Ok(Some(status)) = child.borrow_mut().try_wait() {
+            return Ok(Err(status));
         }
-        if let Ok(resp) = http.get(format!("{base}/v2/")).send().await {
-            let s = resp.status().as_u16();
-            if s == 200 || s == 401 {
-                return true;
-            }
+        match http.get(format!("{base}/v2/")).send().await {
+            Ok(resp) if matches!(resp.status().as_u16(), 200 | 401) => Ok(Ok(())),
+            other => Err(format!("{other:?}")),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
+    })
+    .await;
+    matches!(ready, Ok(Ok(())))
 }
 
 fn write_config(dir: &Path, port: u16, auth: Option<&(String, String)>, tls: Option<&(String, String)>) -> PathBuf {

@@ -111,9 +111,17 @@ async fn a_rollback_holds_through_polls_restarts_and_pruning_until_cleared() {
     assert_eq!(served(&server, "app").await, deployed("1"));
 
     // A restart, then polls: still the chosen one.
+    let asked = git.ref_requests("app");
     server.restart();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let b = wait_for(&server, "app", "answered after the restart", |_| true).await;
+    // Two polls (1 s apart) reach the repository after the restart.
+    eventually(WAIT, "two polls after the restart", || async {
+        match git.ref_requests("app") - asked {
+            n if n >= 2 => Ok(()),
+            n => Err(format!("{n} request(s) since the restart")),
+        }
+    })
+    .await;
+    let b = server.get_json(&bundle(NS, "app")).await;
     assert_eq!(served_name(&b), c1, "{:#}", b["status"]);
     assert_eq!(served(&server, "app").await, deployed("1"));
 

@@ -2,6 +2,8 @@
 //! basic and bearer auth, conditional re-checks, plain-http policy and a malicious archive. Calls
 //! `stowage::unpack::http::{resolve, fetch}` directly with a recording sink.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stowage::unpack::error::UnpackError;
@@ -9,7 +11,7 @@ use stowage::unpack::http;
 use stowage::unpack::source::HttpSource;
 use stowage::unpack::{Credentials, ResolvedSource, SourceContext};
 
-use crate::harness::{corpus, sha256_hex};
+use crate::harness::{corpus, eventually_every, sha256_hex};
 use crate::http_server::{HttpAuth, HttpServer};
 use crate::source_git::{context, RecordingSink};
 use crate::tarutil::{assert_trees_equal, gzip, raw_entry, raw_tar, system_tar, tree_from_dir, zstd, Tree};
@@ -214,12 +216,16 @@ async fn http_traversal_tarball_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_download_ends_as_soon_as_it_is_cancelled() {
     let entry = raw_entry("big.yaml", b'0', &vec![b'x'; 200_000], "");
+    let stalled = Arc::new(AtomicBool::new(false));
+    let said = stalled.clone();
     let host = crate::hostile_http::serve(move |_request, stream| {
         use std::io::Write;
         let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", entry.len());
         let _ = stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(&entry[..4096]));
         let _ = stream.flush();
-        std::thread::sleep(Duration::from_secs(60));
+        said.store(true, Ordering::SeqCst);
+        // The stall: nothing more is sent, the connection stays open until the client hangs up.
+        let _ = std::io::copy(stream, &mut std::io::sink());
     });
     let s = spec(&format!("http://{host}/big.tar"), "");
     let pinned = ResolvedSource::http(&s.url, String::new(), String::new(), String::new());
@@ -228,7 +234,13 @@ async fn a_stalled_download_ends_as_soon_as_it_is_cancelled() {
         let ctx = ctx.clone();
         async move { fetch(&s, &ctx, &pinned).await }
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    eventually_every(Duration::from_secs(10), Duration::from_millis(20), "the first bytes were sent", || async {
+        match stalled.load(Ordering::SeqCst) {
+            true => Ok(()),
+            false => Err("nothing sent yet".to_owned()),
+        }
+    })
+    .await;
     assert!(!fetching.is_finished(), "the download waits for the server");
     let cancelled = Instant::now();
     ctx.cancel.cancel();

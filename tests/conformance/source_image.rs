@@ -12,7 +12,7 @@ use stowage::unpack::source::{Budget, Credentials, ImageSource, NetworkPolicy, S
 use stowage::unpack::{EntrySink, ResolvedSource, UnpackError};
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::corpus;
+use crate::harness::{corpus, eventually};
 use crate::registry::{chart_tgz, Layer, Registry};
 use crate::tarutil::{self, assert_trees_equal, file, Node, Tree};
 
@@ -324,6 +324,9 @@ async fn an_endless_manifest_is_refused_at_the_limit() {
     let offered: u64 = 256 << 20;
     let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let counter = sent.clone();
+    // Endless answers still being written: one ends when the client closes its connection.
+    let writing = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let writers = writing.clone();
     let host = crate::hostile_http::serve(move |request, stream| {
         if !request.path.contains("/manifests/") {
             let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}");
@@ -331,14 +334,23 @@ async fn an_endless_manifest_is_refused_at_the_limit() {
         }
         let head =
             "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nConnection: close\r\n\r\n";
+        writers.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         crate::hostile_http::endless(stream, head, b' ', offered, &counter);
+        writers.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     });
     let ctx = context(&host, None, UnpackLimits::default());
     let reference = format!("{host}/evil/endless@sha256:{}", "ab".repeat(32));
     let err = pull(&spec(&reference, ""), &ctx).await.expect_err("an endless manifest");
     assert!(matches!(err, UnpackError::TooLarge(_)), "{err:?}");
     assert!(err.to_string().contains("manifest"), "{err}");
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // The client hung up: the registry's writes fail and it stops sending.
+    eventually(std::time::Duration::from_secs(10), "the endless answer ended", || async {
+        match writing.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => Ok(()),
+            n => Err(format!("{n} still being written")),
+        }
+    })
+    .await;
     let read = sent.load(std::sync::atomic::Ordering::Relaxed);
     assert!(read < 64 << 20, "{read} bytes were sent before the client stopped reading");
 }

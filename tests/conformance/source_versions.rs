@@ -225,15 +225,33 @@ async fn a_missing_source_waits_for_its_spec_or_its_poll_interval_even_across_a_
     let b = wait_reason(&server, "gone", "SourceNotFound").await;
     let message = unpacked_condition(&b)["message"].as_str().unwrap_or_default().to_owned();
     assert!(message.contains("404") && !message.contains("retrying"), "{message}");
-    // A transient failure would be retried after 2.5–5 s, then 5–10 s.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    assert_eq!(web.requests_for("gone.tar.gz"), 1, "a 404 is not retried while the spec stays");
+    assert!(b["status"].get("nextPollTime").is_none(), "nothing scheduled: {:#}", b["status"]);
+    // A transient failure's first retry would come within 5 s of it (2.5–5 s; a second one only
+    // after a first).
+    let bound = crate::unpack::FIRST_RETRY_MAX + Duration::from_millis(500);
+    holds_for(bound, Duration::from_millis(100), "a 404 is not retried while the spec stays", || async {
+        match web.requests_for("gone.tar.gz") {
+            1 => Ok(()),
+            n => Err(format!("{n} requests for gone.tar.gz")),
+        }
+    })
+    .await;
 
-    // A spec change is a new attempt; with a poll interval, it is tried again every interval.
+    // A spec change is a new attempt; with a poll interval, it is tried again every interval
+    // (2 s, each spread by ±5 %): that attempt and three polls take 5.7–6.3 s. Backoff would
+    // space them 2.5–5 s, 5–10 s, 10–20 s apart; a loop that does not wait, not at all.
+    let patched = Instant::now();
     server.merge_patch_ok(&bundle(NS, "gone"), &json!({"spec": {"pollInterval": "2s"}})).await;
-    tokio::time::sleep(Duration::from_secs(9)).await;
-    let polled = web.requests_for("gone.tar.gz");
-    assert!((4..=7).contains(&polled), "1 + one per 2 s poll over 9 s, not backoff: {polled}");
+    eventually_every(Duration::from_secs(9), Duration::from_millis(50), "the attempt and 3 polls", || async {
+        match web.requests_for("gone.tar.gz") {
+            n if n >= 5 => Ok(()),
+            n => Err(format!("{n} requests for gone.tar.gz")),
+        }
+    })
+    .await;
+    let took = patched.elapsed();
+    assert!(took >= Duration::from_millis(5400), "the attempt and 3 polls came within {took:?}: not every 2 s");
+    assert_eq!(web.requests_for("gone.tar.gz"), 5, "one request per poll");
 
     // A long interval survives a restart: no attempt until it passes.
     server.merge_patch_ok(&bundle(NS, "gone"), &json!({"spec": {"pollInterval": "1h"}})).await;
@@ -245,8 +263,25 @@ async fn a_missing_source_waits_for_its_spec_or_its_poll_interval_even_across_a_
     let next = str_at(&b, "/status/nextPollTime").to_owned();
     let before = web.requests_for("gone.tar.gz");
     server.restart();
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    assert_eq!(web.requests_for("gone.tar.gz"), before, "the poll scheduled for {next} is kept across a restart");
+    // The loop lists every Bundle when it starts and plans each at once; a Bundle created after
+    // the restart that gets unpacked shows the loop has run since. Had the restart forgotten the
+    // schedule, "gone" would have been fetched at once too: a moment more covers one in flight.
+    web.put("canary.tar.gz", &gzip(&build_tar(&chart("0.0.1"))));
+    create(&server, "canary", json!({"sources": [{"http": {"url": web.url("canary.tar.gz")}}]})).await;
+    wait_for(&server, "canary", "unpacked after the restart", |b| b["status"]["phase"] == "Unpacked").await;
+    let every = Duration::from_millis(100);
+    holds_for(
+        Duration::from_secs(1),
+        every,
+        &format!("the poll scheduled for {next} is kept across a restart"),
+        || async {
+            match web.requests_for("gone.tar.gz") {
+                n if n == before => Ok(()),
+                n => Err(format!("{before} → {n} requests for gone.tar.gz")),
+            }
+        },
+    )
+    .await;
     let after = server.get_json(&bundle(NS, "gone")).await;
     assert_eq!(after["status"]["nextPollTime"], next.as_str());
 }

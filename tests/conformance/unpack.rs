@@ -118,19 +118,45 @@ async fn http_tarballs_unpack_verified_and_a_wrong_sha256_stores_nothing() {
     assert_eq!(content["spec"]["sources"][0]["http"]["sha256"], sha);
     assert_eq!(content["metadata"]["ownerReferences"][0]["uid"], b["metadata"]["uid"]);
 
+    // The same bytes under a name of its own, so that the source's log shows this Bundle's fetches.
+    web.put("tampered.tar.gz", &tar_gz);
     let wrong = "0".repeat(64);
-    create(&server, "tampered", json!({"sources": [{"http": {"url": web.url("valid.tar.gz"), "sha256": wrong}}]}))
+    create(&server, "tampered", json!({"sources": [{"http": {"url": web.url("tampered.tar.gz"), "sha256": wrong}}]}))
         .await;
     let b = wait_reason(&server, "tampered", "DigestMismatch").await;
     assert_eq!(condition(&b, "Unpacked")["status"], "False");
     assert!(b["status"].get("contentName").is_none(), "nothing served: {b:#}");
     let names = server.bundlecontent_names(NS).await;
     assert_eq!(names.len(), 1, "only the good bundle's content exists: {names:?}");
-    // Permanent: not retried (the same failure, no new attempts, for a while).
-    let rv = str_at(&b, "/metadata/resourceVersion").to_owned();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let later = server.get_json(&bundle(NS, "tampered")).await;
-    assert_eq!(str_at(&later, "/metadata/resourceVersion"), rv, "a digest mismatch is not retried");
+    assert_not_retried(&server, &web, &b, "tampered.tar.gz").await;
+}
+
+/// The longest a transient failure waits for its first retry: the unpacker's backoff draws it
+/// from 2.5–5 s (`FIRST_RETRY` 5 s, from its upper half).
+pub const FIRST_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// A permanent failure (`b`, as it was recorded) is not retried: its status schedules nothing, and
+/// from the failure until past the longest first retry of a transient one nothing happens — no
+/// new request for `file` at the source, no new status.
+pub async fn assert_not_retried(server: &Server, web: &HttpServer, b: &Value, file: &str) {
+    let name = str_at(b, "/metadata/name");
+    let message = condition(b, "Unpacked")["message"].as_str().unwrap_or_default().to_owned();
+    assert!(!message.contains("retrying"), "{name}: a permanent failure says it is retried: {message}");
+    assert!(b["status"].get("nextPollTime").is_none(), "{name}: a retry is scheduled: {:#}", b["status"]);
+    let rv = str_at(b, "/metadata/resourceVersion").to_owned();
+    let fetched = web.requests_for(file);
+    assert!(fetched > 0, "{name}: {file} was never fetched");
+    // Counted from now, which is after the failure: the window covers every moment a first retry
+    // could come at (one before now shows in the first look).
+    let what = format!("{name}: its failure is not retried");
+    holds_for(FIRST_RETRY_MAX + Duration::from_millis(500), Duration::from_millis(100), &what, || async {
+        let later = server.get_json(&bundle(NS, name)).await;
+        match (web.requests_for(file), str_at(&later, "/metadata/resourceVersion")) {
+            (n, now) if n == fetched && now == rv => Ok(()),
+            (n, now) => Err(format!("requests for {file}: {fetched} → {n}; resourceVersion {rv} → {now}")),
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

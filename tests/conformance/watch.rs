@@ -90,7 +90,20 @@ async fn kubectl_wait_returns_when_the_upload_lands() {
             .output()
             .expect("run kubectl wait")
     });
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The upload comes once kubectl waits on a watch (in the long-running requests' gauge).
+    eventually(Duration::from_secs(30), "kubectl wait watching", || async {
+        let m = server.metrics().await;
+        let watching: f64 = m
+            .iter()
+            .filter(|(k, _)| k.starts_with("apiserver_longrunning_requests{") && k.contains(r#"verb="WATCH""#))
+            .map(|(_, v)| v)
+            .sum();
+        match watching >= 1.0 {
+            true => Ok(()),
+            false => Err(format!("{watching} open watches")),
+        }
+    })
+    .await;
     let mut tree = Tree::new();
     tree.insert("Chart.yaml".into(), file(b"name: app\n".to_vec()));
     server.upload_ok("kw", "app", build_tar(&tree), None).await;

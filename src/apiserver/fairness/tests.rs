@@ -13,6 +13,20 @@ fn limits(per_user: usize, total: usize) -> FairnessLimits {
     }
 }
 
+/// Yields to the spawned waiters until `n` requests of class `kind` wait in a queue.
+async fn wait_queued(fairness: &Fairness, kind: &str, n: i64) {
+    for _ in 0..10_000 {
+        if fairness.counts().iter().any(|(k, c)| *k == kind && c.waiting == n) {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("{n} {kind} request(s) never queued: {:?}", fairness.counts());
+}
+
+// On the current-thread runtime of `#[tokio::test]` a spawned waiter runs only when the test
+// yields: `wait_queued` yields until it waits in its queue, and the seat is then freed with no await
+// in between, so the waiter's queue wait cannot run out first.
 #[tokio::test]
 async fn one_user_fills_only_their_share() {
     let fairness = Fairness::new(limits(2, 3));
@@ -26,7 +40,7 @@ async fn one_user_fills_only_their_share() {
         let fairness = fairness.clone();
         tokio::spawn(async move { fairness.admit(Class::Content, Some("third")).await.is_ok() })
     };
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    wait_queued(&fairness, "content", 1).await;
     drop(a1);
     assert!(waiter.await.unwrap());
     // The admin has no per-user share, only the total.
@@ -43,10 +57,10 @@ async fn a_full_queue_refuses_at_once_and_idle_users_are_forgotten() {
         let fairness = fairness.clone();
         tokio::spawn(async move { fairness.admit(Class::Mutating, Some("u")).await.is_ok() })
     };
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    wait_queued(&fairness, "mutating", 1).await;
     let started = std::time::Instant::now();
     assert_eq!(fairness.admit(Class::Mutating, Some("u")).await.err(), Some(Rejection::QueueFull));
-    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(started.elapsed() < Duration::from_secs(1), "refused without waiting out the 5 s queue wait");
     drop(seat);
     assert!(queued.await.unwrap());
     assert!(fairness.users.lock().unwrap().is_empty());
@@ -56,7 +70,7 @@ async fn a_full_queue_refuses_at_once_and_idle_users_are_forgotten() {
         let fairness = fairness.clone();
         tokio::spawn(async move { fairness.admit(Class::Mutating, Some("gone")).await.is_ok() })
     };
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    wait_queued(&fairness, "mutating", 1).await;
     // The seat goes while the waiter still queues; the waiter goes before it runs again.
     drop(seat);
     waiter.abort();

@@ -41,8 +41,13 @@ impl<K: Hash + Eq + Clone, V: Clone> TtlCache<K, V> {
 
     /// The value cached for `key`, if it has not expired.
     pub(crate) fn get(&self, key: &K) -> Option<V> {
+        self.get_at(key, Instant::now())
+    }
+
+    /// [`TtlCache::get`] as of `now`: the tests look at an entry past its deadline without
+    /// waiting for it.
+    fn get_at(&self, key: &K, now: Instant) -> Option<V> {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = Instant::now();
         match inner.map.get(key) {
             Some(entry) if entry.expires > now => Some(entry.value.clone()),
             Some(_) => {
@@ -93,13 +98,17 @@ mod tests {
     #[test]
     fn entries_expire() {
         let cache = TtlCache::new(4);
-        cache.insert(1, "a", Duration::from_millis(30));
+        let ttl = Duration::from_millis(30);
+        let before = Instant::now();
+        cache.insert(1, "a", ttl);
+        let after = Instant::now();
         cache.insert(2, "b", LONG);
         assert_eq!(cache.get(&1), Some("a"));
-        std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(cache.get(&1), None);
-        assert_eq!(cache.get(&2), Some("b"));
-        assert_eq!(cache.len(), 1);
+        // Its deadline is between `before + ttl` and `after + ttl`.
+        assert_eq!(cache.get_at(&1, before + ttl - Duration::from_millis(1)), Some("a"), "valid until its TTL");
+        assert_eq!(cache.get_at(&1, after + ttl), None, "expired at its TTL");
+        assert_eq!(cache.get_at(&2, after + ttl), Some("b"));
+        assert_eq!(cache.len(), 1, "the expired entry was dropped when met");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::{Certificate, Client, Identity};
 
@@ -15,6 +15,7 @@ use super::etcd::Etcd;
 use super::garage::Garage;
 use super::haproxy::Haproxy;
 use super::process::{free_port, Proc};
+use crate::harness::eventually_every;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -61,20 +62,21 @@ impl Replica {
 
     /// Waits until `/readyz` answers 200 (the replica reaches etcd and S3).
     pub async fn wait_ready(&mut self, client: &Client) {
-        let deadline = Instant::now() + READY_TIMEOUT;
         let url = format!("{}/readyz", self.url());
-        loop {
+        let (index, proc) = (self.index, std::cell::RefCell::new(&mut self.proc));
+        let what = format!("replica {index} ready");
+        eventually_every(READY_TIMEOUT, Duration::from_millis(100), &what, || async {
             let last = match client.get(&url).timeout(Duration::from_secs(5)).send().await {
-                Ok(r) if r.status().is_success() => return,
+                Ok(r) if r.status().is_success() => return Ok(()),
                 Ok(r) => format!("{}: {}", r.status(), r.text().await.unwrap_or_default()),
                 Err(e) => format!("{e:?}"),
             };
-            if let Some(status) = self.proc.as_mut().and_then(Proc::exited) {
-                panic!("replica {} exited ({status}) before ready; last /readyz: {last}", self.index);
+            if let Some(status) = proc.borrow_mut().as_mut().and_then(Proc::exited) {
+                panic!("replica {index} exited ({status}) before ready; last /readyz: {last}");
             }
-            assert!(Instant::now() < deadline, "replica {} not ready within {READY_TIMEOUT:?}: {last}", self.index);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            Err(format!("last /readyz: {last}"))
+        })
+        .await;
     }
 
     /// SIGKILL.

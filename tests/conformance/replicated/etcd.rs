@@ -2,9 +2,10 @@
 //! directory, killed on drop.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::process::{free_port, Proc};
+use crate::harness::eventually_every;
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -59,22 +60,17 @@ impl Etcd {
     }
 
     async fn wait_healthy(&self) {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            let last = match self.client().await {
+        eventually_every(START_TIMEOUT, Duration::from_millis(100), "etcd healthy", || async {
+            let error = match self.client().await {
                 Ok(mut c) => match c.status().await {
-                    Ok(_) => return,
+                    Ok(_) => return Ok(()),
                     Err(e) => e.to_string(),
                 },
                 Err(e) => e.to_string(),
             };
-            assert!(
-                Instant::now() < deadline,
-                "etcd not healthy within {START_TIMEOUT:?}: {last}; log:\n{}",
-                self.proc.tail()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            Err(format!("{error}; log:\n{}", self.proc.tail()))
+        })
+        .await;
     }
 
     /// A client of this etcd (the crate the server uses).

@@ -4,9 +4,10 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::process::{free_port, run, Proc};
+use crate::harness::wait_until;
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 pub const REGION: &str = "garage";
@@ -95,20 +96,13 @@ impl Garage {
             cmd
         };
         // The CLI talks to the server over RPC, which answers a moment after the S3 port opens.
-        let deadline = Instant::now() + START_TIMEOUT;
-        let node = loop {
+        let node = wait_until(START_TIMEOUT, Duration::from_millis(200), "garage node id", || {
             let out = cli(&["node", "id", "-q"]).output().expect("run garage node id");
-            if out.status.success() {
-                break String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            match out.status.success() {
+                true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
+                false => Err(format!("{}\nlog:\n{}", String::from_utf8_lossy(&out.stderr), proc.tail())),
             }
-            assert!(
-                Instant::now() < deadline,
-                "garage node id: {}\nlog:\n{}",
-                String::from_utf8_lossy(&out.stderr),
-                proc.tail()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        };
+        });
         let node = node.split('@').next().unwrap_or(&node).to_owned();
         run(&mut cli(&["layout", "assign", "-z", "dc1", "-c", "1G", &node]));
         run(&mut cli(&["layout", "apply", "--version", "1"]));

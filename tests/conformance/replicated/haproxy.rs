@@ -7,11 +7,11 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::process::{free_port, Proc};
+use crate::harness::eventually_every;
 
 const BACKEND: &str = "replicas";
 
@@ -67,31 +67,32 @@ impl Haproxy {
 
     /// Waits until server `name` has a status starting with `prefix` (`UP` or `DOWN`).
     pub async fn wait_status(&self, name: &str, prefix: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let status = self.status();
-            if matches!(&status, Ok(s) if s.get(name).is_some_and(|v| v.starts_with(prefix))) {
-                return;
+        let what = format!("haproxy: {name} {prefix}");
+        eventually_every(timeout, Duration::from_millis(50), &what, || async {
+            match self.status() {
+                Ok(s) if s.get(name).is_some_and(|v| v.starts_with(prefix)) => Ok(()),
+                other => Err(format!("{other:?}")),
             }
-            assert!(Instant::now() < deadline, "haproxy: {name} not {prefix} within {timeout:?}: {status:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await;
     }
 
     /// Samples `show stat` every `every` until the sampler is stopped.
     pub fn sample(self: &Arc<Self>, every: Duration) -> Sampler {
         let samples = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (this, s, st) = (self.clone(), samples.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            while !st.load(Ordering::SeqCst) {
-                let at = Instant::now();
-                let status = this.status();
-                s.lock().unwrap().push(Sample { at, status });
-                std::thread::sleep(every.saturating_sub(at.elapsed()));
+        let (stop, stopped) = mpsc::channel::<()>();
+        let (this, s) = (self.clone(), samples.clone());
+        let thread = std::thread::spawn(move || loop {
+            let at = Instant::now();
+            let status = this.status();
+            s.lock().unwrap().push(Sample { at, status });
+            // Until the next sample is due, or at once when the sampler is stopped (or dropped).
+            match stopped.recv_timeout(every.saturating_sub(at.elapsed())) {
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                _ => return,
             }
         });
-        Sampler { samples, stop, thread: Some(thread) }
+        Sampler { samples, stop: Some(stop), thread: Some(thread) }
     }
 }
 
@@ -123,24 +124,32 @@ pub struct Sample {
 /// haproxy's view of the backends, sampled by a thread.
 pub struct Sampler {
     samples: Arc<Mutex<Vec<Sample>>>,
-    stop: Arc<AtomicBool>,
+    /// Dropping it stops the thread.
+    stop: Option<mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Sampler {
     /// Stops sampling; the samples taken.
     pub fn finish(mut self) -> Vec<Sample> {
-        self.stop.store(true, Ordering::SeqCst);
+        drop(self.stop.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
         std::mem::take(&mut *self.samples.lock().unwrap())
     }
-}
 
-impl Drop for Sampler {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+    /// Waits until a sample taken since `since` shows server `name` `DOWN`.
+    pub async fn wait_down(&self, name: &str, since: Instant, timeout: Duration) {
+        let what = format!("a sample shows {name} DOWN");
+        eventually_every(timeout, Duration::from_millis(50), &what, || async {
+            let samples = self.samples.lock().unwrap();
+            match time_to_down(&samples, name, since) {
+                Some(_) => Ok(()),
+                None => Err(format!("{} samples", samples.len())),
+            }
+        })
+        .await;
     }
 }
 

@@ -4,7 +4,7 @@
 //! frozen with SIGSTOP for a few seconds, then thawed), while `/livez` stays up.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::Client;
 
@@ -27,15 +27,14 @@ async fn readyz(client: &Client, url: &str, path: &str) -> (u16, String) {
 
 /// Polls `/readyz?verbose` until `check` holds of its answer; returns it.
 async fn readyz_until(client: &Client, url: &str, what: &str, check: impl Fn(u16, &str) -> bool) -> String {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually(WAIT, what, || async {
         let (code, body) = readyz(client, url, "/readyz?verbose").await;
-        if check(code, &body) {
-            return body;
+        match check(code, &body) {
+            true => Ok(body),
+            false => Err(format!("last /readyz?verbose {code}:\n{body}")),
         }
-        assert!(Instant::now() < deadline, "{what}: last /readyz?verbose {code}:\n{body}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
 }
 
 fn count(m: &HashMap<String, f64>, key: &str) -> f64 {
@@ -54,19 +53,18 @@ async fn leader_requests_and_failing_checks_are_visible() {
     at.upload("obs", "b", build_tar(&tree)).await;
 
     // Exactly one leader (elections take a campaign round or two).
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually_every(WAIT, Duration::from_millis(500), "exactly one leader", || async {
         let mut leaders = Vec::new();
         for url in &urls {
             leaders.push(count(&scrape(&client, url).await, "stowage_leader"));
         }
         assert!(leaders.iter().all(|l| *l == 0.0 || *l == 1.0), "{leaders:?}");
-        if leaders.iter().sum::<f64>() == 1.0 {
-            break;
+        match leaders.iter().sum::<f64>() == 1.0 {
+            true => Ok(()),
+            false => Err(format!("{leaders:?}")),
         }
-        assert!(Instant::now() < deadline, "not exactly one leader: {leaders:?}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    })
+    .await;
     let m = scrape(&client, &urls[0]).await;
     for key in [
         r#"etcd_request_duration_seconds_count{operation="txn",type="store"}"#,

@@ -7,6 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::harness::{terminate_child, wait_until};
+
 /// The log keeps at most this much (the newest part).
 const LOG_CAP: usize = 2 << 20;
 /// What a failing test prints of each process's log.
@@ -99,19 +101,15 @@ impl Proc {
 
     /// Waits until `addr` accepts TCP connections, failing early if the process exits.
     pub fn wait_listening(&mut self, addr: SocketAddr, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        let what = format!("{}: listening on {addr}", self.name);
+        wait_until(timeout, Duration::from_millis(50), &what, || {
             if let Some(status) = self.exited() {
                 panic!("{}: exited ({status}) before listening on {addr}; log:\n{}", self.name, self.tail());
             }
-            assert!(
-                Instant::now() < deadline,
-                "{}: not listening on {addr} within {timeout:?}; log:\n{}",
-                self.name,
-                self.tail()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            TcpStream::connect_timeout(&addr, Duration::from_millis(200))
+                .map(drop)
+                .map_err(|e| format!("{e}; log:\n{}", self.tail()))
+        });
     }
 
     /// Freezes the process (SIGSTOP): its sockets stay open, nothing answers.
@@ -152,18 +150,7 @@ impl Proc {
     /// `None` when it had to be killed.
     pub fn terminate(&mut self, limit: Duration) -> Option<Duration> {
         let mut child = self.child.take()?;
-        let started = Instant::now();
-        // SAFETY: sending a signal to our own child process.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        while started.elapsed() < limit {
-            if let Ok(Some(_)) = child.try_wait() {
-                return Some(started.elapsed());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        None
+        terminate_child(&mut child, limit)
     }
 
     pub fn log(&self) -> String {

@@ -199,8 +199,7 @@ async fn converge_reflector(
     base: &str,
     errors: &Mutex<Vec<String>>,
 ) -> Vec<String> {
-    let deadline = Instant::now() + CONVERGE;
-    loop {
+    let converged = poll_until(CONVERGE, Duration::from_millis(500), || async {
         // Every namespace: the reflector watches them all.
         let body = client.get(format!("{base}{API}/bundles")).send().await.expect("list all").bytes().await.unwrap();
         let all = parse_json(&body, "list of all Bundles");
@@ -224,17 +223,16 @@ async fn converge_reflector(
             })
             .collect();
         if server == local {
-            return Vec::new();
+            return Ok(());
         }
-        if Instant::now() > deadline {
-            let differ: Vec<_> = server.iter().filter(|(k, v)| local.get(*k) != Some(v)).take(10).collect();
-            let errors: Vec<String> = errors.lock().unwrap().iter().rev().take(5).cloned().collect();
-            return vec![format!(
-                "the reflector did not converge within {CONVERGE:?}: {} objects on the server, {} in the reflector; differing {differ:?}; last errors {errors:?}",
-                server.len(),
-                local.len()
-            )];
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        let differ: Vec<_> = server.iter().filter(|(k, v)| local.get(*k) != Some(v)).take(10).collect();
+        let errors: Vec<String> = errors.lock().unwrap().iter().rev().take(5).cloned().collect();
+        Err(format!(
+            "the reflector did not converge within {CONVERGE:?}: {} objects on the server, {} in the reflector; differing {differ:?}; last errors {errors:?}",
+            server.len(),
+            local.len()
+        ))
+    })
+    .await;
+    converged.err().into_iter().collect()
 }

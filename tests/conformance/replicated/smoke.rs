@@ -44,7 +44,7 @@ async fn support_smoke() {
     let killed = Instant::now();
     server.kill9();
     haproxy.wait_status("r0", "DOWN", Duration::from_secs(10)).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    sampler.wait_down("r0", killed, Duration::from_secs(10)).await;
     let samples = sampler.finish();
     let down = time_to_down(&samples, "r0", killed).expect("a sample shows r0 DOWN");
     report(&format!("support_smoke: haproxy marked a killed backend DOWN after {down:?} ({} samples)", samples.len()));
