@@ -28,7 +28,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::status::ApiError;
 use super::AppState;
-use crate::storage::Store;
+use crate::storage::HealthCheck;
 
 /// The three lists of checks.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,14 +47,14 @@ impl Endpoint {
         }
     }
 
-    /// The checks of this endpoint, in the order they are listed: the server's, then those of
-    /// `store` that this endpoint lists.
-    fn checks(self, store: &Store) -> Vec<&'static str> {
+    /// The checks of this endpoint, in the order they are listed: the server's, then those of the
+    /// store's (`of_store`, [`crate::storage::Store::health_checks`]) that this endpoint lists.
+    fn checks(self, of_store: &[HealthCheck]) -> Vec<&'static str> {
         let own: &[&'static str] = match self {
             Endpoint::Readyz => &["ping", "shutdown"],
             _ => &["ping"],
         };
-        let of_store = store.health_checks().iter().filter(|c| self == Endpoint::Readyz || c.liveness);
+        let of_store = of_store.iter().filter(|c| self == Endpoint::Readyz || c.liveness);
         own.iter().copied().chain(of_store.map(|c| c.name)).collect()
     }
 }
@@ -104,7 +104,7 @@ fn options(query: Option<&str>) -> (bool, Vec<String>) {
 /// `GET /livez`, `/readyz`, `/healthz`.
 async fn aggregate(app: AppState, endpoint: Endpoint, query: Option<String>) -> Response {
     let (verbose, mut excluded) = options(query.as_deref());
-    let checks = endpoint.checks(&app.store);
+    let checks = endpoint.checks(app.store.health_checks());
     let results = futures_util::future::join_all(checks.iter().map(|&name| {
         let app = &app;
         let skip = excluded.iter().any(|e| e == name);
@@ -145,7 +145,7 @@ async fn aggregate(app: AppState, endpoint: Endpoint, query: Option<String>) -> 
 
 /// `GET /ENDPOINT/NAME`: one check, with its reason.
 async fn single(app: AppState, endpoint: Endpoint, check: &str) -> Response {
-    let Some(name) = endpoint.checks(&app.store).into_iter().find(|&c| c == check) else {
+    let Some(name) = endpoint.checks(app.store.health_checks()).into_iter().find(|&c| c == check) else {
         return ApiError::not_found_message(format!(
             "the server could not find the requested resource (/{}/{check})",
             endpoint.name()
@@ -191,8 +191,15 @@ mod tests {
         assert_eq!(options(None), (false, vec![]));
         assert_eq!(options(Some("verbose")), (true, vec![]));
         assert_eq!(options(Some("verbose=1&exclude=etcd&exclude=lease")), (true, vec!["etcd".into(), "lease".into()]));
-        assert!(Endpoint::Readyz.checks(true).contains(&"object-storage"));
-        assert!(!Endpoint::Livez.checks(true).contains(&"etcd"), "liveness never waits on etcd");
-        assert!(!Endpoint::Livez.checks(false).contains(&"shutdown"));
+        let replicated = [
+            HealthCheck { name: "etcd", liveness: false, blocking: true },
+            HealthCheck { name: "object-storage", liveness: false, blocking: true },
+        ];
+        let embedded = [HealthCheck { name: "store", liveness: true, blocking: false }];
+        assert!(Endpoint::Readyz.checks(&replicated).contains(&"object-storage"));
+        assert!(!Endpoint::Livez.checks(&replicated).contains(&"etcd"), "liveness never waits on etcd");
+        assert!(!Endpoint::Livez.checks(&embedded).contains(&"shutdown"));
+        assert_eq!(Endpoint::Healthz.checks(&embedded), ["ping", "store"]);
+        assert_eq!(Endpoint::Readyz.checks(&embedded), ["ping", "shutdown", "store"]);
     }
 }
