@@ -12,12 +12,15 @@
 //!   REASON`. Behind the gate, as kube's `system:monitoring` role grants `/readyz/*`.
 //!
 //! The checks: `ping` (always passes) everywhere; `shutdown` (fails once stopping, so load
-//! balancers drain this server) in readyz; embedded, `store` (fails while a failed sync poisoned
-//! the store: writes are refused until a restart, which is what a failed liveness check brings)
-//! in all three; replicated, `etcd` (a read within 2 s), `lease` (this replica holds its etcd
-//! lease, without which its writes are refused) and `object-storage` (a listing within 5 s) in
-//! readyz only — restarting a replica does not bring etcd back. Readiness never asks for
-//! leadership: every replica serves; which one leads is `stowage_leader` in `/metrics`.
+//! balancers drain this server) in readyz; then the store's own ([`Store::health_checks`]):
+//! embedded, `store` (fails while a failed sync poisoned the store: writes are refused until a
+//! restart, which is what a failed liveness check brings) in all three; replicated, `etcd` (a read
+//! within 2 s), `lease` (this replica holds its etcd lease, without which its writes are refused)
+//! and `object-storage` (a listing within 5 s) in readyz only — restarting a replica does not
+//! bring etcd back. Readiness never asks for leadership: every replica serves; which one leads is
+//! `stowage_leader` in `/metrics`.
+//!
+//! [`Store::health_checks`]: crate::storage::Store::health_checks
 
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -25,6 +28,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::status::ApiError;
 use super::AppState;
+use crate::storage::HealthCheck;
 
 /// The three lists of checks.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -43,38 +47,35 @@ impl Endpoint {
         }
     }
 
-    /// The checks of this endpoint, in the order they are listed.
-    fn checks(self, replicated: bool) -> &'static [&'static str] {
-        match (self, replicated) {
-            (Endpoint::Readyz, false) => &["ping", "shutdown", "store"],
-            (Endpoint::Readyz, true) => &["ping", "shutdown", "etcd", "lease", "object-storage"],
-            (_, false) => &["ping", "store"],
-            (_, true) => &["ping"],
-        }
+    /// The checks of this endpoint, in the order they are listed: the server's, then those of the
+    /// store's (`of_store`, [`crate::storage::Store::health_checks`]) that this endpoint lists.
+    fn checks(self, of_store: &[HealthCheck]) -> Vec<&'static str> {
+        let own: &[&'static str] = match self {
+            Endpoint::Readyz => &["ping", "shutdown"],
+            _ => &["ping"],
+        };
+        let of_store = of_store.iter().filter(|c| self == Endpoint::Readyz || c.liveness);
+        own.iter().copied().chain(of_store.map(|c| c.name)).collect()
     }
 }
 
 /// Runs the check `name`; `Err` says why it failed.
 async fn run(app: &AppState, name: &'static str) -> Result<(), String> {
     match name {
+        "ping" => Ok(()),
         "shutdown" if app.shutdown.is_cancelled() => Err("the server is shutting down".into()),
-        "store" if app.store.is_poisoned() => {
-            Err("a failed sync poisoned the store: writes are refused until stowage restarts".into())
-        }
-        "etcd" | "lease" | "object-storage" => {
-            let Some(remote) = app.store.remote().cloned() else { return Ok(()) };
-            let checked = tokio::task::spawn_blocking(move || match name {
-                "etcd" => remote.etcd_reachable(),
-                "lease" => remote.lease_held(),
-                _ => remote.bucket_reachable(),
-            })
-            .await;
-            match checked {
-                Ok(result) => result.map_err(|e| e.to_string()),
+        "shutdown" => Ok(()),
+        _ => {
+            let Some(check) = app.store.health_checks().iter().find(|c| c.name == name) else { return Ok(()) };
+            if !check.blocking {
+                return app.store.health_check(name).unwrap_or(Ok(()));
+            }
+            let store = app.store.clone();
+            match tokio::task::spawn_blocking(move || store.health_check(name)).await {
+                Ok(result) => result.unwrap_or(Ok(())),
                 Err(_) => Err("the check did not finish".into()),
             }
         }
-        _ => Ok(()),
     }
 }
 
@@ -103,7 +104,7 @@ fn options(query: Option<&str>) -> (bool, Vec<String>) {
 /// `GET /livez`, `/readyz`, `/healthz`.
 async fn aggregate(app: AppState, endpoint: Endpoint, query: Option<String>) -> Response {
     let (verbose, mut excluded) = options(query.as_deref());
-    let checks = endpoint.checks(app.store.remote().is_some());
+    let checks = endpoint.checks(app.store.health_checks());
     let results = futures_util::future::join_all(checks.iter().map(|&name| {
         let app = &app;
         let skip = excluded.iter().any(|e| e == name);
@@ -144,7 +145,7 @@ async fn aggregate(app: AppState, endpoint: Endpoint, query: Option<String>) -> 
 
 /// `GET /ENDPOINT/NAME`: one check, with its reason.
 async fn single(app: AppState, endpoint: Endpoint, check: &str) -> Response {
-    let Some(&name) = endpoint.checks(app.store.remote().is_some()).iter().find(|&&c| c == check) else {
+    let Some(name) = endpoint.checks(app.store.health_checks()).into_iter().find(|&c| c == check) else {
         return ApiError::not_found_message(format!(
             "the server could not find the requested resource (/{}/{check})",
             endpoint.name()
@@ -190,8 +191,15 @@ mod tests {
         assert_eq!(options(None), (false, vec![]));
         assert_eq!(options(Some("verbose")), (true, vec![]));
         assert_eq!(options(Some("verbose=1&exclude=etcd&exclude=lease")), (true, vec!["etcd".into(), "lease".into()]));
-        assert!(Endpoint::Readyz.checks(true).contains(&"object-storage"));
-        assert!(!Endpoint::Livez.checks(true).contains(&"etcd"), "liveness never waits on etcd");
-        assert!(!Endpoint::Livez.checks(false).contains(&"shutdown"));
+        let replicated = [
+            HealthCheck { name: "etcd", liveness: false, blocking: true },
+            HealthCheck { name: "object-storage", liveness: false, blocking: true },
+        ];
+        let embedded = [HealthCheck { name: "store", liveness: true, blocking: false }];
+        assert!(Endpoint::Readyz.checks(&replicated).contains(&"object-storage"));
+        assert!(!Endpoint::Livez.checks(&replicated).contains(&"etcd"), "liveness never waits on etcd");
+        assert!(!Endpoint::Livez.checks(&embedded).contains(&"shutdown"));
+        assert_eq!(Endpoint::Healthz.checks(&embedded), ["ping", "store"]);
+        assert_eq!(Endpoint::Readyz.checks(&embedded), ["ping", "shutdown", "store"]);
     }
 }

@@ -112,9 +112,9 @@ pub struct SharedState {
     pub access: Arc<crate::auth::Access>,
     pub limits: Arc<Limits>,
     /// Chunked upload sessions on disk.
-    pub uploads: Arc<content::upload_spool::Spool>,
+    pub uploads: Arc<crate::storage::sessions::UploadSessions>,
     /// Upload sessions being ingested as their pieces arrive.
-    pub early_ingests: Arc<content::upload_early::EarlyIngests>,
+    pub early_ingests: Arc<content::upload::EarlyIngests>,
     /// Cancelled when the server starts shutting down: long-running responses (watches) end so
     /// clients re-list elsewhere instead of holding the shutdown up.
     pub shutdown: tokio_util::sync::CancellationToken,

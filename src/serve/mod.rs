@@ -18,11 +18,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::apiserver::content::upload_spool::{self, Spool};
 use crate::apiserver::listener::ListenerLimits;
 use crate::apiserver::{self, AppState, Limits, SharedState};
 use crate::auth::pki;
 use crate::events::{EventLimits, EventRecorder, EventSink};
+use crate::storage::sessions::{self, UploadSessions};
 use crate::storage::StoreOptions;
 use crate::unpack::metrics::UnpackMetrics;
 use crate::unpack::reconcile;
@@ -150,12 +150,10 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     let uploads = {
         let dir = options.data_dir.join("uploads");
         let timeout = options.upload_session_timeout;
-        match store.remote() {
-            Some(remote) => Arc::new(Spool::shared(remote.clone(), timeout)),
-            None => Arc::new(
-                Spool::open(&dir, timeout).with_context(|| format!("creating the upload spool {}", dir.display()))?,
-            ),
-        }
+        Arc::new(
+            UploadSessions::open(&store, &dir, timeout)
+                .with_context(|| format!("creating the upload spool {}", dir.display()))?,
+        )
     };
     let (tls_setup, access, delegated) = auth::configure(&options.auth, &pki, &delegated_metrics).await?;
     let access = Arc::new(access);
@@ -211,8 +209,8 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
         })
     };
     tls_setup.serving.clone().watch(shutdown.clone());
-    let sweeper = upload_spool::spawn_sweeper(uploads.clone(), shutdown.clone());
-    let remote = store.remote().cloned();
+    let sweeper = sessions::spawn_sweeper(uploads.clone(), shutdown.clone());
+    let resigning = store.clone();
     let state = AppState::new(SharedState {
         store,
         access,
@@ -259,9 +257,9 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
     // Cancelled jobs release their half-written revisions; Bundles left `Unpacking` resume at the
     // next start.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), reconciler).await;
-    if let Some(remote) = remote {
+    if resigning.elects_leader() {
         // Leadership passes on now rather than when the lease would expire.
-        let _ = tokio::task::spawn_blocking(move || remote.resign()).await;
+        let _ = tokio::task::spawn_blocking(move || resigning.resign()).await;
     }
     drop(delegated);
     tracing::info!("stowage stopped");

@@ -148,10 +148,10 @@ where
     F: Fn(CancellationToken) -> tokio::task::JoinHandle<()> + Send + 'static,
 {
     tokio::spawn(async move {
-        let Some(remote) = store.remote().cloned() else {
+        if !store.elects_leader() {
             let _ = start(shutdown).await;
             return;
-        };
+        }
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         let mut running: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
         loop {
@@ -159,7 +159,7 @@ where
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            match (remote.is_leader(), running.is_some()) {
+            match (store.is_leader(), running.is_some()) {
                 (true, false) => {
                     let token = shutdown.child_token();
                     running = Some((token.clone(), start(token)));

@@ -15,7 +15,6 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-use super::meta::Meta;
 use super::packs::{BlockAt, Member};
 use super::{key, Result, StorageError, Store};
 
@@ -172,8 +171,21 @@ impl BlockBuilder {
         self.raw.len()
     }
 
-    fn members_len(&self) -> u32 {
+    pub(super) fn members_len(&self) -> u32 {
         self.members.iter().map(|m| m.len).sum()
+    }
+
+    /// The chunks in the block, in the order added.
+    pub(super) fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    /// Drops the members `known` (one flag per member, in order) says the store holds already;
+    /// their bytes stay, as filler: the block remains the stretch of tar it was built as.
+    pub(super) fn drop_known(&mut self, known: Vec<bool>) {
+        let mut known = known.into_iter();
+        self.members.retain(|_| !known.next().unwrap_or(false));
+        self.hashes = self.members.iter().map(|m| m.hash).collect();
     }
 
     pub fn contains(&self, hash: &Hash) -> bool {
@@ -270,7 +282,7 @@ pub struct Pins {
 
 impl Pins {
     /// Whether this is the hash's first pin.
-    fn pin(&mut self, hash: Hash) -> bool {
+    pub(super) fn pin(&mut self, hash: Hash) -> bool {
         let count = self.counts.entry(hash).or_insert(0);
         *count += 1;
         *count == 1
@@ -385,26 +397,10 @@ impl Store {
         }
     }
 
-    /// Replicated: counts a writer's pin of `hash` here; the shared pin follows at the seal.
-    pub(super) fn pin_locally(&self, hash: Hash) {
-        self.lock_pins().pin(hash);
-    }
-
-    /// Replicated: pins the builder's chunks in etcd, then drops those the store already holds
-    /// (pinned first, looked up after, in the same transactions: see [`super::gc_shared`]).
-    fn pin_shared_and_drop_known(&self, builder: &mut BlockBuilder) -> Result<()> {
-        let (Some(remote), Meta::Etcd(etcd)) = (self.remote(), self.tree()) else { return Ok(()) };
-        let _pins = self.lock_pins();
-        let keys: Vec<Vec<u8>> = builder.members.iter().map(|m| pin_key(remote.replica_id(), &m.hash)).collect();
-        let probes: Vec<Vec<u8>> = builder.members.iter().map(|m| chunk_key(&m.hash)).collect();
-        let known = etcd.put_leased_and_probe_many(&keys, remote.lease(), &probes)?;
-        if known.iter().any(|k| *k) {
-            // Their bytes stay, as filler: the block remains the stretch of tar it was built as.
-            let mut known = known.into_iter();
-            builder.members.retain(|_| !known.next().unwrap_or(false));
-            builder.hashes = builder.members.iter().map(|m| m.hash).collect();
-        }
-        Ok(())
+    /// Pins a writer's chunk `hash`; where the store holds it already, if the backend tells at
+    /// once (else its block's seal finds out: [`super::backend::Backend::pin_at_seal`]).
+    pub(super) fn pin_chunk(&self, hash: Hash) -> Result<Option<Location>> {
+        self.backend().pin_chunk(self, hash)
     }
 
     /// Compresses and appends the builder's chunks (and filler) as one block and indexes the chunks
@@ -414,7 +410,10 @@ impl Store {
             *builder = BlockBuilder::default();
             return Ok(None);
         }
-        self.pin_shared_and_drop_known(builder)?;
+        {
+            let _pins = self.lock_pins();
+            self.backend().pin_at_seal(builder)?;
+        }
         if builder.is_empty() {
             *builder = BlockBuilder::default();
             return Ok(None);
@@ -423,32 +422,11 @@ impl Store {
         self.ensure_space(super::WriteKind::Content)?;
         let (codec, payload) = encode(&builder.raw, self.inner.options.zstd_level);
         let payload_hash = *blake3::hash(&payload).as_bytes();
-        let members_len = builder.members_len();
         let _sealing = self.inner.sealing.read().unwrap_or_else(|e| e.into_inner());
         let appending = std::time::Instant::now();
         let block = self.inner.packs.append(codec, builder.raw.len() as u32, &builder.members, &payload)?;
         let _pins = self.lock_pins();
-        let mut batch = super::meta::Batch::default();
-        if let Some(remote) = self.remote() {
-            // A block is safe from collection for its grace period only (`remote::s3`): index it
-            // well within it, or not at all.
-            if appending.elapsed() > remote.options.block_grace / 2 {
-                return Err(StorageError::Remote("writing a block to object storage took too long".into()));
-            }
-            // Every member was absent when pinned; one written meanwhile by another replica is
-            // simply pointed at this copy (both hold the same verified bytes).
-            for m in &builder.members {
-                batch.insert(chunk_key(&m.hash), Location::new(block, m, members_len).encode());
-            }
-        } else {
-            // One indexed meanwhile (by another writer) keeps its first copy; this one becomes
-            // filler.
-            for m in &builder.members {
-                if !self.tree().contains_key(chunk_key(&m.hash))? {
-                    batch.insert(chunk_key(&m.hash), Location::new(block, m, members_len).encode());
-                }
-            }
-        }
+        let batch = self.backend().index_sealed(self.tree(), block, builder, appending)?;
         self.tree().apply_batch(batch)?;
         *builder = BlockBuilder::default();
         Ok(Some(SealedBlock { at: block, payload_hash }))
@@ -498,7 +476,7 @@ impl Store {
     /// Reads and verifies one chunk; also returns its share of stored bytes.
     pub(super) fn get_chunk(&self, chunk: &ChunkRef) -> Result<(Vec<u8>, u64)> {
         let missing = || StorageError::Corrupt(format!("chunk {} is missing", hex::encode(chunk.hash)));
-        let cache = self.remote().is_some().then_some(&self.inner.locations);
+        let cache = self.backend().location_cache();
         let cached = cache.and_then(|c| c.get(&chunk.hash));
         let at = match cached {
             Some(at) => at,
@@ -531,11 +509,10 @@ impl Store {
     pub(super) fn unpin_all(&self, hashes: &[Hash]) {
         let mut pins = self.lock_pins();
         let mut shared = super::meta::Batch::default();
-        let replica = self.remote().map(|r| r.replica_id().to_string());
         for hash in hashes {
             if pins.unpin(hash) {
-                if let Some(replica) = &replica {
-                    shared.remove(pin_key(replica, hash));
+                if let Some(key) = self.backend().shared_pin(hash) {
+                    shared.remove(key);
                 }
             }
         }
@@ -553,17 +530,7 @@ impl Store {
     pub(super) fn record_while_pinned(&self, key: &[u8], value: &[u8], lease_epoch: u64) -> Result<()> {
         let mut batch = super::meta::Batch::default();
         batch.insert(key, value);
-        match (self.remote(), self.tree()) {
-            (Some(remote), Meta::Etcd(etcd)) => {
-                batch.insert(MANIFESTS_KEY, key);
-                let lapsed = remote.lease_epoch() != lease_epoch;
-                if lapsed || !etcd.apply_when(batch, vec![etcd.lease_held(remote.lease())])? || remote.lease_lost() {
-                    return Err(StorageError::Remote("this replica's etcd lease lapsed while it was writing".into()));
-                }
-                Ok(())
-            }
-            _ => self.tree().apply_batch(batch),
-        }
+        self.backend().record_while_pinned(self.tree(), batch, key, lease_epoch)
     }
 
     pub(super) fn lock_pins(&self) -> std::sync::MutexGuard<'_, Pins> {

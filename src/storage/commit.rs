@@ -53,6 +53,13 @@ pub(super) struct Commits {
     batches: AtomicU64,
 }
 
+impl Commits {
+    /// Moves the durable resourceVersion up to `rv`: writes of other replicas, durable in etcd.
+    pub(super) fn durable_at_least(&self, rv: u64) {
+        self.durable_rv.fetch_max(rv, Ordering::AcqRel);
+    }
+}
+
 /// A writer on its way to applying its batch; see [`Store::applying`].
 pub(super) struct Applying<'a>(&'a Commits);
 
@@ -195,25 +202,13 @@ impl Store {
     /// Replicated mode: other replicas' writes are announced like this one's, as etcd reports
     /// the resourceVersion counter moving.
     pub(super) fn follow_remote_writes(&self) {
-        let (Some(remote), super::meta::Meta::Etcd(etcd)) = (&self.inner.remote, &self.inner.meta) else { return };
-        let weak = Arc::downgrade(&self.inner);
-        remote.follow_key(etcd.full_key(super::objects::RV_COUNTER), move |value| {
-            let Some(inner) = weak.upgrade() else { return false };
-            if let Ok(rv) = super::read_be(value) {
-                inner.commits.durable_rv.fetch_max(rv, Ordering::AcqRel);
-                let _ = inner.events.send(rv);
-            }
-            true
-        });
+        self.backend().follow_writes(Arc::downgrade(&self.inner));
     }
 
     /// A resourceVersion every write acknowledged before the call is at or below: the durable one
     /// (embedded); in replicated mode read from etcd, since other replicas write too.
     pub fn consistent_resource_version(&self) -> Result<u64> {
-        if self.inner.remote.is_some() {
-            let rv = self.current_resource_version()?;
-            self.inner.commits.durable_rv.fetch_max(rv, Ordering::AcqRel);
-        }
+        self.backend().catch_up_durable(self)?;
         Ok(self.durable_resource_version())
     }
 

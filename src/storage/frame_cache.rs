@@ -38,7 +38,7 @@ const UPGRADE_QUEUE: usize = 64;
 
 /// Recently compressed fresh frames, oldest dropped first once they hold more than the bound.
 pub(super) struct FrameCache {
-    shared: Arc<Shared>,
+    inner: Arc<Shared>,
     /// The upgrader's queue, once it runs.
     upgrades: Mutex<Option<SyncSender<FrameKey>>>,
 }
@@ -66,55 +66,55 @@ struct CachedFrame {
 impl FrameCache {
     pub fn new(limit: u64) -> FrameCache {
         let shared = Shared { limit, state: Mutex::new(State::default()), pending: AtomicUsize::new(0) };
-        FrameCache { shared: Arc::new(shared), upgrades: Mutex::new(None) }
+        FrameCache { inner: Arc::new(shared), upgrades: Mutex::new(None) }
     }
 
     /// The frame cached for `key`, if any, checked against its hash.
     pub fn get(&self, key: &FrameKey) -> Option<Arc<Vec<u8>>> {
-        self.shared.get(key)
+        self.inner.get(key)
     }
 
     /// Caches a freshly compressed frame, and queues it for the upgrader.
     pub fn put(&self, key: FrameKey, frame: Vec<u8>) {
-        if !self.shared.insert(key, frame) {
+        if !self.inner.insert(key, frame) {
             return;
         }
         let mut upgrades = self.upgrades.lock().unwrap_or_else(|e| e.into_inner());
         let sender = match upgrades.as_ref() {
             Some(sender) => sender,
-            None => match spawn_upgrader(Arc::downgrade(&self.shared)) {
+            None => match spawn_upgrader(Arc::downgrade(&self.inner)) {
                 Some(sender) => upgrades.insert(sender),
                 None => return,
             },
         };
-        self.shared.pending.fetch_add(1, Ordering::SeqCst);
+        self.inner.pending.fetch_add(1, Ordering::SeqCst);
         // A full queue leaves the frame as it is.
         if sender.try_send(key).is_err() {
-            self.shared.pending.fetch_sub(1, Ordering::SeqCst);
+            self.inner.pending.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
     /// Caches a frame already made at [`UPGRADE_LEVEL`]: nothing for the upgrader to do.
     pub fn put_upgraded(&self, key: FrameKey, frame: Vec<u8>) {
-        self.shared.insert(key, frame);
+        self.inner.insert(key, frame);
     }
 
     /// The bytes of the frames held (tests).
     #[cfg(test)]
     pub fn bytes(&self) -> u64 {
-        self.shared.lock().bytes
+        self.inner.lock().bytes
     }
 
     /// The bound on the bytes held.
     pub fn limit(&self) -> u64 {
-        self.shared.limit
+        self.inner.limit
     }
 
     /// Waits until the upgrader has nothing left to do (tests).
     #[cfg(test)]
     pub fn wait_for_upgrades(&self) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while self.shared.pending.load(Ordering::SeqCst) > 0 {
+        while self.inner.pending.load(Ordering::SeqCst) > 0 {
             assert!(std::time::Instant::now() < deadline, "the upgrader did not finish in 60 s");
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
@@ -249,7 +249,7 @@ mod tests {
         let upgraded = cache.get(&key).expect("still cached");
         assert!(upgraded.len() < fast.len(), "{} against {}", upgraded.len(), fast.len());
         assert_eq!(zstd::bulk::decompress(&upgraded, identity.len()).unwrap(), identity);
-        assert_eq!(cache.shared.lock().bytes, upgraded.len() as u64, "the bound counts the new size");
+        assert_eq!(cache.inner.lock().bytes, upgraded.len() as u64, "the bound counts the new size");
     }
 
     #[test]
@@ -276,7 +276,7 @@ mod tests {
         let second = frame(&other, 1);
         cache.put((2, 0, other.len() as u64), second);
         cache.wait_for_upgrades();
-        let state = cache.shared.lock();
+        let state = cache.inner.lock();
         assert!(state.bytes <= first.len() as u64 * 4);
         assert_eq!(state.bytes, state.frames.values().map(|c| c.frame.len() as u64).sum::<u64>());
     }
@@ -286,8 +286,8 @@ mod tests {
         let cache = FrameCache::new(64 << 20);
         let identity = yaml(1_000);
         let key = (3, 0, identity.len() as u64);
-        cache.shared.insert(key, frame(&identity, 3));
-        let mut state = cache.shared.lock();
+        cache.inner.insert(key, frame(&identity, 3));
+        let mut state = cache.inner.lock();
         let cached = state.frames.get_mut(&key).unwrap();
         let mut bytes = (*cached.frame).clone();
         bytes[5] ^= 1;

@@ -132,13 +132,11 @@ impl Store {
     fn collect_with(&self, mut full: bool) -> Result<GcReport> {
         let _guard = self.inner.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut report = GcReport::default();
-        if let Some(remote) = self.remote() {
-            // One replica collects: the leader.
-            if !remote.is_leader() {
-                return Ok(report);
-            }
-            full |= self.release_orphaned_staging()? > 0;
+        // One replica collects: the leader (every embedded store leads).
+        if !self.is_leader() {
+            return Ok(report);
         }
+        full |= self.backend().release_orphaned_staging(self)? > 0;
         self.ensure_space(super::WriteKind::Metadata)?;
         // A read that fails fails the pass, rather than passing for the end of the revisions.
         let mut deleting: Vec<RevisionId> = Vec::new();
@@ -156,10 +154,7 @@ impl Store {
             report.revisions_released += 1;
         }
         if full || report.revisions_released > 0 {
-            report.chunks_removed = match self.shared_meta() {
-                Some(etcd) => self.mark_and_sweep_shared(etcd)?,
-                None => self.mark_and_sweep()?,
-            };
+            report.chunks_removed = self.backend().mark_and_sweep(self)?;
             self.inner.counters.swept();
         }
         self.flush()?;
@@ -189,7 +184,7 @@ impl Store {
 
     /// Marks every finalized revision's chunks, then deletes the index entries of the others.
     /// Returns the chunks removed.
-    fn mark_and_sweep(&self) -> Result<u64> {
+    pub(super) fn mark_and_sweep(&self) -> Result<u64> {
         let mut live = LiveSet::new(LIVE_SET_BITS);
         let mut marked: HashSet<RevisionId> = HashSet::new();
         let mut generation = self.inner.manifest_generation.load(Ordering::Acquire);
@@ -423,7 +418,7 @@ pub(super) fn spawn_collector(store: std::sync::Weak<super::Inner>, requests: st
     let spawned = std::thread::Builder::new().name("stowage-gc".into()).spawn(move || loop {
         // Replicated: also a full pass now and then, on whichever replica leads — writers that
         // died on other replicas leave work no request here announces.
-        let periodic = store.upgrade().and_then(|inner| inner.remote.as_ref().map(|r| r.options.collect_every));
+        let periodic = store.upgrade().and_then(|inner| inner.backend.collect_every());
         let full = match periodic {
             None => match requests.recv() {
                 Ok(()) => false,

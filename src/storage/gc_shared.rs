@@ -18,7 +18,7 @@ use std::collections::HashSet;
 
 use super::chunks::{chunk_key, pins_of, Hash, MANIFESTS_KEY};
 use super::gc::LiveSet;
-use super::meta::{Batch, Meta};
+use super::meta::Batch;
 use super::remote::EtcdMeta;
 use super::{decode_json, encode_json, key, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store};
 
@@ -27,10 +27,8 @@ use super::{decode_json, encode_json, key, Result, RevisionId, RevisionRecord, R
 const RACE_RETRIES: usize = 16;
 
 impl Store {
-    /// Marks `Staging` revisions whose writer's replica is gone as `Deleting`.
-    pub(super) fn release_orphaned_staging(&self) -> Result<u64> {
-        let Some(remote) = self.remote() else { return Ok(0) };
-        let alive = remote.live_replicas()?;
+    /// Marks `Staging` revisions whose writer's replica is not in `alive` as `Deleting`.
+    pub(super) fn release_staging_of_gone(&self, alive: &HashSet<String>) -> Result<u64> {
         let mut released = 0;
         for item in self.tree().scan_prefix(b"v") {
             let (k, v) = item?;
@@ -112,13 +110,5 @@ impl Store {
             return Ok(deleted);
         }
         Err(StorageError::Remote("collection kept racing writers; the next pass goes on".into()))
-    }
-
-    /// The etcd map, in replicated mode.
-    pub(super) fn shared_meta(&self) -> Option<&EtcdMeta> {
-        match self.tree() {
-            Meta::Etcd(etcd) => Some(etcd),
-            Meta::Sled(_) => None,
-        }
     }
 }

@@ -61,7 +61,7 @@ pub type MetaIter<'a> = Box<dyn Iterator<Item = Result<(IVec, IVec)>> + Send + '
 /// The map: sled's tree, or a prefix of etcd's keyspace.
 pub enum Meta {
     Sled(sled::Tree),
-    Etcd(EtcdMeta),
+    Etcd(std::sync::Arc<EtcdMeta>),
 }
 
 impl Meta {
@@ -80,11 +80,6 @@ impl Meta {
             Meta::Sled(_) => None,
             Meta::Etcd(etcd) => Some(etcd.pages_read()),
         }
-    }
-
-    /// Whether reads are local (sled: memory or a local file), not network round trips.
-    pub fn is_local(&self) -> bool {
-        matches!(self, Meta::Sled(_))
     }
 
     pub fn contains_key(&self, key: impl AsRef<[u8]>) -> Result<bool> {

@@ -15,9 +15,15 @@
 //! transaction). A batch is held in memory whole, so every batch is bounded. Nothing outside this
 //! module sees sled or etcd.
 //!
+//! The replicated store (etcd for the map, object storage for the blocks) runs the same code:
+//! the map and the blocks are [`meta::Meta`] and [`blocks::BlockStore`], and every decision that
+//! differs between the two (durability, writability, allocation of resourceVersions and revision
+//! ids, pinning, recording manifests, collection, readiness) is made in [`backend`]. Chunked
+//! upload sessions, on this server's disk or in the shared store, are [`sessions`].
+//!
 //! Chunks are collected by mark and sweep ([`gc`]; against other replicas' writers, [`gc_shared`]):
-//! what no finalized revision's manifest or frame plan reaches and no writer has pinned goes.
-//! Releasing a revision is deleting its record.
+//! what no finalized revision's manifest reaches and no writer has pinned goes. Releasing a
+//! revision is deleting its record.
 //!
 //! Layout of the map (first byte = record kind, integers big-endian so keys sort; in etcd, under
 //! `<prefix>/s/`):
@@ -36,6 +42,7 @@
 //! `z` candidate keys) are converted at open ([`migrate`]).
 
 mod apply_queue;
+mod backend;
 mod blocks;
 mod chunker;
 mod chunks;
@@ -58,6 +65,7 @@ mod read;
 pub mod remote;
 mod revision;
 mod seal;
+pub mod sessions;
 mod space;
 mod staging;
 mod tar_blocks;
@@ -68,6 +76,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+pub use backend::{BackendMetrics, HealthCheck};
 pub use commit::{CommitCounts, PendingWrite};
 pub use counters::StoreCounts;
 pub use entry::{EntryKind, FileEntry, PERMISSION_BITS};
@@ -78,7 +87,9 @@ pub use objects::{ChangeEvent, ChangedObject, ObjectKey, ObjectWrite, Preconditi
 pub use read::{FileListing, RangeSpec, Sink};
 pub use revision::{PendingRevision, RevisionWriter};
 pub use space::{is_out_of_space, WriteKind, DEFAULT_MIN_FREE_BYTES};
-pub use staging::DUPLICATE_PATH;
+
+/// The rule a [`StorageError::DuplicatePath`] broke, as its message words it.
+pub const DUPLICATE_PATH: &str = "duplicate path";
 
 /// Identifies one stored content revision.
 pub type RevisionId = u64;
@@ -106,6 +117,9 @@ pub enum StorageError {
     Conflict(String),
     #[error("invalid entry {path:?}: {reason}")]
     InvalidEntry { path: String, reason: String },
+    /// An entry whose path the revision already has (a file, link or directory added before).
+    #[error("invalid entry {path:?}: {DUPLICATE_PATH}")]
+    DuplicatePath { path: String },
     #[error("the reader went away")]
     Cancelled,
     /// A resourceVersion older than the change log still covers.
@@ -282,11 +296,9 @@ pub struct Store {
 }
 
 struct Inner {
-    /// The embedded database (`None` in replicated mode).
-    db: Option<Embedded>,
+    /// What differs between the embedded and the replicated store ([`backend`]).
+    backend: backend::Backend,
     meta: meta::Meta,
-    /// etcd and object storage, in replicated mode ([`remote`]).
-    remote: Option<Arc<remote::Remote>>,
     options: StoreOptions,
     dir: std::path::PathBuf,
     /// Serialises object writes so resourceVersions are allocated in commit order.
@@ -319,20 +331,9 @@ struct Inner {
     packs: blocks::BlockStore,
     blocks: chunks::BlockCache,
     fresh_frames: frame_cache::FrameCache,
-    /// Replicated: where recently read chunks are, so a download does not ask etcd per chunk.
-    locations: chunks::LocationCache,
     space: space::SpaceGuard,
     /// Set by the first failed sync: writes refused from then on ([`durability`]).
     poison: Arc<durability::Poison>,
-}
-
-/// sled and the files it leaves unsynced.
-struct Embedded {
-    db: sled::Db,
-    /// sled's log file, opened to fdatasync it after sled's own flush.
-    log: std::fs::File,
-    /// What sled writes without syncing (its directory, blob files), synced at every flush.
-    files: durability::SledFiles,
 }
 
 impl Store {
@@ -361,7 +362,7 @@ impl Store {
                 tracing::warn!(error = %e, dir = %parent.display(), "could not sync the data directory's parent");
             }
         }
-        let embedded = Embedded { db, log: db_log, files: sled_files };
+        let embedded = backend::Embedded { db, log: db_log, files: sled_files };
         let store = Store::assemble(
             dir,
             options,
@@ -369,8 +370,7 @@ impl Store {
             poison,
             meta::Meta::Sled(tree),
             blocks::BlockStore::Files(packs),
-            Some(embedded),
-            None,
+            backend::Backend::Embedded(embedded),
         );
         store.start_commits()?;
         store.count_log_bytes()?;
@@ -391,9 +391,11 @@ impl Store {
         std::fs::create_dir_all(dir)?;
         let space = space::SpaceGuard::new(dir, options.min_free_bytes);
         let poison = Arc::new(durability::Poison::default());
-        let meta = meta::Meta::Etcd(remote::EtcdMeta::new(remote.clone()));
+        let etcd = Arc::new(remote::EtcdMeta::new(remote.clone()));
+        let meta = meta::Meta::Etcd(etcd.clone());
         let blocks = blocks::BlockStore::Remote(remote::S3Blocks::new(remote.clone()));
-        let store = Store::assemble(dir, options, space, poison, meta, blocks, None, Some(remote));
+        let backend = backend::Backend::replicated(remote, etcd);
+        let store = Store::assemble(dir, options, space, poison, meta, blocks, backend);
         store.start_commits()?;
         store.count_log_bytes()?;
         store.build_owner_index()?;
@@ -403,7 +405,6 @@ impl Store {
         Ok(store)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn assemble(
         dir: &Path,
         options: StoreOptions,
@@ -411,8 +412,7 @@ impl Store {
         poison: Arc<durability::Poison>,
         meta: meta::Meta,
         packs: blocks::BlockStore,
-        db: Option<Embedded>,
-        remote: Option<Arc<remote::Remote>>,
+        backend: backend::Backend,
     ) -> Store {
         let (events, _) = tokio::sync::broadcast::channel(1024);
         let (gc_requests, gc_receiver) = std::sync::mpsc::sync_channel(1);
@@ -420,9 +420,8 @@ impl Store {
         let (warm_requests, warm_receiver) = std::sync::mpsc::sync_channel(frames::WARM_QUEUE);
         let store = Store {
             inner: Arc::new(Inner {
-                db,
+                backend,
                 meta,
-                remote,
                 options,
                 dir: dir.to_path_buf(),
                 object_lock: Mutex::new(()),
@@ -443,7 +442,6 @@ impl Store {
                 packs,
                 blocks: chunks::BlockCache::default(),
                 fresh_frames,
-                locations: chunks::LocationCache::default(),
                 space,
                 poison,
             }),
@@ -455,21 +453,8 @@ impl Store {
 
     /// Makes everything written so far durable. Any failure poisons the store ([`durability`]).
     pub fn flush(&self) -> Result<()> {
-        let poison = &self.inner.poison;
-        poison.check()?;
-        // Replicated: etcd and object storage acknowledge only what they made durable.
-        let Some(embedded) = &self.inner.db else { return Ok(()) };
-        // Pack data first: an index entry must never be durable before the bytes it points at.
-        self.inner.packs.sync()?;
-        embedded.db.flush().map_err(|e| poison.poison("flushing the database", e))?;
-        // Blob files and renamed snapshots before the log that names them.
-        embedded.files.sync().map_err(|e| poison.poison("syncing the database's files", e))?;
-        // sled 0.34 ends its flush with sync_file_range, which writes the log's pages but neither
-        // flushes the drive's cache nor records the file's new blocks: enough for a killed
-        // process, not for a power cut. fdatasync of the log makes it durable.
-        embedded.log.sync_data().map_err(|e| poison.poison("fdatasync of the database log", e))?;
-        self.inner.counters.flushed();
-        Ok(())
+        self.inner.poison.check()?;
+        self.backend().flush(&self.inner)
     }
 
     /// Whether a failed sync poisoned the store: writes are refused until a restart.
@@ -483,19 +468,13 @@ impl Store {
     /// also refuses every write of a poisoned store (`Err(Poisoned)`, [`durability`]).
     pub fn ensure_space(&self, kind: WriteKind) -> Result<()> {
         self.inner.poison.check()?;
-        if let Some(remote) = &self.inner.remote {
-            return remote.writable();
-        }
-        self.inner.space.check(kind)
+        self.backend().writable(&self.inner, kind)
     }
 
     /// Like [`Store::ensure_space`] for a write of `bytes` that must leave the threshold free.
     pub(crate) fn ensure_room_for(&self, kind: WriteKind, bytes: u64) -> Result<()> {
         self.inner.poison.check()?;
-        if let Some(remote) = &self.inner.remote {
-            return remote.writable();
-        }
-        self.inner.space.check_room_for(kind, bytes)
+        self.backend().writable_for(&self.inner, kind, bytes)
     }
 
     /// Notified with the new resourceVersion after every object write.
@@ -507,18 +486,48 @@ impl Store {
         &self.inner.meta
     }
 
-    /// The shared store's connections, in replicated mode.
-    pub fn remote(&self) -> Option<&Arc<remote::Remote>> {
-        self.inner.remote.as_ref()
+    fn backend(&self) -> &backend::Backend {
+        &self.inner.backend
     }
 
     /// Whether the store can serve (readiness): in replicated mode, etcd and object storage
-    /// answer and this replica holds its lease.
-    pub fn reachable(&self) -> Result<()> {
-        match &self.inner.remote {
-            Some(remote) => remote.reachable(),
-            None => Ok(()),
-        }
+    /// answer and this replica holds its lease. Blocking.
+    pub fn readiness(&self) -> Result<()> {
+        self.backend().readiness()
+    }
+
+    /// The store's health checks, in the order `/livez`, `/readyz` and `/healthz` list them.
+    pub fn health_checks(&self) -> &'static [HealthCheck] {
+        self.backend().health_checks()
+    }
+
+    /// Runs the health check `name` (one of [`Store::health_checks`]); `Err` says why it failed,
+    /// `None` if the store has no such check. Blocking when the check says so.
+    pub fn health_check(&self, name: &str) -> Option<std::result::Result<(), String>> {
+        self.backend().health_check(&self.inner, name)
+    }
+
+    /// What `/metrics` shows of the backend (whether this replica leads).
+    pub fn backend_metrics(&self) -> BackendMetrics {
+        self.backend().metrics()
+    }
+
+    /// Whether replicas of this store elect a leader for singleton work; without an election the
+    /// store always leads ([`Store::is_leader`]).
+    pub fn elects_leader(&self) -> bool {
+        self.backend().elects_leader()
+    }
+
+    /// Whether this store runs singleton work (the reconcile loop, the API's garbage collector,
+    /// collection) now.
+    pub fn is_leader(&self) -> bool {
+        self.backend().leads()
+    }
+
+    /// At a graceful stop: leadership passes on now rather than when the lease would expire
+    /// (replicated; nothing to do embedded). Blocking.
+    pub fn resign(&self) {
+        self.backend().resign()
     }
 
     /// Counts for metrics and benchmarks; scans chunk headers, so not for hot paths.
@@ -540,9 +549,7 @@ impl Store {
                 RevisionState::Deleting => stats.revisions_deleting += 1,
             }
         }
-        if self.inner.db.is_some() {
-            stats.disk_bytes = dir_size(&self.inner.dir.join("db"))? + self.inner.packs.disk_bytes()?;
-        }
+        stats.disk_bytes = self.backend().disk_bytes(&self.inner)?;
         Ok(stats)
     }
 }

@@ -192,7 +192,7 @@ impl Store {
     /// whose reads are memory or a local file, never the network) and the object's last change
     /// is durable. `None` otherwise: then ask [`Store::get_object_json`] on a blocking thread.
     pub fn get_object_json_now(&self, key: &ObjectKey) -> Result<Option<Option<Vec<u8>>>> {
-        if !self.tree().is_local() {
+        if !self.backend().reads_are_local() {
             return Ok(None);
         }
         let (newest, json) = self.object_json(key)?;
@@ -381,25 +381,7 @@ impl Store {
         // Refused only at the floor: deletes and status updates must work while content is refused.
         self.ensure_space(super::WriteKind::Metadata)?;
         let applying = self.applying();
-        let (rv, objects, collect, log_bytes) = if self.inner.remote.is_none() {
-            // With the writes waiting beside it, in one batch ([`super::apply_queue`]).
-            self.apply_queued(writes)?
-        } else {
-            // Replicated: other replicas write too, so the batch goes in only if the counter is
-            // still what this write read; if not, it is built again on the new state.
-            let _objects = self.lock_objects();
-            loop {
-                let read = self.tree().get(RV_COUNTER)?;
-                let current = match &read {
-                    Some(v) => read_be(v)?,
-                    None => 0,
-                };
-                let (batch, built) = self.object_batch(current + 1, &writes)?;
-                if self.tree().apply_batch_if(batch, RV_COUNTER, read.as_deref())? {
-                    break built;
-                }
-            }
-        };
+        let (rv, objects, collect, log_bytes) = self.backend().apply_objects(self, writes)?;
         let logged = self.inner.log_bytes.fetch_add(log_bytes, Ordering::AcqRel) + log_bytes;
         drop(applying);
         // Trim in steps (each is a range delete), often enough that the log stays near its bounds.

@@ -158,7 +158,7 @@ fn replica(backends: &Backends, id: &str, scratch: &Path) -> Store {
 fn leader_of<'a>(stores: &'a [&'a Store]) -> &'a Store {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        if let Some(leader) = stores.iter().find(|s| s.remote().is_some_and(|r| r.is_leader())) {
+        if let Some(leader) = stores.iter().find(|s| s.elects_leader() && s.is_leader()) {
             return leader;
         }
         assert!(Instant::now() < deadline, "no replica became leader");

@@ -41,7 +41,7 @@ use super::hashing::FileDigests;
 use super::manifest::{chunk_list, ChunkList, ManifestBuilder};
 use super::objects::key_revision;
 use super::seal::SealPipeline;
-use super::staging::{StagedRef, Staging, DUPLICATE_PATH};
+use super::staging::{StagedRef, Staging};
 use super::tar_blocks::{KeptBlocks, TarLayout};
 use super::{
     encode_json, EntryKind, FileEntry, ObjectWrite, Result, RevisionId, RevisionRecord, RevisionState, StorageError,
@@ -105,19 +105,9 @@ const NOT_LAID_OUT: u64 = u64::MAX;
 const REVISION_ID: &[u8] = b"mrevid";
 
 impl Store {
-    /// A revision id never used before: sled's id generator, or a counter in etcd moved by
-    /// compare-and-swap (replicas allocate concurrently).
+    /// A revision id never used before ([`super::backend::Backend::next_revision_id`]).
     fn next_revision_id(&self) -> Result<RevisionId> {
-        if let Some(embedded) = &self.inner.db {
-            return Ok(embedded.db.generate_id()?);
-        }
-        loop {
-            let read = self.tree().get(REVISION_ID)?;
-            let next = read.as_deref().map(super::read_be).transpose()?.unwrap_or(0) + 1;
-            if self.tree().compare_and_swap(REVISION_ID, read.as_deref(), Some(&super::be(next)[..]))? {
-                return Ok(next);
-            }
-        }
+        self.backend().next_revision_id(self.tree(), REVISION_ID)
     }
 
     pub fn begin_revision(&self) -> Result<RevisionWriter> {
@@ -131,7 +121,7 @@ impl Store {
             files: 0,
             size: 0,
             stored_size: 0,
-            writer: self.remote().map(|r| r.replica_id().to_string()).unwrap_or_default(),
+            writer: self.backend().writer_id(),
             manifest: String::new(),
             manifest_len: 0,
             frames: String::new(),
@@ -154,7 +144,7 @@ impl Store {
             new_bytes: 0,
             space_checked: 0,
             pinned: Vec::new(),
-            lease_epoch: self.remote().map_or(0, |r| r.lease_epoch()),
+            lease_epoch: self.backend().lease_epoch(),
             seals: SealPipeline::new(self.clone()),
             chunk_buffer: Vec::new(),
             digests: FileDigests::holding(HELD_FILE_BYTES),
@@ -201,18 +191,9 @@ impl WriterChunks<'_> {
     fn put_unsealed(&mut self, bytes: &[u8]) -> Result<ChunkRef> {
         let hash = *blake3::hash(bytes).as_bytes();
         let chunk = ChunkRef { hash, len: bytes.len() as u32 };
-        if self.store.remote().is_some() {
-            // Replicated: pinned here now, in etcd for a whole block at once when it is sealed
-            // (where chunks the store already holds are dropped from it): one transaction per
-            // block instead of one per chunk.
-            self.store.pin_locally(hash);
-            self.pinned.push(hash);
-            if !self.blocks.contains(&hash) {
-                self.blocks.push(hash, bytes);
-            }
-            return Ok(chunk);
-        }
-        let known = self.store.pin_and_check(hash)?.is_some();
+        // Where the backend finds out only at the seal which chunks the store holds (replicated:
+        // one transaction per block instead of one per chunk), every chunk is new here.
+        let known = self.store.pin_chunk(hash)?.is_some();
         self.pinned.push(hash);
         if !known && !self.blocks.contains(&hash) {
             self.blocks.push(hash, bytes);
@@ -231,12 +212,7 @@ impl RevisionWriter {
     /// sealed, so every chunk is new here).
     fn stage_chunk(&mut self, bytes: &[u8]) -> Result<StagedRef> {
         let hash = *blake3::hash(bytes).as_bytes();
-        let stored_at = if self.store.remote().is_some() {
-            self.store.pin_locally(hash);
-            None
-        } else {
-            self.store.pin_and_check(hash)?
-        };
+        let stored_at = self.store.pin_chunk(hash)?;
         let known = stored_at.is_some();
         self.pinned.push(hash);
         let chunk = ChunkRef { hash, len: bytes.len() as u32 };
@@ -408,7 +384,7 @@ impl RevisionWriter {
     /// Refuses a path already added (staged, or waiting for its digest).
     fn ensure_new(&mut self, path: &str) -> Result<()> {
         if self.awaiting_paths.contains(path) {
-            return Err(StorageError::InvalidEntry { path: path.into(), reason: DUPLICATE_PATH.into() });
+            return Err(StorageError::DuplicatePath { path: path.into() });
         }
         self.staging.ensure_new(path)
     }
@@ -520,7 +496,7 @@ impl RevisionWriter {
             files,
             size,
             stored_size: tar.stored,
-            writer: store.remote().map(|r| r.replica_id().to_string()).unwrap_or_default(),
+            writer: store.backend().writer_id(),
             manifest: hex::encode(root.hash),
             manifest_len: root.len,
             frames: plan.map(|p| hex::encode(p.hash)).unwrap_or_default(),

@@ -61,13 +61,6 @@ pub struct Staging {
     refs_read: ReadWindow,
 }
 
-/// The reason an entry whose path was already staged is refused.
-pub const DUPLICATE_PATH: &str = "duplicate path";
-
-fn invalid(path: &str, reason: &str) -> StorageError {
-    StorageError::InvalidEntry { path: path.into(), reason: reason.into() }
-}
-
 /// The staging directory of a revision under the store's `staging/` directory.
 pub fn dir_of(root: &Path, rev: RevisionId) -> PathBuf {
     root.join(format!("{rev:016x}"))
@@ -122,7 +115,7 @@ impl Staging {
     /// Refuses a path already staged.
     pub fn ensure_new(&mut self, path: &str) -> Result<()> {
         if self.find(path)?.is_some() {
-            return Err(invalid(path, DUPLICATE_PATH));
+            return Err(StorageError::DuplicatePath { path: path.into() });
         }
         Ok(())
     }

@@ -245,7 +245,7 @@ impl TarBlocks {
     fn chunk(&mut self, store: &Store, seals: &mut SealPipeline, pos: u64, hash: Hash, data: &[u8]) -> Result<()> {
         let seen = self.builder.contains(&hash)
             || seals.holds(&hash)
-            || (store.remote().is_none() && store.chunk_location(&hash)?.is_some());
+            || (store.backend().finds_stored_chunks_at_put() && store.chunk_location(&hash)?.is_some());
         if seen {
             return self.gap(seals);
         }

@@ -77,7 +77,7 @@ impl<'w> TreeSink<'w> {
     /// A storage refusal of `path`, a file or link of the current source: a duplicate names the
     /// earlier sources that could have written it.
     fn refused(&self, path: &str, err: StorageError) -> UnpackError {
-        let duplicate = matches!(&err, StorageError::InvalidEntry { reason, .. } if reason == DUPLICATE_PATH);
+        let duplicate = matches!(&err, StorageError::DuplicatePath { .. });
         let current = self.destinations.len().saturating_sub(1);
         let earlier: Vec<String> = (self.destinations.iter().enumerate().take(current))
             .filter(|(_, prefix)| path.starts_with(prefix.as_str()))
@@ -157,9 +157,7 @@ impl EntrySink for TreeSink<'_> {
         let path = self.place_entry(path)?;
         match self.writer.add_dir(&path, mode) {
             // A directory an earlier source made (a directory's key is never a file's).
-            Err(StorageError::InvalidEntry { reason, .. })
-                if reason == DUPLICATE_PATH && self.destinations.len() > 1 =>
-            {
+            Err(StorageError::DuplicatePath { .. }) if self.destinations.len() > 1 => {
                 self.entries -= 1;
                 Ok(())
             }
@@ -307,6 +305,7 @@ fn storage_error(err: StorageError) -> UnpackError {
             false => UnpackError::Storage(StorageError::Io(io)),
         },
         StorageError::InvalidEntry { path, reason } => UnpackError::InvalidEntry { path, reason },
+        StorageError::DuplicatePath { path } => UnpackError::InvalidEntry { path, reason: DUPLICATE_PATH.into() },
         other => UnpackError::Storage(other),
     }
 }

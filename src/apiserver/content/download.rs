@@ -48,8 +48,8 @@ pub async fn get_content(
 ) -> ApiResult<Response> {
     let streaming =
         Streaming { store: app.store.clone(), stall: app.limits.stream_stall_timeout, cut: cut.map(|Extension(c)| c) };
-    if let Some(id) = params.get(super::upload_session::UPLOAD_PARAM) {
-        return super::upload_session::status(&app, &namespace, &resource, &name, id).await;
+    if let Some(id) = params.get(super::upload::UPLOAD_PARAM) {
+        return super::upload::session_status(&app, &namespace, &resource, &name, id).await;
     }
     let def = resource_def(&resource)?;
     let (revision, record) = resolve_revision(&app, def.plural, &namespace, &name).await?;

@@ -23,7 +23,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::{Registry, Unit};
 
 use super::Metrics;
-use crate::apiserver::content::upload_spool::Spool;
+use crate::storage::sessions::UploadSessions;
 
 /// The encodings counted (any other one is refused by the handlers, and not counted).
 const ENCODINGS: [&str; 3] = ["identity", "zstd", "gzip"];
@@ -143,7 +143,7 @@ pub async fn count(State(metrics): State<Arc<Metrics>>, request: Request, next: 
 }
 
 /// `stowage_upload_sessions_open`, counted in the spool at scrape time.
-pub struct UploadSessionsCollector(pub Arc<Spool>);
+pub struct UploadSessionsCollector(pub Arc<UploadSessions>);
 
 impl std::fmt::Debug for UploadSessionsCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

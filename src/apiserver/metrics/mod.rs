@@ -33,10 +33,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::content::upload_spool::Spool;
 use super::fairness::Fairness;
 use super::negotiation;
 use super::status::{ApiError, ApiResult};
+use crate::storage::sessions::UploadSessions;
 use crate::storage::Store;
 use request_labels::RequestLabels;
 
@@ -73,7 +73,7 @@ pub fn install(
     mut registry: Registry,
     store: Store,
     fairness: Arc<Fairness>,
-    uploads: Arc<Spool>,
+    uploads: Arc<UploadSessions>,
 ) -> (Arc<Metrics>, Arc<Exposition>) {
     let content = content::ContentMetrics::register(&mut registry);
     let metrics = Metrics {

@@ -133,12 +133,12 @@ impl Collector for StoreCollector {
             Some(&Unit::Bytes),
             ConstCounter::new(counts.compacted_bytes),
         )?;
-        if let Some(remote) = self.store.remote() {
+        if let Some(leader) = self.store.backend_metrics().leader {
             gauge(
                 &mut encoder,
                 "stowage_leader",
                 "1 while this replica leads (runs collection, the reconcile loop and the garbage collector), else 0.",
-                u64::from(remote.is_leader()),
+                u64::from(leader),
             )?;
         }
         gauge(

@@ -11,7 +11,7 @@ fn labels(method: Method, uri: &str) -> RequestLabels {
 /// A registry as the server builds it, on an empty store, and its request families.
 fn exposition(dir: &std::path::Path) -> (Arc<Metrics>, Arc<Exposition>) {
     let store = Store::open(&dir.join("store"), StoreOptions::default()).unwrap();
-    let spool = Arc::new(Spool::open(&dir.join("uploads"), std::time::Duration::from_secs(60)).unwrap());
+    let spool = Arc::new(UploadSessions::local(&dir.join("uploads"), std::time::Duration::from_secs(60)).unwrap());
     install(Registry::default(), store, Fairness::new(FairnessLimits::default()), spool)
 }
 

@@ -1,7 +1,8 @@
-//! The conversions of lower layers' errors into a Kubernetes `Status`: the store's, server-side
-//! apply's, an upload's (archive and format problems name the Bundle), a list's (an expired
-//! continue token carries a fresh one), and a blocking task that did not finish. (Authentication
-//! and authorization failures are converted by the access gate.)
+//! The conversions of lower layers' errors into a Kubernetes `Status`, in one place: the store's,
+//! server-side apply's, an upload's (archive and format problems name the Bundle; a refused piece
+//! of a chunked upload names its session; a commit that lost its Bundle is a conflict), a list's
+//! (an expired continue token carries a fresh one), and a blocking task that did not finish.
+//! (Authentication and authorization failures are converted by the access gate.)
 
 use axum::http::StatusCode;
 use serde_json::json;
@@ -12,7 +13,9 @@ use crate::apiserver::fieldmanager::ApplyError;
 use crate::apiserver::handlers::{continue_token, ListOptions};
 use crate::apiserver::panic_status;
 use crate::apiserver::GROUP;
-use crate::storage::StorageError;
+use crate::storage::sessions::AppendError;
+use crate::storage::{StorageError, DUPLICATE_PATH};
+use crate::unpack::revisions::CommitError;
 use crate::unpack::tar_ingest::IngestError;
 use crate::unpack::UnpackError;
 
@@ -35,17 +38,9 @@ impl From<StorageError> for ApiError {
             StorageError::AlreadyExists(what) => {
                 ApiError::new(StatusCode::CONFLICT, Reason::AlreadyExists, format!("{what} already exists"))
             }
-            StorageError::Conflict(what) => ApiError::new(
-                StatusCode::CONFLICT,
-                Reason::Conflict,
-                format!("Operation cannot be fulfilled on {what}: the object has been modified; please apply your changes to the latest version and try again"),
-            ),
-            StorageError::InvalidEntry { path, reason } => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                Reason::Invalid,
-                format!("invalid archive entry {path:?}: {reason}"),
-            )
-            .with_details(json!({"causes": [Cause { reason: "FieldValueInvalid".into(), message: reason, field: path }]})),
+            StorageError::Conflict(what) => modified(&what),
+            StorageError::InvalidEntry { path, reason } => invalid_archive_entry(path, reason),
+            StorageError::DuplicatePath { path } => invalid_archive_entry(path, DUPLICATE_PATH.into()),
             StorageError::InsufficientStorage(message) => {
                 tracing::warn!(%message, "write refused: out of space");
                 ApiError::insufficient_storage(message)
@@ -64,6 +59,56 @@ impl From<StorageError> for ApiError {
             }
         }
     }
+}
+
+/// `Operation cannot be fulfilled on WHAT: the object has been modified; …` (409 Conflict).
+fn modified(what: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        Reason::Conflict,
+        format!("Operation cannot be fulfilled on {what}: the object has been modified; please apply your changes to the latest version and try again"),
+    )
+}
+
+/// An upload's commit: the store's failure as the store's; a Bundle that went away or whose spec
+/// changed meanwhile is a conflict, said as one.
+impl From<CommitError> for ApiError {
+    fn from(err: CommitError) -> ApiError {
+        match err {
+            CommitError::Storage(e) => e.into(),
+            other @ (CommitError::Gone | CommitError::Superseded) => modified(&other.to_string()),
+        }
+    }
+}
+
+/// A piece of a chunked upload that was not appended, and the session it was for.
+pub struct PieceRefused {
+    pub session: String,
+    pub error: AppendError,
+}
+
+impl From<PieceRefused> for ApiError {
+    fn from(PieceRefused { session, error }: PieceRefused) -> ApiError {
+        match error {
+            AppendError::Gap { start, offset } => ApiError::range_not_satisfiable(format!(
+                "the piece starts at byte {start} but upload {session:?} has {offset} bytes: send from byte {offset}"
+            )),
+            e @ AppendError::TooLarge { .. } => ApiError::too_large(format!("{e} (--max-body-bytes)")),
+            e @ (AppendError::Short { .. } | AppendError::Body(_)) => ApiError::bad_request(e.to_string()),
+            e @ AppendError::Raced => ApiError::conflict_message(e.to_string()),
+            AppendError::Io(e) => ApiError::io("writing the piece to the upload spool", e),
+        }
+    }
+}
+
+/// `invalid archive entry PATH: REASON`, the path as the cause's field.
+fn invalid_archive_entry(path: String, reason: String) -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        Reason::Invalid,
+        format!("invalid archive entry {path:?}: {reason}"),
+    )
+    .with_details(json!({"causes": [Cause { reason: "FieldValueInvalid".into(), message: reason, field: path }]}))
 }
 
 /// A refused apply: conflicts are 409 with one `FieldManagerConflict` cause each.

@@ -70,7 +70,7 @@ struct Shared {
 
 /// Keeps a [`ClientTrust`] in step with the ConfigMap. Dropping it stops its polling task.
 pub struct AuthenticationConfigWatcher {
-    shared: Arc<Shared>,
+    inner: Arc<Shared>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -92,7 +92,7 @@ impl AuthenticationConfigWatcher {
         let data = read_data(&api).await?;
         let trust = Arc::new(ClientTrust::new(provider, &trust_anchors_from(&data)?)?);
         let shared = Shared { api, trust: Arc::clone(&trust), state: tokio::sync::Mutex::new((Some(data), false)) };
-        let mut watcher = AuthenticationConfigWatcher { shared: Arc::new(shared), task: None };
+        let mut watcher = AuthenticationConfigWatcher { inner: Arc::new(shared), task: None };
         watcher.poll_every(interval)?;
         Ok((trust, watcher))
     }
@@ -102,13 +102,13 @@ impl AuthenticationConfigWatcher {
     pub fn new(client: Client, trust: Arc<ClientTrust>) -> Self {
         let shared =
             Shared { api: Api::namespaced(client, NAMESPACE), trust, state: tokio::sync::Mutex::new((None, false)) };
-        AuthenticationConfigWatcher { shared: Arc::new(shared), task: None }
+        AuthenticationConfigWatcher { inner: Arc::new(shared), task: None }
     }
 
     /// Starts (or restarts) polling every `interval` on the current tokio runtime.
     pub fn poll_every(&mut self, interval: Duration) -> Result<(), DelegatedError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| DelegatedError::NoRuntime)?;
-        let weak = Arc::downgrade(&self.shared);
+        let weak = Arc::downgrade(&self.inner);
         if let Some(old) = self.task.take() {
             old.abort();
         }
@@ -126,12 +126,12 @@ impl AuthenticationConfigWatcher {
 
     /// The trust being kept current.
     pub fn trust(&self) -> &Arc<ClientTrust> {
-        &self.shared.trust
+        &self.inner.trust
     }
 
     /// Reads the ConfigMap now and applies it if its data changed.
     pub async fn reload(&self) -> ReloadOutcome {
-        self.shared.reload().await
+        self.inner.reload().await
     }
 }
 

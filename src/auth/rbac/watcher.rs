@@ -65,7 +65,7 @@ struct Shared {
 /// The policy of a file, kept current. Dropping the watcher stops its polling task.
 #[derive(Debug)]
 pub struct PolicyWatcher {
-    shared: Arc<Shared>,
+    inner: Arc<Shared>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -78,7 +78,7 @@ impl PolicyWatcher {
         let policy = Policy::load(&path)?;
         tracing::info!(path = %path.display(), "authorization policy loaded: {}", policy.stats());
         let shared = Shared { path, current: RwLock::new(Arc::new(policy)), seen: Mutex::new(seen) };
-        Ok(PolicyWatcher { shared: Arc::new(shared), task: None })
+        Ok(PolicyWatcher { inner: Arc::new(shared), task: None })
     }
 
     /// Loads the policy file and starts a task on the current tokio runtime that looks at it every
@@ -86,7 +86,7 @@ impl PolicyWatcher {
     pub fn spawn(path: impl Into<PathBuf>, interval: Duration) -> Result<Self, PolicyError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| PolicyError::NoRuntime)?;
         let mut watcher = Self::load(path)?;
-        let weak = Arc::downgrade(&watcher.shared);
+        let weak = Arc::downgrade(&watcher.inner);
         watcher.task = Some(runtime.spawn(async move {
             let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -103,22 +103,22 @@ impl PolicyWatcher {
 
     /// The file being watched.
     pub fn path(&self) -> &Path {
-        &self.shared.path
+        &self.inner.path
     }
 
     /// The policy in force.
     pub fn policy(&self) -> Arc<Policy> {
-        Arc::clone(&self.shared.current.read().unwrap_or_else(PoisonError::into_inner))
+        Arc::clone(&self.inner.current.read().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// [`Policy::authorize`] with the policy in force.
     pub fn authorize(&self, attributes: &Attributes) -> Decision {
-        self.shared.current.read().unwrap_or_else(PoisonError::into_inner).authorize(attributes)
+        self.inner.current.read().unwrap_or_else(PoisonError::into_inner).authorize(attributes)
     }
 
     /// Looks at the file now and reloads it if it changed since it was last looked at.
     pub fn reload_if_changed(&self) -> ReloadOutcome {
-        self.shared.reload_if_changed()
+        self.inner.reload_if_changed()
     }
 }
 

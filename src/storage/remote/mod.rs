@@ -159,12 +159,12 @@ impl Remote {
     }
 
     /// A handle on the etcd client, for state that lives beside the store's map (upload sessions).
-    pub fn etcd_client(&self) -> Client {
+    pub(in crate::storage) fn etcd_client(&self) -> Client {
         self.etcd.clone()
     }
 
     /// The bucket, for objects that live beside the blocks (upload pieces).
-    pub fn object_store(&self) -> Arc<dyn object_store::ObjectStore> {
+    pub(in crate::storage) fn object_store(&self) -> Arc<dyn object_store::ObjectStore> {
         self.s3.clone()
     }
 

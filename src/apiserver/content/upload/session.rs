@@ -1,5 +1,7 @@
-//! Chunked, resumable uploads on `bundles/NAME/content`, in the shape of the OCI distribution
-//! chunked-upload protocol, so that no single request comes near the aggregator's 60 s cut:
+//! A chunked upload's session as a request sees it: opened and locked for the request, pieces
+//! appended, the commit (the early ingest's revision, or the spooled bytes ingested then). The
+//! protocol, in the shape of the OCI distribution chunked-upload protocol, so that no single
+//! request comes near the aggregator's 60 s cut (its routes: [`super::routes`]):
 //!
 //! - `POST …/content?uploads` starts a session (202, `{"uploadID", "offset": 0}`, `Location`);
 //!   its `Content-Encoding` (gzip, zstd or none/sniffed) applies to the assembled archive.
@@ -11,26 +13,24 @@
 //!   checks the digest of all bytes and ingests them like a single PUT; returns the Bundle.
 //! - `DELETE …/content?upload=ID` aborts (204).
 //!
-//! The bytes live in the [`Spool`](super::upload_spool::Spool) (in the replicated store: etcd and
-//! the bucket, so every replica serves every step); a session belongs to one Bundle (namespace,
-//! name, uid) and is a 404 anywhere else.
+//! The bytes live in the [`UploadSessions`] (in the replicated store: etcd and the bucket, so
+//! every replica serves every step); a session belongs to one Bundle (namespace, name, uid) and is
+//! a 404 anywhere else.
 
-use std::collections::HashMap;
 use std::io::{self, Read};
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tokio::sync::OwnedMutexGuard;
 
-use super::upload::{commit_ingested, encoding, ingest_and_commit, writable, UploadTarget};
-use super::upload_early::Start;
-use super::upload_spool::{AppendError, Piece, SessionMeta, Spool};
+use super::early::Start;
+use super::ingest::{commit_ingested, ingest_and_commit, UploadTarget};
 use crate::apiserver::handlers::{get_object, json_response};
-use crate::apiserver::status::{ApiError, ApiResult};
+use crate::apiserver::status::{ApiError, ApiResult, PieceRefused};
 use crate::apiserver::{AppState, API_VERSION};
+use crate::storage::sessions::{Piece, SessionMeta, UploadSessions};
 use crate::strategy::bundle::BUNDLE;
 use crate::unpack::source::HashingReader;
 use crate::unpack::tar_ingest::Encoding;
@@ -41,91 +41,8 @@ pub const START_PARAM: &str = "uploads";
 pub const UPLOAD_PARAM: &str = "upload";
 const OFFSET_HEADER: &str = "upload-offset";
 
-/// `POST bundles/NAME/content?uploads`.
-pub async fn post_bundle_content(
-    State(app): State<AppState>,
-    Path((namespace, resource, name)): Path<(String, String, String)>,
-    Query(params): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-) -> ApiResult<Response> {
-    writable(&resource)?;
-    if !params.contains_key(START_PARAM) {
-        return Err(ApiError::method_not_allowed(
-            "POST on content starts a chunked upload: POST bundles/NAME/content?uploads",
-        ));
-    }
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > 0) {
-        return Err(ApiError::bad_request(
-            "start a chunked upload with an empty POST, then send the bytes with PATCH ?upload=ID",
-        ));
-    }
-    encoding(&headers)?;
-    let content_encoding = headers
-        .get(header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.trim().to_ascii_lowercase())
-        .unwrap_or_default();
-    let bundle = get_object(&app, &BUNDLE, &namespace, &name).await?;
-    let target = UploadTarget::of(&bundle, &namespace, &name)?;
-    let meta = SessionMeta::new(&namespace, &name, &target.uid, &content_encoding);
-    let spool = app.uploads.clone();
-    let id = tokio::task::spawn_blocking(move || spool.create(&meta))
-        .await
-        .map_err(ApiError::from)?
-        .map_err(|e| ApiError::io("starting an upload session", e))?;
-    tracing::info!(upload = %id, bundle = %format!("{namespace}/{name}"), "upload session started");
-    Ok(session_response(StatusCode::ACCEPTED, &namespace, &name, &id, 0))
-}
-
-/// `PATCH bundles/NAME/content?upload=ID`: one piece.
-pub async fn patch_bundle_content(
-    State(app): State<AppState>,
-    Path((namespace, resource, name)): Path<(String, String, String)>,
-    Query(params): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Body,
-) -> ApiResult<Response> {
-    writable(&resource)?;
-    let id = upload_id(&params, "PATCH")?;
-    let mut session = Session::open(&app, &namespace, &name, id).await?;
-    if session.meta.committed {
-        return Err(ApiError::conflict_message(format!("upload session {id:?} was already committed")));
-    }
-    let piece = piece(&headers, session.meta.offset)?;
-    let first = session.meta.offset == 0;
-    if let Err(e) = session.append(&app, piece, body).await {
-        return Ok(e);
-    }
-    session.piece_added(&app, first);
-    Ok(session_response(StatusCode::ACCEPTED, &namespace, &name, id, session.meta.offset))
-}
-
-/// `GET`/`HEAD bundles/NAME/content?upload=ID`: where the upload stands.
-pub async fn status(app: &AppState, namespace: &str, resource: &str, name: &str, id: &str) -> ApiResult<Response> {
-    writable(resource)?;
-    let session = Session::open(app, namespace, name, id).await?;
-    Ok(session_response(StatusCode::OK, namespace, name, id, session.meta.offset))
-}
-
-/// `DELETE bundles/NAME/content?upload=ID`.
-pub async fn delete_bundle_content(
-    State(app): State<AppState>,
-    Path((namespace, resource, name)): Path<(String, String, String)>,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<Response> {
-    writable(&resource)?;
-    let id = upload_id(&params, "DELETE")?;
-    let session = Session::open(&app, &namespace, &name, id).await?;
-    session.remove(&app).await?;
-    app.early_ingests.cancel(id);
-    tracing::info!(upload = %id, "upload session aborted");
-    Ok(StatusCode::NO_CONTENT.into_response())
-}
-
 /// `PUT bundles/NAME/content?upload=ID&digest=sha256:HEX`: the body, if any, is a last piece.
-pub async fn commit(
+pub(super) async fn commit(
     app: &AppState,
     namespace: &str,
     name: &str,
@@ -188,7 +105,7 @@ pub async fn commit(
 }
 
 /// Ingests and commits a session's spooled bytes, checking that they hash to `expected` (hex): at
-/// its commit, when no early ingest ([`super::upload_early`]) made the revision.
+/// its commit, when no early ingest ([`super::early`]) made the revision.
 async fn ingest_spooled(
     app: &AppState,
     id: &str,
@@ -219,19 +136,19 @@ async fn ingest_spooled(
 }
 
 /// A session, locked for the request, with the Bundle it belongs to.
-struct Session {
+pub(super) struct Session {
     id: String,
-    meta: SessionMeta,
+    pub meta: SessionMeta,
     bundle: Value,
     /// The session's lock; `None` only while [`Session::append`]'s task holds it.
     guard: Option<OwnedMutexGuard<()>>,
 }
 
 impl Session {
-    async fn open(app: &AppState, namespace: &str, name: &str, id: &str) -> ApiResult<Session> {
+    pub async fn open(app: &AppState, namespace: &str, name: &str, id: &str) -> ApiResult<Session> {
         let not_found =
             || ApiError::not_found_message(format!("upload session {id:?} not found for bundles {namespace}/{name}"));
-        if !Spool::valid_id(id) {
+        if !UploadSessions::valid_id(id) {
             return Err(not_found());
         }
         let guard = app.uploads.lock(id).lock_owned().await;
@@ -252,8 +169,8 @@ impl Session {
     }
 
     /// After a piece was appended: its bytes go to the session's early ingest, which the
-    /// session's `first` piece starts ([`super::upload_early`]).
-    fn piece_added(&self, app: &AppState, first: bool) {
+    /// session's `first` piece starts ([`super::early`]).
+    pub fn piece_added(&self, app: &AppState, first: bool) {
         let start = || {
             let target = UploadTarget::of(&self.bundle, &self.meta.namespace, &self.meta.name).ok()?;
             let encoding = Encoding::from_content_encoding(Some(&self.meta.encoding)).unwrap_or(Encoding::Identity);
@@ -263,7 +180,7 @@ impl Session {
     }
 
     /// Appends a piece; a refusal comes back as the response to send.
-    async fn append(&mut self, app: &AppState, piece: Piece, body: Body) -> Result<(), Response> {
+    pub async fn append(&mut self, app: &AppState, piece: Piece, body: Body) -> Result<(), Response> {
         let limit = app.limits.max_body_bytes;
         // On a task of its own that holds the session's lock until the piece is durable and its
         // record saved: when the request is cut, the handler is dropped but the save goes on, and
@@ -282,23 +199,13 @@ impl Session {
             }
             Err(e) => return Err(ApiError::from(e).into_response()),
         };
-        let error = match result {
-            Ok(()) => return Ok(()),
-            Err(AppendError::Gap { start, offset }) => {
-                let error = ApiError::range_not_satisfiable(format!(
-                    "the piece starts at byte {start} but upload {:?} has {offset} bytes: send from byte {offset}",
-                    self.id
-                ));
-                let mut response = error.into_response();
-                offset_headers(response.headers_mut(), offset);
-                return Err(response);
-            }
-            Err(e @ AppendError::TooLarge { .. }) => ApiError::too_large(format!("{e} (--max-body-bytes)")),
-            Err(e @ (AppendError::Short { .. } | AppendError::Body(_))) => ApiError::bad_request(e.to_string()),
-            Err(e @ AppendError::Raced) => ApiError::conflict_message(e.to_string()),
-            Err(AppendError::Io(e)) => ApiError::io("writing the piece to the upload spool", e),
-        };
-        Err(error.into_response())
+        let Err(error) = result else { return Ok(()) };
+        let resume_at = error.resume_at();
+        let mut response = ApiError::from(PieceRefused { session: self.id.clone(), error }).into_response();
+        if let Some(offset) = resume_at {
+            offset_headers(response.headers_mut(), offset);
+        }
+        Err(response)
     }
 
     async fn mark_committed(mut self, app: &AppState) -> ApiResult<()> {
@@ -324,21 +231,13 @@ impl Session {
         }
     }
 
-    async fn remove(self, app: &AppState) -> ApiResult<()> {
+    pub async fn remove(self, app: &AppState) -> ApiResult<()> {
         let (spool, id) = (app.uploads.clone(), self.id.clone());
         tokio::task::spawn_blocking(move || spool.remove(&id))
             .await
             .map_err(ApiError::from)?
             .map_err(|e| ApiError::internal(format!("removing upload session {:?}: {e}", self.id)))
     }
-}
-
-fn upload_id<'p>(params: &'p HashMap<String, String>, method: &str) -> ApiResult<&'p str> {
-    params.get(UPLOAD_PARAM).map(String::as_str).ok_or_else(|| {
-        ApiError::method_not_allowed(format!(
-            "{method} on content is part of a chunked upload: {method} bundles/NAME/content?upload=ID"
-        ))
-    })
 }
 
 /// The piece a request carries: `Content-Range: bytes START-END/TOTAL` (`bytes ` and `/TOTAL`
@@ -374,7 +273,7 @@ fn parse_digest(digest: &str) -> ApiResult<String> {
     Ok(hex.to_ascii_lowercase())
 }
 
-fn location(namespace: &str, name: &str, id: &str) -> String {
+pub(super) fn location(namespace: &str, name: &str, id: &str) -> String {
     format!("/apis/{API_VERSION}/namespaces/{namespace}/bundles/{name}/content?{UPLOAD_PARAM}={id}")
 }
 
@@ -387,7 +286,7 @@ fn offset_headers(headers: &mut HeaderMap, offset: u64) {
     }
 }
 
-fn session_response(code: StatusCode, namespace: &str, name: &str, id: &str, offset: u64) -> Response {
+pub(super) fn session_response(code: StatusCode, namespace: &str, name: &str, id: &str, offset: u64) -> Response {
     let body = json!({"uploadID": id, "offset": offset, "location": location(namespace, name, id)});
     let mut response = json_response(code, &body, &[]);
     offset_headers(response.headers_mut(), offset);

@@ -15,16 +15,18 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Read};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
-use futures_util::{Stream, StreamExt};
+use futures_util::future::BoxFuture;
+use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
-use super::upload_spool::{now_ms, receive, AppendError, Part, Piece, PieceSink, SessionMeta};
+use super::{now_ms, receive, AppendError, Part, Piece, PieceBody, PieceSink, SessionLocks, SessionMeta, SessionStore};
 use crate::storage::remote::Remote;
 
 /// Bytes buffered before a piece's object becomes a multipart upload, and the size of its parts
@@ -38,7 +40,8 @@ const ORPHAN_GRACE: Duration = Duration::from_secs(300);
 /// How often a re-sent commit looks whether the replica committing the session is done.
 const CLAIM_POLL: Duration = Duration::from_millis(500);
 
-pub struct SharedSpool {
+/// Sessions in etcd and the bucket, shared by every replica.
+pub struct SharedSessions {
     remote: Arc<Remote>,
 }
 
@@ -46,9 +49,9 @@ fn io_error(what: &str, err: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("{what}: {err}"))
 }
 
-impl SharedSpool {
-    pub fn new(remote: Arc<Remote>) -> SharedSpool {
-        SharedSpool { remote }
+impl SharedSessions {
+    pub fn new(remote: Arc<Remote>) -> SharedSessions {
+        SharedSessions { remote }
     }
 
     fn record_key(&self, id: &str) -> Vec<u8> {
@@ -60,7 +63,7 @@ impl SharedSpool {
     }
 
     /// Writes the record of a new session (refused if the ID exists). Blocking.
-    pub fn create(&self, id: &str, meta: &SessionMeta) -> io::Result<()> {
+    fn create_record(&self, id: &str, meta: &SessionMeta) -> io::Result<()> {
         let key = self.record_key(id);
         let value = serde_json::to_vec(meta).map_err(io::Error::other)?;
         let mut etcd = self.remote.etcd_client();
@@ -75,7 +78,7 @@ impl SharedSpool {
     }
 
     /// The session's record. Blocking.
-    pub fn load(&self, id: &str) -> io::Result<Option<SessionMeta>> {
+    fn load_record(&self, id: &str) -> io::Result<Option<SessionMeta>> {
         let remote = self.remote.clone();
         let key = self.record_key(id);
         self.remote.block_on(async move { load(&remote, key).await })
@@ -96,19 +99,15 @@ impl SharedSpool {
         Ok(answer.succeeded())
     }
 
-    /// Stores the piece's new bytes as one object, then records it. See [`super::upload_spool::Spool::append`].
-    pub async fn append<S, E>(
+    /// Stores the piece's new bytes as one object, then records it. See [`SessionStore::append`].
+    async fn append_piece(
         &self,
         id: &str,
         meta: &mut SessionMeta,
         piece: Piece,
-        body: S,
+        body: PieceBody,
         max_total: u64,
-    ) -> Result<(), AppendError>
-    where
-        S: Stream<Item = Result<Bytes, E>> + Unpin,
-        E: std::error::Error + Send + Sync + 'static,
-    {
+    ) -> Result<(), AppendError> {
         let offset = meta.offset;
         let object = format!("uploads/{id}/{offset:016x}-{}", uuid::Uuid::new_v4().simple());
         let mut sink = ObjectSink::new(self.remote.object_store(), ObjectPath::from(object.as_str()));
@@ -137,7 +136,7 @@ impl SharedSpool {
     }
 
     /// The pieces' bytes in order, fetched as they are read. Blocking reads.
-    pub fn reader(&self, meta: &SessionMeta) -> PartsReader {
+    fn reader(&self, meta: &SessionMeta) -> PartsReader {
         PartsReader {
             remote: self.remote.clone(),
             parts: meta.parts.clone(),
@@ -148,8 +147,8 @@ impl SharedSpool {
         }
     }
 
-    /// See [`super::upload_spool::Spool::claim_commit`].
-    pub async fn claim_commit(&self, id: &str, meta: &mut SessionMeta) -> io::Result<()> {
+    /// See [`SessionStore::claim_commit`].
+    async fn claim(&self, id: &str, meta: &mut SessionMeta) -> io::Result<()> {
         let me = self.remote.replica_id().to_owned();
         loop {
             if meta.committed || meta.committing.as_deref() == Some(me.as_str()) {
@@ -183,7 +182,7 @@ impl SharedSpool {
     }
 
     /// Clears this replica's claim. Blocking.
-    pub fn release_commit(&self, id: &str, meta: &mut SessionMeta) -> io::Result<()> {
+    fn release_claim(&self, id: &str, meta: &mut SessionMeta) -> io::Result<()> {
         self.remote.block_on(async {
             for _ in 0..8 {
                 if meta.committing.as_deref() != Some(self.remote.replica_id()) {
@@ -206,7 +205,7 @@ impl SharedSpool {
 
     /// Records the commit (the record stays until it expires, so a re-sent commit gets the
     /// Bundle) and deletes the pieces' objects. `meta.committed` is already set. Blocking.
-    pub fn mark_committed(&self, id: &str, meta: &mut SessionMeta) -> io::Result<()> {
+    fn record_commit(&self, id: &str, meta: &mut SessionMeta) -> io::Result<()> {
         let parts = std::mem::take(&mut meta.parts);
         meta.committing = None;
         self.remote.block_on(async {
@@ -237,7 +236,7 @@ impl SharedSpool {
     }
 
     /// Removes the session's record, then its objects. Blocking.
-    pub fn remove(&self, id: &str) -> io::Result<()> {
+    fn remove_session(&self, id: &str) -> io::Result<()> {
         let key = self.record_key(id);
         let mut etcd = self.remote.etcd_client();
         self.remote.block_on(async move { etcd.delete(key, None).await }).map_err(|e| io_error("etcd", e))?;
@@ -246,7 +245,7 @@ impl SharedSpool {
     }
 
     /// Records of sessions not marked committed, of every replica. Blocking.
-    pub fn open_sessions(&self) -> io::Result<u64> {
+    fn count_open(&self) -> io::Result<u64> {
         let prefix = self.remote.key(b"uploads/");
         let mut etcd = self.remote.etcd_client();
         let answer = self
@@ -262,7 +261,7 @@ impl SharedSpool {
     }
 
     /// The IDs of every replica's sessions that have a record (expired or not). Blocking.
-    pub fn session_ids(&self) -> io::Result<HashSet<String>> {
+    fn record_ids(&self) -> io::Result<HashSet<String>> {
         let prefix = self.remote.key(b"uploads/");
         let mut etcd = self.remote.etcd_client();
         let list = prefix.clone();
@@ -280,7 +279,7 @@ impl SharedSpool {
 
     /// On the leader only: removes sessions idle longer than `timeout` (unless a live replica is
     /// committing one) and objects no record names. Blocking.
-    pub fn sweep(&self, timeout: Duration) -> usize {
+    fn sweep(&self, timeout: Duration) -> usize {
         if !self.remote.is_leader() {
             return 0;
         }
@@ -348,6 +347,66 @@ impl SharedSpool {
             delete_under(store.clone(), Self::objects_of(id), ORPHAN_GRACE, &keep).await;
         }
         Ok(removed)
+    }
+}
+
+impl SessionStore for SharedSessions {
+    fn create(&self, id: &str, meta: &SessionMeta) -> io::Result<()> {
+        self.create_record(id, meta)
+    }
+
+    fn load(&self, id: &str) -> io::Result<Option<SessionMeta>> {
+        self.load_record(id)
+    }
+
+    fn append<'a>(
+        &'a self,
+        id: &'a str,
+        meta: &'a mut SessionMeta,
+        piece: Piece,
+        body: PieceBody,
+        max_total: u64,
+    ) -> BoxFuture<'a, Result<(), AppendError>> {
+        Box::pin(self.append_piece(id, meta, piece, body, max_total))
+    }
+
+    fn open_data(&self, _id: &str, meta: &SessionMeta) -> io::Result<Box<dyn Read + Send>> {
+        Ok(Box::new(self.reader(meta)))
+    }
+
+    /// The bytes are in the bucket.
+    fn local_data(&self, _id: &str) -> Option<PathBuf> {
+        None
+    }
+
+    fn claim_commit<'a>(&'a self, id: &'a str, meta: &'a mut SessionMeta) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(self.claim(id, meta))
+    }
+
+    fn release_commit(&self, id: &str, meta: &mut SessionMeta) -> io::Result<()> {
+        self.release_claim(id, meta)
+    }
+
+    fn mark_committed(&self, id: &str, meta: &mut SessionMeta) -> io::Result<()> {
+        self.record_commit(id, meta)
+    }
+
+    fn remove(&self, id: &str) -> io::Result<()> {
+        self.remove_session(id)
+    }
+
+    fn open_sessions(&self) -> io::Result<u64> {
+        self.count_open()
+    }
+
+    /// Only the leader removes sessions; the locks are this replica's own, and those of removed
+    /// sessions go when the locks are pruned.
+    fn sweep_expired(&self, timeout: Duration, _locks: &SessionLocks) -> usize {
+        self.sweep(timeout)
+    }
+
+    fn session_ids(&self) -> io::Result<HashSet<String>> {
+        self.record_ids()
     }
 }
 
@@ -429,7 +488,7 @@ impl PieceSink for ObjectSink {
 }
 
 /// Reads a session's pieces in order from the bucket, [`READ_CHUNK`] at a time.
-pub struct PartsReader {
+struct PartsReader {
     remote: Arc<Remote>,
     parts: Vec<Part>,
     /// The part being read and the position in it.
@@ -473,5 +532,33 @@ impl Read for PartsReader {
         buf.get_mut(..n).unwrap_or_default().copy_from_slice(&chunk);
         self.left -= n as u64;
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::UploadSessions;
+    use super::*;
+
+    #[test]
+    fn a_shared_sweep_drops_the_locks_of_unknown_sessions_only() {
+        let backends = crate::storage::remote_tests::start_backends();
+        let remote = Remote::connect(crate::storage::remote_tests::remote_options(&backends, "a")).unwrap();
+        let sessions = UploadSessions::with(Arc::new(SharedSessions::new(remote)), Duration::from_secs(60));
+        let live = sessions.create(&SessionMeta::new("ns", "b", "uid", "")).unwrap();
+        // A request for an ID that names no session leaves its lock behind.
+        let unknown = uuid::Uuid::new_v4().to_string();
+        drop(sessions.lock(&unknown));
+        // A request in progress (a commit holds its session's lock throughout) keeps its lock,
+        // whether or not the record exists; so does one that has its lock and not locked it yet.
+        let (busy, waiting) = (uuid::Uuid::new_v4().to_string(), uuid::Uuid::new_v4().to_string());
+        let busy_lock = sessions.lock(&busy);
+        let _held = busy_lock.try_lock().unwrap();
+        let _waiting_lock = sessions.lock(&waiting);
+        sessions.sweep();
+        let locks = sessions.locks();
+        assert!(!locks.holds(&unknown), "the lock of an unknown session is dropped");
+        assert!(locks.holds(&live), "the lock of a live session stays");
+        assert!(locks.holds(&busy) && locks.holds(&waiting), "locks in use stay");
     }
 }

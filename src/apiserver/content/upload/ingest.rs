@@ -1,36 +1,28 @@
-//! Uploads: `PUT bundles/NAME/content` streams the body (size-limited, optionally gzip/zstd)
-//! through the tar validator into a new revision, then commits it atomically with a BundleContent
-//! and the Bundle's status — or reuses the BundleContent that already holds identical content.
+//! The bottom of uploads, shared by a single PUT and a chunked upload's commit: an archive is
+//! streamed (size-limited, optionally gzip/zstd) through the tar validator into a new revision,
+//! then committed atomically with a BundleContent and the Bundle's status — or the BundleContent
+//! that already holds identical content is reused.
 
-use crate::api::event::Regarding;
-use axum::body::{Body, Bytes};
-use std::collections::HashMap;
 use std::io::Read;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::Response;
-use futures_util::TryStreamExt;
+use axum::http::{header, HeaderMap};
 use serde_json::Value;
 
+use crate::api::event::Regarding;
 use crate::api::Bundle;
+use crate::apiserver::status::{ApiError, ApiResult, UploadFailure};
+use crate::apiserver::AppState;
+use crate::storage::{PendingRevision, Store};
 use crate::strategy::decode_or_default;
-
-use super::upload_session;
-use crate::apiserver::handlers::{get_object, json_response, resource_def};
-use crate::apiserver::status::{ApiError, ApiResult, BodyTooLarge, UploadFailure};
-use crate::apiserver::{blocking, AppState};
-use crate::storage::{PendingRevision, StorageError, Store};
-use crate::strategy::bundle::BUNDLE;
 use crate::unpack::format::FormatReport;
-use crate::unpack::read_ahead::ReadAhead;
-use crate::unpack::revisions::{self, CommitError, Expect};
+use crate::unpack::revisions::{self, Expect};
 use crate::unpack::sink::TreeSink;
 use crate::unpack::source::Budget;
 use crate::unpack::tar_ingest::{self, Encoding};
 use crate::unpack::{ResolvedSource, UnpackLimits};
 
+/// The archive's encoding, from `Content-Encoding`.
 pub(super) fn encoding(headers: &HeaderMap) -> ApiResult<Encoding> {
     let value = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok());
     Encoding::from_content_encoding(value).ok_or_else(|| {
@@ -39,49 +31,6 @@ pub(super) fn encoding(headers: &HeaderMap) -> ApiResult<Encoding> {
             value.unwrap_or("")
         ))
     })
-}
-
-pub async fn put_bundle_content(
-    State(app): State<AppState>,
-    Path((namespace, resource, name)): Path<(String, String, String)>,
-    Query(params): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Body,
-) -> ApiResult<Response> {
-    writable(&resource)?;
-    if let Some(id) = params.get(upload_session::UPLOAD_PARAM) {
-        return upload_session::commit(&app, &namespace, &name, id, params.get("digest"), &headers, body).await;
-    }
-    let bundle = get_object(&app, &BUNDLE, &namespace, &name).await?;
-    let target = UploadTarget::of(&bundle, &namespace, &name)?;
-    let limit = app.limits.max_body_bytes;
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit) {
-        return Err(ApiError::too_large(format!("{} (--max-body-bytes)", BodyTooLarge(limit))));
-    }
-    let encoding = encoding(&headers)?;
-
-    // Count bytes as they arrive; past the limit the stream fails with BodyTooLarge.
-    let mut seen = 0u64;
-    let stream = body.into_data_stream().map_err(std::io::Error::other).and_then(move |chunk: Bytes| {
-        seen += chunk.len() as u64;
-        let result = if seen > limit { Err(std::io::Error::other(BodyTooLarge(limit))) } else { Ok(chunk) };
-        std::future::ready(result)
-    });
-    let reader = ReadAhead::spawn(&tokio::runtime::Handle::current(), stream);
-    let written = ingest_and_commit(&app, target, reader, encoding, |_| Ok(())).await?;
-    Ok(json_response(StatusCode::OK, &written, &[]))
-}
-
-/// Only resources whose strategy takes uploads (Bundles) do; other resources' content is read-only.
-pub(super) fn writable(resource: &str) -> ApiResult<()> {
-    if !resource_def(resource)?.takes_uploads {
-        return Err(ApiError::method_not_allowed(format!(
-            "{resource}/content is read-only: upload to bundles/NAME/content"
-        )));
-    }
-    Ok(())
 }
 
 /// The Bundle an upload goes to, and what of its spec the upload needs.
@@ -205,14 +154,13 @@ pub(super) async fn commit_ingested(app: &AppState, target: UploadTarget, ingest
     let record = pending.record().clone();
     let resolved = [ResolvedSource::Upload { digest: record.digest.clone() }];
     let regarding = Regarding::bundle(&expect.namespace, &expect.name, &expect.uid);
-    let events = app.events.clone();
-    let committed =
-        blocking(app, move |store| match revisions::commit(store, &expect, pending, &report, &resolved, &events) {
-            Ok(bundle) => Ok(bundle),
-            Err(CommitError::Storage(e)) => Err(e),
-            Err(other) => Err(StorageError::Conflict(other.to_string())),
-        })
-        .await;
+    let (store, events) = (app.store.clone(), app.events.clone());
+    let committed = tokio::task::spawn_blocking(move || {
+        revisions::commit(&store, &expect, pending, &report, &resolved, &events).map_err(ApiError::from)
+    })
+    .await
+    .map_err(ApiError::from)
+    .and_then(|committed| committed);
     match &committed {
         Ok(_) => {
             let note = format!("uploaded {} ({} files, {} bytes)", record.digest, record.files, record.size);

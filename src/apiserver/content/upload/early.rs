@@ -4,7 +4,7 @@
 //!
 //! The first piece of a session (embedded store) starts a writer on a thread of its own that reads
 //! the session's spool file up to the acknowledged offset ([`Tail`]), waits there for the next
-//! piece, and feeds the same validator and writer as a single PUT ([`super::upload::ingest`]). The
+//! piece, and feeds the same validator and writer as a single PUT ([`super::ingest::ingest`]). The
 //! commit says where the bytes end and takes the revision if
 //! - the ingest succeeded,
 //! - the bytes hash to the commit's digest,
@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::upload::{ingest, Ingested, UploadTarget};
+use super::ingest::{ingest, Ingested, UploadTarget};
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::AppState;
 use crate::unpack::source::HashingReader;

@@ -1,0 +1,420 @@
+//! The store's one seam between its two backends: every decision that differs between the
+//! embedded store (sled and pack files in the data directory) and the replicated one (etcd and
+//! object storage, shared by several replicas) is a method of [`Backend`], so the rest of the
+//! store reads the same for both. What the backends *store* is already behind
+//! [`super::meta::Meta`] (the map) and [`super::blocks::BlockStore`] (the blocks); this is the
+//! *policy* around them: how writes are made durable, when a write is refused, how
+//! resourceVersions and revision ids are allocated, when a writer's chunks are pinned and looked
+//! up, how a manifest is recorded, who collects, and what readiness means.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::chunks::{chunk_key, pin_key, BlockBuilder, Hash, Location, LocationCache, MANIFESTS_KEY};
+use super::meta::{Batch, Meta};
+use super::objects::{BuiltWrite, ObjectWrite, RV_COUNTER};
+use super::packs::BlockAt;
+use super::remote::{EtcdMeta, Remote};
+use super::{durability, read_be, Inner, Result, StorageError, Store, WriteKind};
+
+/// What differs between the embedded and the replicated store.
+///
+/// Why an enum rather than a trait: there are exactly two backends, both defined here and never
+/// supplied from outside, and each difference is a decision over the store's shared state (its
+/// map, pins, apply queue, counters) rather than a separate object. A trait would have to be
+/// handed that state in every method, or hold a pointer back into the store; an enum keeps each
+/// decision one `match` in this one file, where both sides are read and checked together. Callers
+/// ask a question named for what they need (`writable`, `pin_chunk`, `record_while_pinned`,
+/// `leads`, …), never which backend it is.
+pub(super) enum Backend {
+    Embedded(Embedded),
+    Replicated(Replicated),
+}
+
+/// sled and the files it leaves unsynced.
+pub(super) struct Embedded {
+    pub db: sled::Db,
+    /// sled's log file, opened to fdatasync it after sled's own flush.
+    pub log: std::fs::File,
+    /// What sled writes without syncing (its directory, blob files), synced at every flush.
+    pub files: durability::SledFiles,
+}
+
+/// etcd and object storage, and what a replica keeps of them.
+pub(super) struct Replicated {
+    pub remote: Arc<Remote>,
+    /// The map in etcd (the same one [`Meta::Etcd`] holds), for its transactions with comparisons.
+    pub etcd: Arc<EtcdMeta>,
+    /// Where recently read chunks are, so a download does not ask etcd per chunk.
+    pub locations: LocationCache,
+}
+
+/// One of the store's health checks, as `/livez`, `/readyz` and `/healthz` list them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub name: &'static str,
+    /// Listed by `/livez` and `/healthz` too (else by `/readyz` only: a restart would not fix it).
+    pub liveness: bool,
+    /// Asks the network: run it on a blocking thread.
+    pub blocking: bool,
+}
+
+/// Embedded: whether a failed sync poisoned the store, in all three lists.
+const EMBEDDED_CHECKS: &[HealthCheck] = &[HealthCheck { name: "store", liveness: true, blocking: false }];
+/// Replicated: etcd answers, the lease is held, the bucket answers; readiness only.
+const REPLICATED_CHECKS: &[HealthCheck] = &[
+    HealthCheck { name: "etcd", liveness: false, blocking: true },
+    HealthCheck { name: "lease", liveness: false, blocking: true },
+    HealthCheck { name: "object-storage", liveness: false, blocking: true },
+];
+
+/// What `/metrics` shows of the backend beyond the store's own counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendMetrics {
+    /// Whether this replica leads; `None` where there is no election (every embedded store leads).
+    pub leader: Option<bool>,
+}
+
+impl Backend {
+    pub(super) fn replicated(remote: Arc<Remote>, etcd: Arc<EtcdMeta>) -> Backend {
+        Backend::Replicated(Replicated { remote, etcd, locations: LocationCache::default() })
+    }
+
+    /// Makes what was written durable. Replicated: etcd and object storage acknowledge only what
+    /// they made durable, so nothing is left to do.
+    pub(super) fn flush(&self, inner: &Inner) -> Result<()> {
+        let Backend::Embedded(embedded) = self else { return Ok(()) };
+        let poison = &inner.poison;
+        // Pack data first: an index entry must never be durable before the bytes it points at.
+        inner.packs.sync()?;
+        embedded.db.flush().map_err(|e| poison.poison("flushing the database", e))?;
+        // Blob files and renamed snapshots before the log that names them.
+        embedded.files.sync().map_err(|e| poison.poison("syncing the database's files", e))?;
+        // sled 0.34 ends its flush with sync_file_range, which writes the log's pages but neither
+        // flushes the drive's cache nor records the file's new blocks: enough for a killed
+        // process, not for a power cut. fdatasync of the log makes it durable.
+        embedded.log.sync_data().map_err(|e| poison.poison("fdatasync of the database log", e))?;
+        inner.counters.flushed();
+        Ok(())
+    }
+
+    /// Whether a write of this kind may start: embedded, the data directory's free space;
+    /// replicated, this replica's lease (pins taken under a lapsed one may be gone).
+    pub(super) fn writable(&self, inner: &Inner, kind: WriteKind) -> Result<()> {
+        match self {
+            Backend::Embedded(_) => inner.space.check(kind),
+            Backend::Replicated(r) => r.remote.writable(),
+        }
+    }
+
+    /// [`Backend::writable`] for a write of `bytes` that must leave the threshold free.
+    pub(super) fn writable_for(&self, inner: &Inner, kind: WriteKind, bytes: u64) -> Result<()> {
+        match self {
+            Backend::Embedded(_) => inner.space.check_room_for(kind, bytes),
+            Backend::Replicated(r) => r.remote.writable(),
+        }
+    }
+
+    /// Whether the store can serve: replicated, etcd and object storage answer and this replica
+    /// holds its lease.
+    pub(super) fn readiness(&self) -> Result<()> {
+        match self {
+            Backend::Embedded(_) => Ok(()),
+            Backend::Replicated(r) => r.remote.reachable(),
+        }
+    }
+
+    pub(super) fn health_checks(&self) -> &'static [HealthCheck] {
+        match self {
+            Backend::Embedded(_) => EMBEDDED_CHECKS,
+            Backend::Replicated(_) => REPLICATED_CHECKS,
+        }
+    }
+
+    /// Runs the health check `name`; `None` if the store has no such check.
+    pub(super) fn health_check(&self, inner: &Inner, name: &str) -> Option<Result<(), String>> {
+        let reason = |r: Result<()>| r.map_err(|e| e.to_string());
+        Some(match (self, name) {
+            (Backend::Embedded(_), "store") if inner.poison.is_poisoned() => {
+                Err("a failed sync poisoned the store: writes are refused until stowage restarts".into())
+            }
+            (Backend::Embedded(_), "store") => Ok(()),
+            (Backend::Replicated(r), "etcd") => reason(r.remote.etcd_reachable()),
+            (Backend::Replicated(r), "lease") => reason(r.remote.lease_held()),
+            (Backend::Replicated(r), "object-storage") => reason(r.remote.bucket_reachable()),
+            _ => return None,
+        })
+    }
+
+    pub(super) fn metrics(&self) -> BackendMetrics {
+        match self {
+            Backend::Embedded(_) => BackendMetrics { leader: None },
+            Backend::Replicated(r) => BackendMetrics { leader: Some(r.remote.is_leader()) },
+        }
+    }
+
+    /// Whether replicas elect a leader for singleton work (else this store always leads).
+    pub(super) fn elects_leader(&self) -> bool {
+        matches!(self, Backend::Replicated(_))
+    }
+
+    /// Whether this store runs singleton work (collection, the reconcile loop) now.
+    pub(super) fn leads(&self) -> bool {
+        match self {
+            Backend::Embedded(_) => true,
+            Backend::Replicated(r) => r.remote.is_leader(),
+        }
+    }
+
+    /// Gives up leadership and presence at a graceful stop (replicated). Blocking.
+    pub(super) fn resign(&self) {
+        if let Backend::Replicated(r) = self {
+            r.remote.resign();
+        }
+    }
+
+    /// Whether reads are local (sled: memory or a local file), never network round trips.
+    pub(super) fn reads_are_local(&self) -> bool {
+        matches!(self, Backend::Embedded(_))
+    }
+
+    /// Bytes the store takes on this server's disk (replicated: none; the bucket's owner sees
+    /// them).
+    pub(super) fn disk_bytes(&self, inner: &Inner) -> Result<u64> {
+        match self {
+            Backend::Embedded(_) => Ok(super::dir_size(&inner.dir.join("db"))? + inner.packs.disk_bytes()?),
+            Backend::Replicated(_) => Ok(0),
+        }
+    }
+
+    // --- object writes and resourceVersions ---
+
+    /// Applies object writes at the next resourceVersion. Embedded: with the writes waiting beside
+    /// them, in one batch ([`super::apply_queue`]). Replicated: other replicas write too, so the
+    /// batch goes in only if the counter is still what this write read; if not, it is built
+    /// again on the new state.
+    pub(super) fn apply_objects(&self, store: &Store, writes: Vec<ObjectWrite>) -> Result<BuiltWrite> {
+        if let Backend::Embedded(_) = self {
+            return store.apply_queued(writes);
+        }
+        let _objects = store.lock_objects();
+        loop {
+            let read = store.tree().get(RV_COUNTER)?;
+            let current = match &read {
+                Some(v) => read_be(v)?,
+                None => 0,
+            };
+            let (batch, built) = store.object_batch(current + 1, &writes)?;
+            if store.tree().apply_batch_if(batch, RV_COUNTER, read.as_deref())? {
+                return Ok(built);
+            }
+        }
+    }
+
+    /// Announces other replicas' writes like this one's, as etcd reports the resourceVersion
+    /// counter moving (embedded: every write is this store's own).
+    pub(super) fn follow_writes(&self, inner: std::sync::Weak<Inner>) {
+        let Backend::Replicated(r) = self else { return };
+        r.remote.follow_key(r.etcd.full_key(RV_COUNTER), move |value| {
+            let Some(inner) = inner.upgrade() else { return false };
+            if let Ok(rv) = read_be(value) {
+                inner.commits.durable_at_least(rv);
+                let _ = inner.events.send(rv);
+            }
+            true
+        });
+    }
+
+    /// Brings the durable resourceVersion up to every write acknowledged before the call:
+    /// embedded, it is already; replicated, read from etcd, since other replicas write too.
+    pub(super) fn catch_up_durable(&self, store: &Store) -> Result<()> {
+        if let Backend::Replicated(_) = self {
+            let rv = store.current_resource_version()?;
+            store.inner.commits.durable_at_least(rv);
+        }
+        Ok(())
+    }
+
+    // --- revisions and their chunks ---
+
+    /// A revision id never used before: sled's id generator, or a counter in etcd moved by
+    /// compare-and-swap (replicas allocate concurrently).
+    pub(super) fn next_revision_id(&self, meta: &Meta, counter: &[u8]) -> Result<u64> {
+        if let Backend::Embedded(embedded) = self {
+            return Ok(embedded.db.generate_id()?);
+        }
+        loop {
+            let read = meta.get(counter)?;
+            let next = read.as_deref().map(read_be).transpose()?.unwrap_or(0) + 1;
+            if meta.compare_and_swap(counter, read.as_deref(), Some(&super::be(next)[..]))? {
+                return Ok(next);
+            }
+        }
+    }
+
+    /// Who writes a `Staging` revision (replicated: this replica, whose lease's end releases it).
+    pub(super) fn writer_id(&self) -> String {
+        match self {
+            Backend::Embedded(_) => String::new(),
+            Backend::Replicated(r) => r.remote.replica_id().to_string(),
+        }
+    }
+
+    /// The lease count a writer begins under (see [`Backend::record_while_pinned`]).
+    pub(super) fn lease_epoch(&self) -> u64 {
+        match self {
+            Backend::Embedded(_) => 0,
+            Backend::Replicated(r) => r.remote.lease_epoch(),
+        }
+    }
+
+    /// Whether a writer learns at once which of its chunks the store holds (embedded: a lookup in
+    /// the local index), or only when their block is sealed (replicated: one etcd transaction
+    /// per block pins them and looks them up, instead of one per chunk).
+    pub(super) fn finds_stored_chunks_at_put(&self) -> bool {
+        matches!(self, Backend::Embedded(_))
+    }
+
+    /// Pins a writer's chunk `hash`; where the store holds it already, if it tells now (see
+    /// [`Backend::finds_stored_chunks_at_put`]).
+    pub(super) fn pin_chunk(&self, store: &Store, hash: Hash) -> Result<Option<Location>> {
+        match self {
+            Backend::Embedded(_) => store.pin_and_check(hash),
+            Backend::Replicated(_) => {
+                store.lock_pins().pin(hash);
+                Ok(None)
+            }
+        }
+    }
+
+    /// At the seal of a block (replicated): pins the builder's chunks in etcd, then drops those
+    /// the store already holds (pinned first, looked up after, in the same transactions: see
+    /// [`super::gc_shared`]). Their bytes stay, as filler: the block remains the stretch of tar it
+    /// was built as.
+    /// The caller holds the pins' lock.
+    pub(super) fn pin_at_seal(&self, builder: &mut BlockBuilder) -> Result<()> {
+        let Backend::Replicated(r) = self else { return Ok(()) };
+        let keys: Vec<Vec<u8>> = builder.members().iter().map(|m| pin_key(r.remote.replica_id(), &m.hash)).collect();
+        let probes: Vec<Vec<u8>> = builder.members().iter().map(|m| chunk_key(&m.hash)).collect();
+        let known = r.etcd.put_leased_and_probe_many(&keys, r.remote.lease(), &probes)?;
+        if known.iter().any(|k| *k) {
+            builder.drop_known(known);
+        }
+        Ok(())
+    }
+
+    /// The index entries of a sealed block's chunks. Embedded: one indexed meanwhile (by another
+    /// writer) keeps its first copy, and this one becomes filler. Replicated: every member was
+    /// absent when pinned, and one written meanwhile by another replica is simply pointed at this
+    /// copy (both hold the same verified bytes); but a block is safe from collection for its
+    /// grace period only (`remote::s3`), so it is indexed well within it, or not at all.
+    pub(super) fn index_sealed(
+        &self,
+        meta: &Meta,
+        block: BlockAt,
+        builder: &BlockBuilder,
+        appending: Instant,
+    ) -> Result<Batch> {
+        let members_len = builder.members_len();
+        let mut batch = Batch::default();
+        match self {
+            Backend::Embedded(_) => {
+                for m in builder.members() {
+                    if !meta.contains_key(chunk_key(&m.hash))? {
+                        batch.insert(chunk_key(&m.hash), Location::new(block, m, members_len).encode());
+                    }
+                }
+            }
+            Backend::Replicated(r) => {
+                if appending.elapsed() > r.remote.options.block_grace / 2 {
+                    return Err(StorageError::Remote("writing a block to object storage took too long".into()));
+                }
+                for m in builder.members() {
+                    batch.insert(chunk_key(&m.hash), Location::new(block, m, members_len).encode());
+                }
+            }
+        }
+        Ok(batch)
+    }
+
+    /// The key of this replica's pin of `hash` in the shared map, removed with the writer's last
+    /// pin of it (embedded: pins live in memory only).
+    pub(super) fn shared_pin(&self, hash: &Hash) -> Option<Vec<u8>> {
+        match self {
+            Backend::Embedded(_) => None,
+            Backend::Replicated(r) => Some(pin_key(r.remote.replica_id(), hash)),
+        }
+    }
+
+    /// Writes a record that makes pinned chunks reachable (a writer's manifest). Replicated: only
+    /// while this replica's lease is the one its pins were taken under — once it lapsed, the
+    /// collector may have taken them, so the write is refused and the writer fails — and with
+    /// [`MANIFESTS_KEY`] rewritten in the same transaction, so a collection in progress sees it.
+    pub(super) fn record_while_pinned(
+        &self,
+        meta: &Meta,
+        mut batch: Batch,
+        key: &[u8],
+        lease_epoch: u64,
+    ) -> Result<()> {
+        let Backend::Replicated(r) = self else { return meta.apply_batch(batch) };
+        batch.insert(MANIFESTS_KEY, key);
+        let lapsed = r.remote.lease_epoch() != lease_epoch;
+        if lapsed || !r.etcd.apply_when(batch, vec![r.etcd.lease_held(r.remote.lease())])? || r.remote.lease_lost() {
+            return Err(StorageError::Remote("this replica's etcd lease lapsed while it was writing".into()));
+        }
+        Ok(())
+    }
+
+    /// Where recently read chunks are, where each lookup would be a network round trip.
+    pub(super) fn location_cache(&self) -> Option<&LocationCache> {
+        match self {
+            Backend::Embedded(_) => None,
+            Backend::Replicated(r) => Some(&r.locations),
+        }
+    }
+
+    // --- collection ---
+
+    /// How often a full collection pass runs unasked: replicated, on whichever replica leads —
+    /// writers that died on other replicas leave work no request here announces.
+    pub(super) fn collect_every(&self) -> Option<Duration> {
+        match self {
+            Backend::Embedded(_) => None,
+            Backend::Replicated(r) => Some(r.remote.options.collect_every),
+        }
+    }
+
+    /// Before a collection pass: releases `Staging` revisions whose writer is gone (replicated:
+    /// its replica's lease ended). Returns how many.
+    pub(super) fn release_orphaned_staging(&self, store: &Store) -> Result<u64> {
+        match self {
+            Backend::Embedded(_) => Ok(0),
+            Backend::Replicated(r) => store.release_staging_of_gone(&r.remote.live_replicas()?),
+        }
+    }
+
+    /// Mark and sweep of chunks: against this store's writers, seen through its pins' lock
+    /// (embedded), or against writers on every replica ([`super::gc_shared`]). Returns the chunks
+    /// removed.
+    pub(super) fn mark_and_sweep(&self, store: &Store) -> Result<u64> {
+        match self {
+            Backend::Embedded(_) => store.mark_and_sweep(),
+            Backend::Replicated(r) => store.mark_and_sweep_shared(&r.etcd),
+        }
+    }
+
+    // --- upload sessions ---
+
+    /// Where upload sessions live: files under `dir` (embedded), or etcd and the bucket, shared
+    /// by every replica (replicated).
+    pub(super) fn session_store(
+        &self,
+        dir: &std::path::Path,
+    ) -> std::io::Result<Arc<dyn super::sessions::SessionStore>> {
+        Ok(match self {
+            Backend::Embedded(_) => Arc::new(super::sessions::local::LocalSessions::open(dir)?),
+            Backend::Replicated(r) => Arc::new(super::sessions::shared::SharedSessions::new(r.remote.clone())),
+        })
+    }
+}
