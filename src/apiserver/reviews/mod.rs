@@ -10,6 +10,8 @@
 
 mod protobuf;
 
+pub use protobuf::ProtobufError;
+
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -25,7 +27,7 @@ use serde_json::Value;
 use super::access::Identity;
 use super::discovery;
 use super::handlers::json_response;
-use super::status::{ApiError, ApiResult, Cause};
+use super::status::{ApiError, ApiResult, Cause, UndecodableReview};
 use super::AppState;
 use crate::auth::attributes::{Attributes, Decision, NonResourceAttributes, Request, ResourceAttributes};
 use crate::auth::rbac::PolicyRule;
@@ -221,7 +223,7 @@ fn decode<T: k8s_openapi::Resource + DeserializeOwned>(headers: &HeaderMap, body
             serde_json::from_slice(body).map_err(|e| cannot(format!("the body is not JSON ({e})")))?
         }
         "application/yaml" => serde_yaml_ng::from_slice(body).map_err(|_| cannot("the body is not YAML".into()))?,
-        protobuf::CONTENT_TYPE => protobuf::to_json(body, kind).map_err(|e| cannot(e.to_string()))?,
+        protobuf::CONTENT_TYPE => protobuf::to_json(body, kind).map_err(|error| UndecodableReview { kind, error })?,
         _ => {
             return Err(ApiError::unsupported_media_type(format!(
                 "a {kind} is sent as application/json, application/yaml or {}",

@@ -12,6 +12,7 @@ use crate::api::Bundle;
 use crate::apiserver::fieldmanager::ApplyError;
 use crate::apiserver::handlers::{continue_token, ListOptions};
 use crate::apiserver::panic_status;
+use crate::apiserver::reviews::ProtobufError;
 use crate::apiserver::GROUP;
 use crate::storage::sessions::AppendError;
 use crate::storage::{StorageError, DUPLICATE_PATH};
@@ -78,6 +79,19 @@ impl From<CommitError> for ApiError {
             CommitError::Storage(e) => e.into(),
             other @ (CommitError::Gone | CommitError::Superseded) => modified(&other.to_string()),
         }
+    }
+}
+
+/// A self review's protobuf body that cannot be read, and the kind it was sent as.
+pub struct UndecodableReview<'a> {
+    pub kind: &'a str,
+    pub error: ProtobufError,
+}
+
+/// Worded as kube-apiserver words a body it cannot decode.
+impl From<UndecodableReview<'_>> for ApiError {
+    fn from(UndecodableReview { kind, error }: UndecodableReview<'_>) -> ApiError {
+        ApiError::bad_request(format!("{kind} in version \"v1\" cannot be handled as a {kind}: {error}"))
     }
 }
 
