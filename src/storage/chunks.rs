@@ -24,7 +24,8 @@ pub const AVG_CHUNK: u32 = 32 * 1024;
 pub const MAX_CHUNK: u32 = 64 * 1024;
 /// Raw bytes collected before a block is sealed. zstd at level 3 needs the context: the five
 /// kube-prometheus-stack versions of the corpus take 19 % less in 1 MiB blocks than in 256 KiB ones
-/// (`docs/benchmarks.md`, footprint); a random read decompresses one block (about a millisecond).
+/// (the footprint figures of the benchmarks journal, `git show 15314ef:docs/benchmarks.md`); a
+/// random read decompresses one block (about a millisecond).
 pub const BLOCK_TARGET: usize = 1024 * 1024;
 /// Index entries swept per batch.
 pub(super) const SWEEP_GROUP: usize = 1024;
