@@ -24,7 +24,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::status::{ApiError, ApiResult, Cause, Reason};
+use super::status::{ApiError, ApiResult, Cause, Reason, UndecodableBody};
 use super::table;
 use super::{fieldmanager, lifecycle, schema, API_VERSION};
 use crate::strategy::{self, ResourceDef};
@@ -105,8 +105,7 @@ pub(crate) fn decode_body(
 }
 
 fn cannot_handle(def: &ResourceDef, detail: String) -> ApiError {
-    let kind = def.kind;
-    ApiError::bad_request(format!("{kind} in version \"v1alpha1\" cannot be handled as a {kind}: {detail}"))
+    ApiError::from(UndecodableBody { kind: def.kind, version: "v1alpha1", problem: &detail })
 }
 
 /// Checks a whole object (a request body, or the result of a patch) against the resource's

@@ -10,8 +10,6 @@
 
 mod protobuf;
 
-pub use protobuf::ProtobufError;
-
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -27,7 +25,7 @@ use serde_json::Value;
 use super::access::Identity;
 use super::discovery;
 use super::handlers::json_response;
-use super::status::{ApiError, ApiResult, Cause, UndecodableReview};
+use super::status::{ApiError, ApiResult, Cause, UndecodableBody};
 use super::AppState;
 use crate::auth::attributes::{Attributes, Decision, NonResourceAttributes, Request, ResourceAttributes};
 use crate::auth::rbac::PolicyRule;
@@ -209,9 +207,7 @@ async fn self_subject_rules_review(
 /// decoder allows.
 fn decode<T: k8s_openapi::Resource + DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> ApiResult<T> {
     let (kind, api_version) = (T::KIND, T::API_VERSION);
-    let cannot = |detail: String| {
-        ApiError::bad_request(format!("{kind} in version \"v1\" cannot be handled as a {kind}: {detail}"))
-    };
+    let cannot = |problem: String| ApiError::from(UndecodableBody { kind, version: "v1", problem: &problem });
     let media_type = headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -223,7 +219,8 @@ fn decode<T: k8s_openapi::Resource + DeserializeOwned>(headers: &HeaderMap, body
             serde_json::from_slice(body).map_err(|e| cannot(format!("the body is not JSON ({e})")))?
         }
         "application/yaml" => serde_yaml_ng::from_slice(body).map_err(|_| cannot("the body is not YAML".into()))?,
-        protobuf::CONTENT_TYPE => protobuf::to_json(body, kind).map_err(|error| UndecodableReview { kind, error })?,
+        protobuf::CONTENT_TYPE => protobuf::to_json(body, kind)
+            .map_err(|error| ApiError::from(UndecodableBody { kind, version: "v1", problem: &error }))?,
         _ => {
             return Err(ApiError::unsupported_media_type(format!(
                 "a {kind} is sent as application/json, application/yaml or {}",

@@ -12,7 +12,6 @@ use crate::api::Bundle;
 use crate::apiserver::fieldmanager::ApplyError;
 use crate::apiserver::handlers::{continue_token, ListOptions};
 use crate::apiserver::panic_status;
-use crate::apiserver::reviews::ProtobufError;
 use crate::apiserver::GROUP;
 use crate::storage::sessions::AppendError;
 use crate::storage::{StorageError, DUPLICATE_PATH};
@@ -82,16 +81,19 @@ impl From<CommitError> for ApiError {
     }
 }
 
-/// A self review's protobuf body that cannot be read, and the kind it was sent as.
-pub struct UndecodableReview<'a> {
+/// A request body that cannot be read as the kind it was sent as (not JSON, YAML or protobuf, or
+/// not that kind), and what was wrong in plain words.
+pub struct UndecodableBody<'a> {
     pub kind: &'a str,
-    pub error: ProtobufError,
+    /// The version the body was read as, `v1alpha1` or `v1`.
+    pub version: &'a str,
+    pub problem: &'a dyn std::fmt::Display,
 }
 
 /// Worded as kube-apiserver words a body it cannot decode.
-impl From<UndecodableReview<'_>> for ApiError {
-    fn from(UndecodableReview { kind, error }: UndecodableReview<'_>) -> ApiError {
-        ApiError::bad_request(format!("{kind} in version \"v1\" cannot be handled as a {kind}: {error}"))
+impl From<UndecodableBody<'_>> for ApiError {
+    fn from(UndecodableBody { kind, version, problem }: UndecodableBody<'_>) -> ApiError {
+        ApiError::bad_request(format!("{kind} in version \"{version}\" cannot be handled as a {kind}: {problem}"))
     }
 }
 

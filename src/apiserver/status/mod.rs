@@ -9,7 +9,7 @@
 mod from;
 
 pub(crate) use from::ListFailure;
-pub use from::{BodyTooLarge, PieceRefused, UndecodableReview, UploadFailure};
+pub use from::{BodyTooLarge, PieceRefused, UndecodableBody, UploadFailure};
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
