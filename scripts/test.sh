@@ -31,6 +31,7 @@ declare -A needed=(
     [podman]=podman     # runs it as a kubelet would
     [runc]=runc         # podman's runtime here (crun refuses this machine's hybrid cgroups)
     [strip]=binutils    # the image's binary without symbols
+    [containerd]=containerd  # `ctr pull` from the registry view (tests/conformance/oci_clients.rs)
 )
 # etcd-client's protos import google's well-known types, which protoc alone does not bring.
 wellknown=/usr/include/google/protobuf/descriptor.proto
@@ -43,6 +44,14 @@ if [ "${#missing[@]}" -gt 0 ]; then
     echo "test.sh: installing ${missing[*]}" >&2
     as_root apt-get update
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# Real Helm (v4's Go SDK, bound by helm-python-sdk) and the oras SDK pull from the registry view
+# (tests/conformance/oci_clients.rs); pinned, so the clients tested are the ones named here.
+python_packages=(helm-python-sdk==0.2.2 oras==0.2.43)
+if ! python3 -c 'import helm_python, oras.client' >/dev/null 2>&1; then
+    echo "test.sh: installing ${python_packages[*]} from PyPI" >&2
+    python3 -m pip install --quiet "${python_packages[@]}"
 fi
 
 # kubectl is part of the test environment, not something this script installs.

@@ -30,6 +30,7 @@ mod openapi;
 mod panic_status;
 mod patch;
 pub(crate) mod range;
+mod registry;
 pub mod request_info;
 mod reviews;
 mod schema;
@@ -156,12 +157,12 @@ async fn write_objects(
     app.store.acknowledge(pending).await.map_err(ApiError::from)
 }
 
-/// The whole HTTP API; `/metrics` serves `registry` once the API's own metrics joined it.
-pub fn router(state: AppState, registry: prometheus_client::registry::Registry) -> Router {
+/// The whole HTTP API; `/metrics` serves `metrics_registry` once the API's own metrics joined it.
+pub fn router(state: AppState, metrics_registry: prometheus_client::registry::Registry) -> Router {
     let object_limit = state.limits.max_object_bytes;
     let fairness = fairness::Fairness::new(state.limits.fairness);
     let (request_metrics, exposition) =
-        metrics::install(registry, state.store.clone(), fairness.clone(), state.uploads.clone());
+        metrics::install(metrics_registry, state.store.clone(), fairness.clone(), state.uploads.clone());
     let base = "/apis/content.stowage.dev/v1alpha1";
     let api = Router::new()
         .route("/api", get(discovery::core_versions))
@@ -205,7 +206,7 @@ pub fn router(state: AppState, registry: prometheus_client::registry::Registry) 
         .merge(reviews::routes(state.access.authorizer.is_standalone()))
         .merge(events::routes(state.access.authorizer.is_standalone()))
         // Inside the gate, which names the user: seats are per user.
-        .layer(middleware::from_fn_with_state(fairness, fairness::admit))
+        .layer(middleware::from_fn_with_state(fairness.clone(), fairness::admit))
         .layer(middleware::from_fn_with_state(state.clone(), access::gate))
         .layer(middleware::from_fn(plain_errors_as_status))
         .layer(middleware::from_fn_with_state(state.limits.request_body_timeout, body_rate::enforce));
@@ -223,6 +224,8 @@ pub fn router(state: AppState, registry: prometheus_client::registry::Registry) 
         )
         // Public, as kube's bootstrap policy (system:public-info-viewer) makes it.
         .route("/version", get(discovery::version))
+        // The OCI registry view, behind its own gate (registry credentials and challenges).
+        .merge(registry::routes(state.clone(), fairness))
         .merge(api)
         .layer(middleware::from_fn(panic_status::catch))
         .layer(middleware::from_fn_with_state(request_metrics, metrics::record_request))

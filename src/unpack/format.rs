@@ -29,6 +29,9 @@ pub const HELM: &str = "helm";
 /// Largest object or metadata file parsed (etcd stores objects of at most 1.5 MiB).
 pub const MAX_INSPECTED_BYTES: u64 = 8 << 20;
 
+/// Where a registry+v1 bundle declares itself (and its package and channels).
+pub const ANNOTATIONS_FILE: &str = "metadata/annotations.yaml";
+
 const MEDIATYPE_ANNOTATION: &str = "operators.operatorframework.io.bundle.mediatype.v1";
 const PACKAGE_ANNOTATION: &str = "operators.operatorframework.io.bundle.package.v1";
 
@@ -94,7 +97,7 @@ pub struct Inspector {
 impl Inspector {
     /// Whether `path` (final, with the destination prefix) must be shown to [`Inspector::observe`].
     pub fn wants(path: &str) -> bool {
-        is_object_file(path) || path == "metadata/annotations.yaml" || is_chart_file(path)
+        is_object_file(path) || path == ANNOTATIONS_FILE || is_chart_file(path)
     }
 
     /// Records every path (for the shape of the tree): its top-level name, `dir/` for a directory.
@@ -193,7 +196,7 @@ impl Inspector {
                     }
                 }
             }
-        } else if path == "metadata/annotations.yaml" {
+        } else if path == ANNOTATIONS_FILE {
             self.annotations = Some(parse_annotations(bytes));
         } else if is_chart_file(path) {
             self.saw_chart(path, parse_chart(bytes));
@@ -214,7 +217,7 @@ impl Inspector {
         let problem = format!("the file is larger than {} MiB, the most that is parsed", MAX_INSPECTED_BYTES >> 20);
         if is_object_file(path) && self.invalid_object.is_none() {
             self.invalid_object = Some((path.to_string(), problem));
-        } else if path == "metadata/annotations.yaml" {
+        } else if path == ANNOTATIONS_FILE {
             self.annotations = Some(Err(problem));
         } else if is_chart_file(path) {
             self.saw_chart(path, Err(problem));
@@ -293,7 +296,7 @@ impl Inspector {
     }
 
     fn registry_v1(self) -> Result<FormatReport, UnpackError> {
-        const FILE: &str = "metadata/annotations.yaml";
+        const FILE: &str = ANNOTATIONS_FILE;
         let problem = |text: String| invalid(REGISTRY_V1, FILE, text);
         let annotations = match &self.annotations {
             None => {
@@ -421,7 +424,7 @@ fn yaml_problem(e: &serde_yaml_ng::Error) -> String {
 }
 
 /// `annotations:`, a mapping of strings to strings.
-fn parse_annotations(bytes: &[u8]) -> Result<BTreeMap<String, String>, String> {
+pub fn parse_annotations(bytes: &[u8]) -> Result<BTreeMap<String, String>, String> {
     let value: Value = serde_yaml_ng::from_slice(bytes).map_err(|e| format!("the file {}", yaml_problem(&e)))?;
     let Some(map) = value.get("annotations").and_then(Value::as_object) else {
         return Err("there is no `annotations` mapping".into());

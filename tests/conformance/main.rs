@@ -62,6 +62,8 @@ mod load;
 mod logs;
 mod many_files;
 mod metrics;
+mod oci_clients;
+mod oci_view;
 mod paging;
 mod pinned;
 mod plain_messages;

@@ -27,14 +27,18 @@ use crate::apiserver::stall::ConnectionCut;
 
 /// How a download body is streamed: the store, when to cut a stalled client, and how.
 #[derive(Clone)]
-struct Streaming {
+pub(crate) struct Streaming {
     store: Store,
     stall: std::time::Duration,
     cut: Option<ConnectionCut>,
 }
 
 impl Streaming {
-    fn body(&self, producer: impl Producer) -> axum::body::Body {
+    pub(crate) fn new(app: &AppState, cut: Option<ConnectionCut>) -> Streaming {
+        Streaming { store: app.store.clone(), stall: app.limits.stream_stall_timeout, cut }
+    }
+
+    pub(crate) fn body(&self, producer: impl Producer) -> axum::body::Body {
         stream::body(self.store.clone(), producer, self.stall, self.cut.clone())
     }
 }
@@ -46,8 +50,7 @@ pub async fn get_content(
     cut: Option<Extension<ConnectionCut>>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let streaming =
-        Streaming { store: app.store.clone(), stall: app.limits.stream_stall_timeout, cut: cut.map(|Extension(c)| c) };
+    let streaming = Streaming::new(&app, cut.map(|Extension(c)| c));
     if let Some(id) = params.get(super::upload::UPLOAD_PARAM) {
         return super::upload::session_status(&app, &namespace, &resource, &name, id).await;
     }
@@ -149,7 +152,7 @@ async fn resolve_revision(
 
 /// Follows symlinks inside the revision (a few hops) to a regular file; `None` for anything else
 /// (a directory, named with or without its trailing `/`, is served as a subtree).
-fn resolve_file(store: &Store, revision: RevisionId, path: &str) -> Result<Option<FileEntry>, StorageError> {
+pub(crate) fn resolve_file(store: &Store, revision: RevisionId, path: &str) -> Result<Option<FileEntry>, StorageError> {
     let mut path = path.to_string();
     for _ in 0..8 {
         let Some(entry) = store.file(revision, &path)? else {
@@ -335,7 +338,7 @@ fn serve_zstd(
 
 /// Serves a representation of `size` bytes identified by `etag`, honouring `If-None-Match`,
 /// `Range` and `If-Range`; `read` streams the chosen byte range.
-fn serve_ranged<F>(
+pub(crate) fn serve_ranged<F>(
     streaming: &Streaming,
     headers: &HeaderMap,
     etag: &str,

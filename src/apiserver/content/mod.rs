@@ -4,7 +4,7 @@
 //! (POST/PATCH/PUT/DELETE with `?uploads` / `?upload=ID`), ingested as their pieces arrive
 //! ([`upload`]).
 
-mod download;
+pub(crate) mod download;
 pub mod stream;
 pub mod upload;
 

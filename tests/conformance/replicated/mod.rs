@@ -25,6 +25,7 @@ mod gc_race;
 mod handover;
 mod observability;
 mod pieces;
+mod registry_view;
 mod rolling;
 mod smoke;
 mod watch_resume;
