@@ -176,7 +176,13 @@ async fn skopeo_inspects_and_copies_every_format() {
     }
     ok(Command::new("skopeo")
         .args(["inspect", "--cert-dir", admin.to_str().unwrap()])
+        .arg(format!("docker://{}", setup.reference("team-a/plain", "latest"))));
+
+    // skopeo inspects an artifact that is not an image only raw: the manifest as served.
+    let raw = ok(Command::new("skopeo")
+        .args(["inspect", "--raw", "--creds", creds, "--cert-dir", &setup.certs()])
         .arg(format!("docker://{}", setup.reference("team-a/chart", "0.3.1"))));
+    assert_eq!(digest_of(raw.as_bytes()), setup.manifest_digest("team-a/chart", "0.3.1").await);
 
     // The chart: Helm's artifact, copied whole; its layer unpacks to `demo/…`.
     let layout = setup.path("chart-layout");
