@@ -369,8 +369,7 @@ async fn helm_and_oras_pull_the_chart() {
     let chart = with_dirs(&chart_tree("", "demo", "0.3.1+meta"));
     setup.bundle("chart", &chart).await;
     let out = setup.path("helm-out");
-    let script = format!(
-        r#"
+    let script = r#"
 import json, sys
 import helm_python as helm
 import oras.client
@@ -382,9 +381,8 @@ lint = helm.lint(out + "/demo")
 oras_client = oras.client.OrasClient(hostname=host, auth_backend="basic", tls_verify=ca)
 oras_client.auth.set_basic_auth("user", token)
 files = oras_client.pull(target=host + "/team-a/chart:0.3.1_meta", outdir=out + "/oras")
-print(json.dumps({{"lint": lint, "oras": files}}))
-"#
-    );
+print(json.dumps({"lint": lint, "oras": files}))
+"#;
     std::fs::create_dir_all(&out).unwrap();
     let homes = setup.path("helm-home");
     let result = ok(Command::new("python3")

@@ -177,17 +177,15 @@ async fn admit(app: &AppState, request: &mut Request) -> Result<(), RegistryErro
     match &target {
         // Clients probe `/v2/` first and send credentials only if challenged.
         Target::Root | Target::Catalog | Target::Other if anonymous => return Err(RegistryError::Unauthorized),
-        Target::Repository { namespace, name, .. } => {
-            if !may_read(access, &user, namespace, name).await? {
-                if anonymous {
-                    return Err(RegistryError::Unauthorized);
-                }
-                tracing::info!(user = %user.name, namespace, name, "registry read forbidden");
-                return Err(RegistryError::Denied(format!(
-                    "user {:?} may not get bundles/content of {namespace}/{name} (repository {namespace}/{name})",
-                    user.name
-                )));
+        Target::Repository { namespace, name, .. } if !may_read(access, &user, namespace, name).await? => {
+            if anonymous {
+                return Err(RegistryError::Unauthorized);
             }
+            tracing::info!(user = %user.name, namespace, name, "registry read forbidden");
+            return Err(RegistryError::Denied(format!(
+                "user {:?} may not get bundles/content of {namespace}/{name} (repository {namespace}/{name})",
+                user.name
+            )));
         }
         _ => {}
     }

@@ -135,10 +135,13 @@ struct Facts {
     annotations: BTreeMap<&'static str, String>,
 }
 
-/// The bounded cache of [`Facts`] (or of why a revision cannot be an artifact).
+/// A revision's facts, or why it cannot be an artifact.
+type FactsOrProblem = Result<Arc<Facts>, String>;
+
+/// The bounded cache of [`Facts`], by (format, tar digest).
 #[derive(Default)]
 pub struct Artifacts {
-    facts: Mutex<HashMap<(String, String), Result<Arc<Facts>, String>>>,
+    facts: Mutex<HashMap<(String, String), FactsOrProblem>>,
 }
 
 impl Artifacts {
