@@ -124,3 +124,62 @@ async fn one_gib_bundle_round_trips_in_bounded_memory() {
         MAX_PEAK_RSS_KIB
     );
 }
+
+/// The registry view's 1 GiB layer, pulled by skopeo: the server's peak memory (measured from a
+/// restart, so it covers the pull alone) stays far below the content size.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_gib_bundle_pulls_through_the_registry_view_in_bounded_memory() {
+    let mut server = Server::start_temp(&[]);
+    let small_total = synth_total_size(&synth_files(7, 0, 0, SMALL_FILES));
+    let files = synth_files(7, BIG_FILES, (GIB - small_total) / BIG_FILES as u64, SMALL_FILES);
+    server.create_bundle("big", "gib").await;
+    let stream = stream_tar(files);
+    let resp = tokio::time::timeout(PHASE_TIMEOUT, server.try_upload("big", "gib", stream.body, None))
+        .await
+        .expect("upload timed out")
+        .expect("upload failed");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let b = parse_json(&resp.bytes().await.unwrap(), "upload response");
+    let digest = str_at(&b, "/status/digest").to_owned();
+    server.restart();
+
+    // skopeo with the admin's client certificate, as docs/registry.md shows it.
+    let work = tempfile::tempdir().unwrap();
+    let certs = work.path().join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    let pki = server.data_dir().join("pki");
+    for (from, to) in [("ca.crt", "ca.crt"), ("admin.crt", "admin.cert"), ("admin.key", "admin.key")] {
+        std::fs::copy(pki.join(from), certs.join(to)).unwrap();
+    }
+    let host = server.url.trim_start_matches("https://").to_string();
+    let layout = work.path().join("layout");
+    let started = Instant::now();
+    let output = std::process::Command::new("skopeo")
+        .args(["copy", "--preserve-digests", "--src-cert-dir", certs.to_str().unwrap()])
+        .arg(format!("docker://{host}/big/gib:latest"))
+        .arg(format!("oci:{}:latest", layout.display()))
+        .output()
+        .expect("run skopeo");
+    let elapsed = started.elapsed();
+    assert!(output.status.success(), "skopeo copy: {}", String::from_utf8_lossy(&output.stderr));
+    let layer = layout.join("blobs/sha256").join(digest.trim_start_matches("sha256:"));
+    let size = std::fs::metadata(&layer).expect("the layer is the served tar, under its digest").len();
+    let mut hasher = Sha256::new();
+    let mut file = std::fs::File::open(&layer).unwrap();
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let n = std::io::Read::read(&mut file, &mut buffer).unwrap();
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buffer[..n]);
+    }
+    assert_eq!(format!("sha256:{}", hex::encode(hasher.finalize())), digest);
+    let peak = server.peak_rss_kib();
+    report(&format!(
+        "1 GiB skopeo pull from the registry view: {size} bytes in {elapsed:.1?} = {:.0} MB/s, server peak RSS {} MiB",
+        mb_per_s(size, elapsed),
+        peak >> 10
+    ));
+    assert!(peak < MAX_PEAK_RSS_KIB, "server peak RSS {} MiB during a 1 GiB pull", peak >> 10);
+}
