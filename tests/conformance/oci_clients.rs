@@ -122,6 +122,17 @@ fn layout_image(dir: &Path) -> (Value, Value, Vec<PathBuf>) {
     (manifest, config, layers)
 }
 
+/// The regular files of `entries` and their bytes (what a chart is made of).
+fn regular_files(entries: &Entries) -> Vec<(String, Vec<u8>)> {
+    entries
+        .iter()
+        .filter_map(|(path, entry)| match entry {
+            Entry::File { data, .. } => Some((path.clone(), data.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Unpacks `layer` (tar or tar.gz) with the system tar into a new directory; its entries.
 fn unpack(layer: &Path, into: &Path) -> Entries {
     std::fs::create_dir_all(into).unwrap();
@@ -194,17 +205,9 @@ async fn skopeo_inspects_and_copies_every_format() {
     assert_eq!(manifest["config"]["mediaType"], "application/vnd.cncf.helm.config.v1+json");
     assert_eq!((config["name"].as_str(), config["version"].as_str()), (Some("demo"), Some("0.3.1")));
     let got = unpack(&layers[0], &setup.path("chart-files"));
-    let files = |entries: &Entries| -> Vec<(String, Vec<u8>)> {
-        entries
-            .iter()
-            .filter_map(|(p, e)| match e {
-                Entry::File { data, .. } => Some((p.clone(), data.clone())),
-                _ => None,
-            })
-            .collect()
-    };
-    let expected: Vec<(String, Vec<u8>)> = files(&chart).into_iter().map(|(p, d)| (format!("demo/{p}"), d)).collect();
-    assert_eq!(files(&got), expected, "the chart layer holds the chart as `helm package` lays it out");
+    let expected: Vec<(String, Vec<u8>)> =
+        regular_files(&chart).into_iter().map(|(p, d)| (format!("demo/{p}"), d)).collect();
+    assert_eq!(regular_files(&got), expected, "the chart layer holds the chart as `helm package` lays it out");
 }
 
 /// Podman with storage of its own (rootful, vfs), so the test touches no other image store.
@@ -400,16 +403,7 @@ print(json.dumps({"lint": lint, "oras": files}))
     assert_eq!(result["lint"]["errors"], serde_json::json!([]), "helm lint: {result}");
     assert_eq!(result["lint"]["total_charts_linted"], 1, "{result}");
     let pulled = entries_from_dir(&out.join("demo"));
-    let files = |entries: &Entries| -> Vec<(String, Vec<u8>)> {
-        entries
-            .iter()
-            .filter_map(|(p, e)| match e {
-                Entry::File { data, .. } => Some((p.clone(), data.clone())),
-                _ => None,
-            })
-            .collect()
-    };
-    assert_eq!(files(&pulled), files(&chart), "Helm unpacked the chart stowage holds");
+    assert_eq!(regular_files(&pulled), regular_files(&chart), "Helm unpacked the chart stowage holds");
     // oras fetched the chart layer itself, byte for byte what the view serves.
     let fetched = result["oras"][0].as_str().expect("oras pulled a file");
     let oci = Oci::new(&setup.server, Some("alice-token"));

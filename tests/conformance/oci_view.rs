@@ -150,10 +150,6 @@ pub fn chart_tree(prefix: &str, name: &str, version: &str) -> Tree {
     tree
 }
 
-pub fn digest(bytes: &[u8]) -> String {
-    digest_of(bytes)
-}
-
 /// The files of a gzipped (or plain) tar as a tree, paths as they are.
 pub fn tree_of_tar(bytes: &[u8]) -> Tree {
     let mut data = Vec::new();
@@ -185,7 +181,7 @@ async fn distribution_pull_and_discovery_checks() {
     let (headers, manifest_bytes) = oci.get_ok("/v2/team-a/app/manifests/latest").await;
     assert_eq!(header(&headers, "content-type"), Some("application/vnd.oci.image.manifest.v1+json"));
     let manifest_digest = header(&headers, "docker-content-digest").expect("Docker-Content-Digest").to_string();
-    assert_eq!(manifest_digest, digest(&manifest_bytes), "the digest header names the bytes sent");
+    assert_eq!(manifest_digest, digest_of(&manifest_bytes), "the digest header names the bytes sent");
     let manifest = parse_json(&manifest_bytes, "manifest");
     assert_eq!(manifest["schemaVersion"], 2);
     assert_eq!(manifest["layers"].as_array().unwrap().len(), 1);
@@ -217,7 +213,7 @@ async fn distribution_pull_and_discovery_checks() {
     let config_digest = manifest["config"]["digest"].as_str().unwrap().to_string();
     assert_eq!(manifest["config"]["mediaType"], "application/vnd.oci.image.config.v1+json");
     let (headers, config_bytes) = oci.get_ok(&format!("/v2/team-a/app/blobs/{config_digest}")).await;
-    assert_eq!(digest(&config_bytes), config_digest);
+    assert_eq!(digest_of(&config_bytes), config_digest);
     assert_eq!(header(&headers, "docker-content-digest"), Some(config_digest.as_str()));
     assert_eq!(manifest["config"]["size"], config_bytes.len() as u64);
     let config = parse_json(&config_bytes, "config");
@@ -385,7 +381,7 @@ async fn artifacts_by_format() {
     assert_eq!((config["name"].as_str(), config["version"].as_str()), (Some("demo"), Some("1.2.3+build.7")));
     let layer_digest = manifest["layers"][0]["digest"].as_str().unwrap().to_string();
     let (_, layer) = oci.get_ok(&format!("/v2/team-a/chart/blobs/{layer_digest}")).await;
-    assert_eq!(digest(&layer), layer_digest);
+    assert_eq!(digest_of(&layer), layer_digest);
     assert_eq!(manifest["layers"][0]["size"], layer.len() as u64);
     let expected: Tree =
         chart.iter().map(|(path, node)| (path.replacen("wrapped/", "demo/", 1), node.clone())).collect();

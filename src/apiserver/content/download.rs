@@ -349,6 +349,22 @@ pub(crate) fn serve_ranged<F>(
 where
     F: FnMut(&Store, RangeSpec, &mut Vec<u8>) -> Result<(), StorageError> + Send + 'static,
 {
+    let mut read = read;
+    serve_range_of(streaming, headers, etag, size, content_type, move |spec| {
+        stream::ranged(spec.start, spec.end, move |store, start, end, out| read(store, RangeSpec { start, end }, out))
+    })
+}
+
+/// [`serve_ranged`] for bytes made by a producer of the chosen range (a blob built as it is
+/// sent), rather than read at any offset.
+pub(crate) fn serve_range_of<P: Producer>(
+    streaming: &Streaming,
+    headers: &HeaderMap,
+    etag: &str,
+    size: u64,
+    content_type: &'static str,
+    produce: impl FnOnce(RangeSpec) -> P,
+) -> ApiResult<Response> {
     let quoted = format!("\"{etag}\"");
     let etag_value = HeaderValue::from_str(&quoted).map_err(|e| ApiError::internal(e.to_string()))?;
     if range::if_none_match(headers, &quoted) {
@@ -367,11 +383,7 @@ where
             return Ok(response);
         }
     };
-    let mut read = read;
-    let body = streaming.body(stream::ranged(spec.start, spec.end, move |store, start, end, out| {
-        read(store, RangeSpec { start, end }, out)
-    }));
-    let mut response = Response::new(body);
+    let mut response = Response::new(streaming.body(produce(spec)));
     *response.status_mut() = code;
     let h = response.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));

@@ -113,8 +113,12 @@ impl From<ApiError> for RegistryError {
 /// rewritten, keeping its status code and message. Every response names the API version, as
 /// registries do.
 pub async fn as_registry_errors(request: Request, next: Next) -> Response {
-    let mut response = next.run(request).await;
+    let mut response = in_registry_format(next.run(request).await).await;
     response.headers_mut().insert("docker-distribution-api-version", HeaderValue::from_static("registry/2.0"));
+    response
+}
+
+async fn in_registry_format(mut response: Response) -> Response {
     let status = response.status();
     if !(status.is_client_error() || status.is_server_error()) || response.extensions().get::<RegistryBody>().is_some()
     {
@@ -136,6 +140,5 @@ pub async fn as_registry_errors(request: Request, next: Next) -> Response {
     for (name, value) in kept {
         rewritten.headers_mut().insert(name, value);
     }
-    rewritten.headers_mut().insert("docker-distribution-api-version", HeaderValue::from_static("registry/2.0"));
     rewritten
 }

@@ -12,18 +12,18 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::artifact::{self, Built};
-use super::chart_layer::window;
+use super::chart_layer::{window, ChartLayer};
 use super::error::RegistryError;
 use super::gate::may_read;
 use super::repository::{Artifacts, LayerSource, Repository};
 use crate::apiserver::access::Identity;
-use crate::apiserver::content::download::{serve_ranged, Streaming};
-use crate::apiserver::range::{self, RangeRequest};
+use crate::apiserver::content::download::{serve_range_of, serve_ranged, Streaming};
+use crate::apiserver::range;
 use crate::apiserver::request_info::RequestInfo;
 use crate::apiserver::stall::ConnectionCut;
 use crate::apiserver::status::ApiError;
 use crate::apiserver::AppState;
-use crate::storage::{RangeSpec, StorageError, Store};
+use crate::storage::{StorageError, Store};
 use crate::strategy::bundle::BUNDLE;
 
 /// Page size of tag and catalog lists when the client names none, and the most it may ask for.
@@ -187,51 +187,18 @@ pub async fn blob(
             })
             .map_err(RegistryError::from)?
         }
-        Blob::Layer { source, size } => serve_built_layer(&streaming, &headers, &digest, size, source)?,
+        Blob::Layer { source: LayerSource::Chart { revision, root, name }, size } => {
+            serve_range_of(&streaming, &headers, &digest, size, "application/octet-stream", |spec| {
+                window(ChartLayer::new(revision, &root, &name), spec.start, spec.end)
+            })
+            .map_err(RegistryError::from)?
+        }
     };
     if let Ok(v) = HeaderValue::from_str(&digest) {
         response.headers_mut().insert(DIGEST_HEADER, v);
     }
     if method == Method::HEAD {
         *response.body_mut() = Body::empty();
-    }
-    Ok(response)
-}
-
-/// A layer built as it is sent (the chart layer), with `Range`.
-fn serve_built_layer(
-    streaming: &Streaming,
-    headers: &HeaderMap,
-    digest: &str,
-    size: u64,
-    source: LayerSource,
-) -> Result<Response, RegistryError> {
-    let etag = format!("\"{digest}\"");
-    let (code, spec) = match range::parse(headers, &etag, size) {
-        RangeRequest::Full => (StatusCode::OK, RangeSpec { start: 0, end: size }),
-        RangeRequest::Partial(spec) => (StatusCode::PARTIAL_CONTENT, spec),
-        RangeRequest::Unsatisfiable => {
-            return Err(RegistryError::Other(
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                format!("range not satisfiable: the blob has {size} bytes"),
-            ))
-        }
-    };
-    let layer =
-        source.chart_layer().ok_or_else(|| RegistryError::BlobUnknown(format!("blob {digest} is not built here")))?;
-    let mut response = Response::new(streaming.body(window(layer, spec.start, spec.end)));
-    *response.status_mut() = code;
-    let h = response.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(spec.end - spec.start));
-    if let Ok(v) = HeaderValue::from_str(&etag) {
-        h.insert(header::ETAG, v);
-    }
-    if code == StatusCode::PARTIAL_CONTENT {
-        if let Ok(v) = HeaderValue::from_str(&format!("bytes {}-{}/{size}", spec.start, spec.end - 1)) {
-            h.insert(header::CONTENT_RANGE, v);
-        }
     }
     Ok(response)
 }

@@ -109,15 +109,6 @@ pub enum LayerSource {
     Chart { revision: RevisionId, root: String, name: String },
 }
 
-impl LayerSource {
-    pub fn chart_layer(&self) -> Option<ChartLayer> {
-        match self {
-            LayerSource::Chart { revision, root, name } => Some(ChartLayer::new(*revision, root, name)),
-            LayerSource::Tar { .. } => None,
-        }
-    }
-}
-
 /// A revision as an OCI artifact.
 pub struct Artifact {
     pub manifest: Built,
