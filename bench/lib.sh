@@ -43,11 +43,11 @@ for cmd in "${!needed[@]}"; do
 done
 if [ "${#missing[@]}" -gt 0 ]; then
     log "installing ${missing[*]}"
-    as_root apt-get update
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+    as_root apt-get update >&2
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2
 fi
 
-if [[ " $SCENARIOS " =~ \ (footprint|churn|unpack|corpus|download|ingest)\  ]]; then
+if [[ " $SCENARIOS " =~ \ (footprint|churn|unpack|registry|corpus|download|ingest)\  ]]; then
     [ -d "$corpus/kube-prometheus-stack" ] && [ -d "$corpus/operator-registry" ] \
         && [ -d "$corpus/rukpak-testdata" ] || die "corpus not found at $corpus (set STOWAGE_CORPUS)"
     corpus="$(cd "$corpus" && pwd)"

@@ -4,22 +4,29 @@
 # ------------------------------------------------------------------------------------------------
 # 5. Unpacking images from a registry, beside skopeo copy + tar -x
 
-# start_registry: a docker-registry on a free port, storage under $WORK/registry; sets REGISTRY.
+# start_registry [CERT KEY]: a docker-registry on a free port, storage under $WORK/registry; sets
+# REGISTRY. With CERT and KEY it serves HTTPS with them (the registry scenario, so both registries
+# pay the same TLS), else plain HTTP.
 start_registry() {
-    local port
+    local port tls="" scheme=http check=()
     port="$(free_port)"
     REGISTRY="127.0.0.1:$port"
+    if [ "$#" -eq 2 ]; then
+        tls=", tls: {certificate: $1, key: $2}"
+        scheme=https
+        check=(--cacert "$SERVER_DIR/pki/ca.crt")
+    fi
     mkdir -p "$WORK/registry"
     cat >"$WORK/registry.yml" <<YAML
 version: 0.1
 log: {level: error}
 storage: {filesystem: {rootdirectory: $WORK/registry}, delete: {enabled: true}}
-http: {addr: $REGISTRY}
+http: {addr: $REGISTRY$tls}
 YAML
     docker-registry serve "$WORK/registry.yml" >"$WORK/registry.log" 2>&1 &
     REGISTRY_PID=$!
     local deadline=$((SECONDS + 30))
-    until curl -sf "http://$REGISTRY/v2/" >/dev/null; do
+    until curl -sf "${check[@]}" "$scheme://$REGISTRY/v2/" >/dev/null; do
         [ "$SECONDS" -lt "$deadline" ] || die "registry not ready"
         sleep 0.2
     done

@@ -5,6 +5,8 @@
 #   corpus      storage footprint of the corpus vs the raw trees, one .tar.gz per revision, ConfigMaps
 #   download    content download vs nginx serving the same tar over TLS, plain and zstd
 #   unpack      image unpack vs skopeo copy + tar -x from the same local registry
+#   registry    skopeo pulls from the OCI registry view (/v2/) vs docker-registry holding the same
+#               images, over TLS
 #   api         GET/LIST/watch with 10,000 Bundles (examples/loadgen.rs; wrk with a bearer token for the
 #               issue-19 figures), GET/LIST vs nginx, store size after seeding
 #   footprint   five kube-prometheus-stack versions: dedup across versions
@@ -52,7 +54,7 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 
 RUNS="${BENCH_RUNS:-3}"
-SCENARIOS="${BENCH_SCENARIOS:-corpus download unpack api footprint churn throughput writes many_files}"
+SCENARIOS="${BENCH_SCENARIOS:-corpus download unpack registry api footprint churn throughput writes many_files}"
 if [ "$#" -gt 0 ]; then SCENARIOS="$*"; fi
 API_OBJECTS="${BENCH_API_OBJECTS:-10000}"
 API_WATCHERS="${BENCH_API_WATCHERS:-200}"
@@ -66,7 +68,7 @@ KPS_VERSIONS=(88.4.0 88.5.0 88.5.1 88.5.2 88.5.3)
 NS=bench
 API=/apis/content.stowage.dev/v1alpha1
 
-for part in lib store corpus download unpack api writes many_files replicas ingest; do
+for part in lib store corpus download unpack registry api writes many_files replicas ingest; do
     # shellcheck source=/dev/null
     source "$repo/bench/$part.sh"
 done
@@ -81,12 +83,13 @@ for s in $SCENARIOS; do
         ingest) scenario_ingest ;;
         api) scenario_api ;;
         unpack) scenario_unpack ;;
+        registry) scenario_registry ;;
         corpus) scenario_corpus ;;
         download) scenario_download ;;
         writes) scenario_writes ;;
         many_files) scenario_many_files ;;
         replicas) scenario_replicas ;;
-        *) die "unknown scenario $s (corpus download unpack api footprint churn throughput ingest writes many_files replicas)" ;;
+        *) die "unknown scenario $s (corpus download unpack registry api footprint churn throughput ingest writes many_files replicas)" ;;
     esac
 done
 log "done in $((SECONDS - started)) s"
