@@ -3,10 +3,25 @@
 # shellcheck shell=bash
 
 # timed_gets TIMES URL [curl args...]: downloads URL TIMES times, one after another, to /dev/null;
-# prints the seconds all took and the bytes of one response as it came over the wire.
+# prints the seconds all took and the bytes of one response as it came over the wire. With
+# GET_MODE=kept the GETs go over one kept-alive connection (one curl for all of them: the seconds
+# are its wall time, one handshake included), else each GET opens its own connection.
+GET_MODE=each
 timed_gets() {
     local times="$1" url="$2" i out bytes total=0
     shift 2
+    if [ "$GET_MODE" = kept ]; then
+        local outputs=() t0
+        for i in $(seq "$times"); do outputs+=(-o /dev/null "$url"); done
+        t0="$(now)"
+        out="$(curl -sS --fail --cacert "$SERVER_DIR/pki/ca.crt" -w '%{size_download} %{num_connects}\n' \
+            "$@" "${outputs[@]}")" || die "GET $url failed"
+        total="$(calc "$(now) - $t0")"
+        [ "$(awk '{n += $2} END {print n}' <<<"$out")" = 1 ] || die "curl opened more than one connection to $url"
+        bytes="$(tail -n 1 <<<"$out" | cut -d' ' -f1)"
+        echo "$total $bytes"
+        return
+    fi
     for i in $(seq "$times"); do
         out="$(curl -sS --fail --cacert "$SERVER_DIR/pki/ca.crt" -o /dev/null \
             -w '%{size_download} %{time_total}' "$@" "$url")" || die "GET $url failed"
@@ -17,10 +32,11 @@ timed_gets() {
 }
 
 # download_tree NAME DIR TIMES: stores DIR as Bundle NAME, then, in alternation per run, downloads
-# its tar from stowage and from nginx, plain and zstd.
+# its tar from stowage and from nginx, plain and zstd, over connections as GET_MODE says.
 download_tree() {
-    local name="$1" src="$2" times="$3"
-    local section="content download: $name ($times GETs per figure, one connection each, HTTP/2, TLS 1.3, client certificate)"
+    local name="$1" src="$2" times="$3" connections="one connection each"
+    [ "$GET_MODE" = kept ] && connections="one kept-alive connection"
+    local section="content download: $name ($times GETs per figure, $connections, HTTP/2, TLS 1.3, client certificate)"
     local data="$WORK/download-$name" web="$WORK/web-$name"
     start_server "$data"
     upload_dir "$name" "$src"
@@ -83,7 +99,13 @@ download_tree() {
 }
 
 scenario_download() {
-    local trees=" ${BENCH_DOWNLOAD_TREES:-corpus gib} " tree
+    local trees=" ${BENCH_DOWNLOAD_TREES:-kps corpus gib} " tree
+    # One chart (kube-prometheus-stack, a 6.8 MB tar) fetched again and again, as provisioners
+    # do: over one kept-alive connection, and with a new connection per GET.
+    if [[ "$trees" == *" kps "* ]]; then
+        GET_MODE=kept download_tree kps "$corpus/kube-prometheus-stack/88.5.3" 40
+        GET_MODE=each download_tree kps "$corpus/kube-prometheus-stack/88.5.3" 40
+    fi
     # The whole corpus as one tree: YAML, charts and bundles, compressible.
     if [[ "$trees" == *" corpus "* ]]; then
         tree="$WORK/corpus-tree"
