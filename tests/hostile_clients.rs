@@ -107,6 +107,8 @@ struct Tally {
     admitted: AtomicU64,
     throttled: AtomicU64,
     other: AtomicU64,
+    /// Signalled on every answer counted.
+    answered: tokio::sync::Notify,
 }
 
 impl Tally {
@@ -116,6 +118,16 @@ impl Tally {
             Some(StatusCode::TOO_MANY_REQUESTS) => self.throttled.fetch_add(1, Ordering::Relaxed),
             _ => self.other.fetch_add(1, Ordering::Relaxed),
         };
+        self.answered.notify_one();
+    }
+
+    /// Waits until the attacker has been answered 429 once: its seats are all taken.
+    async fn throttled_once(&self) {
+        // notify_one keeps a permit when no one waits, so an answer between the check and the
+        // wait is not missed.
+        while self.throttled.load(Ordering::Relaxed) == 0 {
+            self.answered.notified().await;
+        }
     }
 }
 
@@ -230,8 +242,9 @@ async fn one_user_attacking_does_not_stall_another() {
     for i in 0..SLOW_UPLOADERS {
         attack.push(tokio::spawn(slow_uploader(h2[i % h2.len()].clone(), upload.clone(), tally.clone(), until)));
     }
-    // Let the attack take hold, then time the victim while it lasts.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The attack has taken hold once the attacker's seats are all taken (its first 429); then time
+    // the victim while it lasts.
+    tokio::time::timeout(ATTACK, tally.throttled_once()).await.expect("the attacker was never answered 429");
     let sampler = {
         let pid = server.pid();
         tokio::spawn(async move {

@@ -95,10 +95,23 @@ async fn revisions_settle(server: &Server, committed: f64) {
     .await;
 }
 
-/// RSS after the allocator and sled had a moment to settle.
+/// RSS once it has stopped moving (after a phase the allocator and sled give memory back for a
+/// moment): two looks half a second apart within 1 MiB of each other, else the last look at 10 s.
 async fn settled_rss(server: &Server) -> u64 {
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    rss_kib(server.pid())
+    let pid = server.pid();
+    let last = std::cell::Cell::new(None::<u64>);
+    let settled = poll_until(Duration::from_secs(10), Duration::from_millis(500), || {
+        let now = rss_kib(pid);
+        let before = last.replace(Some(now));
+        async move {
+            match before {
+                Some(before) if before.abs_diff(now) < 1024 => Ok(now),
+                _ => Err(format!("{now} KiB")),
+            }
+        }
+    })
+    .await;
+    settled.unwrap_or_else(|_| last.get().unwrap_or_else(|| rss_kib(pid)))
 }
 
 /// Reports a phase's memory; the problems found, if any.

@@ -91,8 +91,18 @@ async fn uploads_reusing_old_content_race_garbage_collection() {
         kept.push(revision);
     }
 
-    // Let the collector finish what the deletes started, then read everything left.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Let the releases the deletes started finish on every replica, then read everything left.
+    for at in [&a, &b] {
+        eventually(Duration::from_secs(60), "deleted revisions released", || async {
+            let metrics = parse_metrics(&String::from_utf8_lossy(&at.download("/metrics").await));
+            let state = |s: &str| metrics.get(&format!("stowage_revisions{{state=\"{s}\"}}")).copied();
+            match (state("staging"), state("deleting")) {
+                (Some(s), Some(d)) if s == 0.0 && d == 0.0 => Ok(()),
+                seen => Err(format!("{}: staging/deleting = {seen:?}", at.base)),
+            }
+        })
+        .await;
+    }
     // The race was run: some replica (the leader) made collection passes meanwhile.
     let mut sweeps = 0.0;
     let mut chunks = Vec::new();
