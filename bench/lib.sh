@@ -234,8 +234,9 @@ api() {
         || die "request to $path failed (server $(kill -0 "$SERVER_PID" 2>/dev/null && echo running || echo gone))"
 }
 
+# json_field A.B.0.C: a field of the JSON on stdin (a number indexes a list).
 json_field() { python3 -c 'import json,sys; v=json.load(sys.stdin)
-for k in sys.argv[1].split("."): v=v[k]
+for k in sys.argv[1].split("."): v=v[int(k)] if isinstance(v, list) else v[k]
 print(v)' "$1"; }
 
 create_bundle() {

@@ -44,6 +44,11 @@ impl<'a> At<'a> {
         self.expect(self.client.get(self.url(path)), StatusCode::OK, &format!("GET {path}")).await.to_vec()
     }
 
+    /// `/metrics` of this base, parsed.
+    pub async fn metrics(&self) -> std::collections::HashMap<String, f64> {
+        parse_metrics(&String::from_utf8_lossy(&self.download("/metrics").await))
+    }
+
     /// `Range: bytes=START-END` (inclusive) of `path`; asserts 206.
     pub async fn range(&self, path: &str, start: u64, end: u64) -> Vec<u8> {
         let request = self.client.get(self.url(path)).header("Range", format!("bytes={start}-{end}"));

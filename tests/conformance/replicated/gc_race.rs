@@ -94,7 +94,7 @@ async fn uploads_reusing_old_content_race_garbage_collection() {
     // Let the releases the deletes started finish on every replica, then read everything left.
     for at in [&a, &b] {
         eventually(Duration::from_secs(60), "deleted revisions released", || async {
-            let metrics = parse_metrics(&String::from_utf8_lossy(&at.download("/metrics").await));
+            let metrics = at.metrics().await;
             let state = |s: &str| metrics.get(&format!("stowage_revisions{{state=\"{s}\"}}")).copied();
             match (state("staging"), state("deleting")) {
                 (Some(s), Some(d)) if s == 0.0 && d == 0.0 => Ok(()),
@@ -107,7 +107,7 @@ async fn uploads_reusing_old_content_race_garbage_collection() {
     let mut sweeps = 0.0;
     let mut chunks = Vec::new();
     for at in [&a, &b] {
-        let metrics = parse_metrics(&String::from_utf8_lossy(&at.download("/metrics").await));
+        let metrics = at.metrics().await;
         sweeps += metrics.iter().filter(|(k, _)| k.starts_with("stowage_store_sweeps")).map(|(_, v)| v).sum::<f64>();
         chunks.push(metrics.get("stowage_chunks").copied());
     }
