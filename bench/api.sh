@@ -175,3 +175,28 @@ PY
     stop_nginx
     rm -rf "$web"
 }
+
+# The watchers scenario: WATCHERS watches (one connection each, like as many controllers) of one
+# namespace while Bundles there are patched at a steady rate; every watcher must see every event.
+scenario_watchers() {
+    [ -x "$LOADGEN" ] || die "no load generator: run without BENCH_BIN, or set BENCH_LOADGEN"
+    local watchers="${BENCH_WATCHERS:-1000}" rate="${BENCH_WATCHERS_RATE:-100}" events="${BENCH_WATCHERS_EVENTS:-1000}"
+    local section="Watch fan-out: $watchers watchers, $rate writes/s ($events merge PATCHes)" run out
+    for run in $(seq 1 "$RUNS"); do
+        local data="$WORK/watchers-$run"
+        start_server "$data"
+        out="$(loadgen seed "$events" --concurrency 32 --prefix w)"
+        log "watchers: run $run/$RUNS"
+        out="$(loadgen watch --watchers "$watchers" --events "$events" --concurrency 16 --rate "$rate" --pid "$SERVER_PID")"
+        log "$out"
+        record "$section" "events missing" count "$(jfield "$out" missing)" "<=0"
+        record "$section" "writes meanwhile" "req/s" "$(jfield "$out" write_rps)"
+        record "$section" "lag write→event p50" ms "$(jfield "$out" lag_p50_ms)"
+        record "$section" "**lag write→event p99**" ms "$(jfield "$out" lag_p99_ms)" "< 100 ms"
+        record "$section" "lag write→event max" ms "$(jfield "$out" lag_max_ms)"
+        record "$section" "**server RSS with the watches open, after the writes**" MiB "$(jfield "$out" server_rss_mib_after_writes)" "< 300 MiB"
+        record "$section" "server peak RSS (VmHWM)" MiB "$(calc "$(peak_rss_kib) / 1024")"
+        stop_server
+        rm -rf "$data"
+    done
+}

@@ -6,9 +6,11 @@
 //!
 //! ```text
 //! loadgen --kubeconfig DATA/admin.kubeconfig seed 10000 --concurrency 32
+//! loadgen --kubeconfig … seed 2000 --upload      # each Bundle also gets content: one revision each
 //! loadgen --kubeconfig … get --concurrency 32 --duration 10     # GET of random Bundles
 //! loadgen --kubeconfig … list --limit 500 --concurrency 2 --duration 10
 //! loadgen --kubeconfig … watch --watchers 200 --events 1000    # fan-out: events/s, lag
+//! loadgen --kubeconfig … watch --watchers 1000 --events 1000 --rate 100   # paced writes
 //! ```
 //!
 //! Requests go over HTTP/2 (one connection per `--connections`, streams multiplexed, as client-go
@@ -69,6 +71,10 @@ enum Command {
         concurrency: usize,
         #[arg(long, default_value = "b")]
         prefix: String,
+        /// Also upload a small tar of its own to every Bundle created, so each gets a revision
+        /// (a store of COUNT revisions, for the startup benchmark).
+        #[arg(long)]
+        upload: bool,
     },
     /// GETs random Bundles of the namespace for DURATION seconds.
     Get {
@@ -99,6 +105,9 @@ enum Command {
         /// patch: annotate existing Bundles (MODIFIED); create: new Bundles (ADDED, deleted after).
         #[arg(long, value_enum, default_value_t = Op::Patch)]
         op: Op,
+        /// Writes per second, all writers together (0: as fast as they go).
+        #[arg(long, default_value_t = 0.0)]
+        rate: f64,
         /// Give up waiting for events after this many seconds.
         #[arg(long, default_value_t = 120.0)]
         timeout: f64,
@@ -122,15 +131,16 @@ fn main() -> Result<()> {
     target.token = cli.token.clone();
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Seed { count, concurrency, prefix } => {
-                seed(&target, cli.connections, count, concurrency, &prefix).await
+            Command::Seed { count, concurrency, prefix, upload } => {
+                seed(&target, cli.connections, count, concurrency, &prefix, upload).await
             }
             Command::Get { concurrency, duration } => get(&target, cli.connections, concurrency, duration).await,
             Command::List { limit, concurrency, duration } => {
                 list(&target, cli.connections, limit, concurrency, duration).await
             }
-            Command::Watch { watchers, events, concurrency, op, timeout, pid } => {
-                watch(&target, watchers, events, concurrency, op, timeout, pid).await
+            Command::Watch { watchers, events, concurrency, op, rate, timeout, pid } => {
+                let pace = WritePace { concurrency, rate };
+                watch(&target, watchers, events, pace, op, timeout, pid).await
             }
         }
     })?;
@@ -384,7 +394,26 @@ fn bundle_body(name: &str, annotations: Value) -> String {
 // ---------------------------------------------------------------------------------------------
 // seed / get / list
 
-async fn seed(target: &Target, connections: usize, count: usize, concurrency: usize, prefix: &str) -> Result<Value> {
+/// A tar of one small file whose bytes name `name`: content no other Bundle has.
+fn small_tar(name: &str) -> Vec<u8> {
+    let data = format!("content of {name}\n").repeat(8);
+    let mut header = tar::Header::new_ustar();
+    header.set_size(data.len() as u64);
+    header.set_mode(0o644);
+    header.set_cksum();
+    let mut builder = tar::Builder::new(Vec::new());
+    builder.append_data(&mut header, "index.txt", data.as_bytes()).unwrap();
+    builder.into_inner().unwrap()
+}
+
+async fn seed(
+    target: &Target,
+    connections: usize,
+    count: usize,
+    concurrency: usize,
+    prefix: &str,
+    upload: bool,
+) -> Result<Value> {
     let clients = target.clients(connections)?;
     let next = Arc::new(AtomicUsize::new(0));
     let existing = Arc::new(AtomicUsize::new(0));
@@ -400,12 +429,18 @@ async fn seed(target: &Target, connections: usize, count: usize, concurrency: us
                 if i >= count {
                     return stats;
                 }
-                let body = bundle_body(&format!("{prefix}{i:05}"), json!({}));
+                let name = format!("{prefix}{i:05}");
+                let body = bundle_body(&name, json!({}));
                 let request = client.post(&url).header("Content-Type", "application/json").body(body);
-                if timed(&mut stats, request, &[StatusCode::CREATED, StatusCode::CONFLICT]).await
-                    == Some(StatusCode::CONFLICT)
-                {
-                    existing.fetch_add(1, Ordering::Relaxed);
+                match timed(&mut stats, request, &[StatusCode::CREATED, StatusCode::CONFLICT]).await {
+                    Some(StatusCode::CONFLICT) => {
+                        existing.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(_) if upload => {
+                        let put = client.put(format!("{url}/{name}/content")).body(small_tar(&name));
+                        timed(&mut stats, put, &[StatusCode::OK]).await;
+                    }
+                    _ => {}
                 }
             }
         }));
@@ -543,11 +578,18 @@ fn memory_mib(pid: u32) -> Option<(f64, f64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// How the writes of a watch run are sent: by this many writers, at most this many per second
+/// together (0: unpaced).
+struct WritePace {
+    concurrency: usize,
+    rate: f64,
+}
+
 async fn watch(
     target: &Target,
     watchers: usize,
     events: usize,
-    concurrency: usize,
+    pace: WritePace,
     op: Op,
     timeout: f64,
     pid: Option<u32>,
@@ -582,16 +624,21 @@ async fn watch(
     let next = Arc::new(AtomicUsize::new(0));
     let names = Arc::new(names);
     let started = Instant::now();
+    let start = tokio::time::Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..concurrency.max(1) {
+    for _ in 0..pace.concurrency.max(1) {
         let (client, next, names, base, run) =
             (writer.clone(), next.clone(), names.clone(), target.bundles.clone(), run.clone());
+        let rate = pace.rate;
         tasks.push(tokio::spawn(async move {
             let mut stats = Stats::default();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= events {
                     return stats;
+                }
+                if rate > 0.0 {
+                    tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
                 }
                 let annotations = json!({SENT: unix_nanos().to_string()});
                 let request = match op {

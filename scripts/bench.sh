@@ -16,6 +16,9 @@
 #               that build's upload), the server's peak memory
 #   writes      Bundle creates, 1 and 32 writers, on the local disk and with slow flushes
 #   many_files  1,000,000 empty files: a refused upload and a deleted revision, the server's memory
+#   startup     start to ready after kill -9 on stores of 2,000 and 20,000 revisions, and the
+#               collection owed since open, in the background
+#   watchers    1,000 watches of one namespace while its Bundles are patched 100 times a second
 #   replicas    replicated mode: 1 and 3 replicas on etcd + Garage behind haproxy vs the embedded
 #               store, GET/LIST/download, and failover after kill -9 (not in the default list: it
 #               needs Garage, see bench/replicas.sh)
@@ -40,9 +43,11 @@
 #                   else target/release/kubectl-stowage)
 #   BENCH_WRITES_ONE / _MANY  writes: creates by 1 writer / by 32 writers (default 1000 / 4000)
 #   BENCH_SLOW_FSYNC_US  writes: delay added to every fsync on the "slow" disk (default 2000)
-#   BENCH_BEFORE_BIN     ingest, writes, many_files, api (seed, store size, wrk figures): also measure this stowage
+#   BENCH_BEFORE_BIN     ingest, writes, many_files, startup, api (seed, store size, wrk figures): also measure this stowage
 #                        binary (an older build), side by side
 #   BENCH_MANY_FILES     many_files: entries per archive (default 1000000)
+#   BENCH_STARTUP_REVISIONS  startup: store sizes, in revisions (default "2000 20000")
+#   BENCH_WATCHERS / _RATE / _EVENTS  watchers: watches, writes per second, writes (1000 / 100 / 1000)
 #   BENCH_BIN       use this stowage binary instead of building the release (scenarios without loadgen;
 #                   unpack takes target/release/examples/ociimage when it was built)
 #   BENCH_TMPDIR    where the temporary files go (default: $TMPDIR or /tmp); needs ~5 GiB free
@@ -54,7 +59,7 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 
 RUNS="${BENCH_RUNS:-3}"
-SCENARIOS="${BENCH_SCENARIOS:-corpus download unpack registry api footprint churn throughput writes many_files}"
+SCENARIOS="${BENCH_SCENARIOS:-corpus download unpack registry api footprint churn throughput writes many_files startup watchers}"
 if [ "$#" -gt 0 ]; then SCENARIOS="$*"; fi
 API_OBJECTS="${BENCH_API_OBJECTS:-10000}"
 API_WATCHERS="${BENCH_API_WATCHERS:-200}"
@@ -68,7 +73,7 @@ KPS_VERSIONS=(88.4.0 88.5.0 88.5.1 88.5.2 88.5.3)
 NS=bench
 API=/apis/content.stowage.dev/v1alpha1
 
-for part in lib store corpus download unpack registry api writes many_files replicas ingest; do
+for part in lib store corpus download unpack registry api writes many_files replicas ingest startup; do
     # shellcheck source=/dev/null
     source "$repo/bench/$part.sh"
 done
@@ -89,7 +94,9 @@ for s in $SCENARIOS; do
         writes) scenario_writes ;;
         many_files) scenario_many_files ;;
         replicas) scenario_replicas ;;
-        *) die "unknown scenario $s (corpus download unpack registry api footprint churn throughput ingest writes many_files replicas)" ;;
+        startup) scenario_startup ;;
+        watchers) scenario_watchers ;;
+        *) die "unknown scenario $s (corpus download unpack registry api footprint churn throughput ingest writes many_files startup watchers replicas)" ;;
     esac
 done
 log "done in $((SECONDS - started)) s"

@@ -144,3 +144,50 @@ fn kinds_and_modes_round_trip_through_a_manifest_page() {
         assert_eq!(&b.chunks, &e.chunks);
     }
 }
+
+#[test]
+fn one_tar_cursor_reads_any_sequence_of_ranges_across_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut writer = store.begin_revision().unwrap();
+    for i in 0..3_000 {
+        let data = format!("file {i} ").repeat(i % 7);
+        writer.add_file(&format!("d/{i:05}"), 0o644, data.len() as u64, &mut data.as_bytes()).unwrap();
+    }
+    let rev = super::tests::attach("many", writer.finalize().unwrap());
+    assert!(store.manifest(rev).unwrap().pages.len() > 3, "the manifest spans pages");
+    let size = store.revision_record(rev).unwrap().tar_size;
+    let whole = {
+        let mut out = Vec::new();
+        let mut cursor = TarCursor::new(rev, size);
+        // Forward in uneven steps, as a download does.
+        let mut pos = 0;
+        while pos < size {
+            let end = (pos + 6_007).min(size);
+            let range = RangeSpec { start: pos, end };
+            store
+                .read_tar_at(&mut cursor, range, &mut |b| {
+                    out.extend_from_slice(b);
+                    Ok(())
+                })
+                .unwrap();
+            pos = end;
+        }
+        out
+    };
+    assert_eq!(whole.len() as u64, size);
+    assert_eq!(entries(&whole).len(), 3_000);
+    // Backwards and jumping around with the same cursor: each range is the slice of the whole.
+    let mut cursor = TarCursor::new(rev, size);
+    for start in [size - 1_500, 0, size / 2, 512, size / 3, size - 1] {
+        let end = (start + 40_000).min(size);
+        let mut out = Vec::new();
+        store
+            .read_tar_at(&mut cursor, RangeSpec { start, end }, &mut |b| {
+                out.extend_from_slice(b);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(out, whole[start as usize..end as usize], "{start}-{end}");
+    }
+}

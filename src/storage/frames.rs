@@ -136,12 +136,10 @@ impl Store {
 
 /// What a zstd download serves.
 enum Source {
-    Tar,
+    /// The tar, read on from where the previous step stopped.
+    Tar(Box<super::TarCursor>),
     /// One regular file, whose bytes start at `data_start` in the tar.
-    File {
-        entry: Box<FileEntry>,
-        data_start: u64,
-    },
+    File { entry: Box<FileEntry>, data_start: u64 },
 }
 
 /// Bytes sent as stored frames, as fresh ones compressed for this download, and as fresh ones an
@@ -156,7 +154,6 @@ pub struct FrameStats {
 /// A zstd download in progress: call [`Store::zstd_step`] until it returns `false`.
 pub struct ZstdDownload {
     rev: RevisionId,
-    tar_size: u64,
     source: Source,
     /// Tar offsets: the next byte to send, and the end.
     pos: u64,
@@ -209,7 +206,8 @@ impl PlanCursor {
 impl ZstdDownload {
     /// The revision's whole tar.
     pub fn tar(record: &RevisionRecord) -> ZstdDownload {
-        ZstdDownload::new(record, Source::Tar, 0, record.tar_size)
+        let cursor = super::TarCursor::new(record.id, record.tar_size);
+        ZstdDownload::new(record, Source::Tar(Box::new(cursor)), 0, record.tar_size)
     }
 
     /// One regular file's bytes.
@@ -220,16 +218,7 @@ impl ZstdDownload {
     }
 
     fn new(record: &RevisionRecord, source: Source, pos: u64, end: u64) -> ZstdDownload {
-        ZstdDownload {
-            rev: record.id,
-            tar_size: record.tar_size,
-            source,
-            pos,
-            end,
-            plan: None,
-            stats: FrameStats::default(),
-            warming: None,
-        }
+        ZstdDownload { rev: record.id, source, pos, end, plan: None, stats: FrameStats::default(), warming: None }
     }
 
     pub fn stats(&self) -> FrameStats {
@@ -314,13 +303,13 @@ impl Store {
             identity.extend_from_slice(bytes);
             Ok(())
         };
-        match &download.source {
-            Source::Tar => {
+        match &mut download.source {
+            Source::Tar(cursor) => {
                 let range = RangeSpec { start: download.pos, end: until };
-                self.read_tar(download.rev, download.tar_size, range, &mut sink)?
+                self.read_tar_at(cursor, range, &mut sink)?
             }
             Source::File { entry, data_start } => {
-                let range = RangeSpec { start: download.pos - data_start, end: until - data_start };
+                let range = RangeSpec { start: download.pos - *data_start, end: until - *data_start };
                 self.read_file(download.rev, entry, range, &mut sink)?
             }
         }

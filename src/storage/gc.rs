@@ -8,8 +8,9 @@
 //! counter moved and marks the new manifests before it deletes anything. Packs whose bytes are
 //! mostly dead are then rewritten at a bounded rate ([`COMPACTION_BYTES_PER_SEC`]).
 //!
-//! On open, revisions left `Staging` by a crash are released, their staging files removed, and a
-//! full pass collects chunks that were written but never reached by a manifest.
+//! On open, revisions left `Staging` by a crash are released and their staging files removed; then,
+//! on the collector while the store already serves, a full pass collects chunks that were written
+//! but never reached by a manifest, so opening does not grow with the store.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
@@ -102,12 +103,23 @@ impl Store {
         self.tree().apply_batch(batch)?;
         // No writer runs yet: every staging directory is a crashed writer's.
         let _ = std::fs::remove_dir_all(self.staging_root());
+        // The full pass walks every manifest: O(store), so it runs on the collector while the
+        // store serves. Concurrent writers are safe against it as against any pass (pins and the
+        // manifest generation), so nothing a committed revision references can go.
+        self.inner.recovery_due.store(true, Ordering::Release);
+        self.request_gc();
+        Ok(())
+    }
+
+    /// The rest of recovery, on the collector: a full pass collects chunks that were written but
+    /// never reached by a manifest, then packs the previous run left mostly dead are compacted.
+    fn finish_recovery(&self) -> Result<GcReport> {
         // A damaged manifest or pack stops the pass before it deletes anything it could not
-        // account for, but must not keep the store closed: every other revision still serves.
+        // account for, but must not stop the store: every other revision still serves.
         let mut report = match self.collect_with(true) {
             Ok(report) => report,
             Err(e @ StorageError::Corrupt(_)) => {
-                tracing::error!(error = %e, "collection at open stopped: unreferenced chunks stay until a pass succeeds");
+                tracing::error!(error = %e, "collection after open stopped: unreferenced chunks stay until a pass succeeds");
                 GcReport::default()
             }
             Err(e) => return Err(e),
@@ -115,13 +127,14 @@ impl Store {
         // The previous run's active pack is sealed now: it may be worth compacting.
         match self.compact_packs() {
             Ok(compacted) => report.packs_compacted += compacted,
-            Err(e @ StorageError::Corrupt(_)) => tracing::error!(error = %e, "compaction at open stopped"),
+            Err(e @ StorageError::Corrupt(_)) => tracing::error!(error = %e, "compaction after open stopped"),
             Err(e) => return Err(e),
         }
         if report.revisions_released > 0 || report.chunks_removed > 0 {
             tracing::info!(?report, "recovered the store");
         }
-        Ok(())
+        self.inner.recovery_due.store(false, Ordering::Release);
+        Ok(report)
     }
 
     /// Frees every `Deleting` revision, then sweeps chunks no manifest reaches.
@@ -350,6 +363,12 @@ impl Store {
         self.seal_relocated(&mut builder, &mut moved)
     }
 
+    /// Whether the collection recovery owes since open has not finished yet: until then, chunks a
+    /// crash left unreferenced still take space (nothing else differs).
+    pub fn recovering(&self) -> bool {
+        self.inner.recovery_due.load(Ordering::Acquire)
+    }
+
     /// Asks the background collector for a pass (coalesced; never blocks).
     pub fn request_gc(&self) {
         let _ = self.inner.gc_requests.try_send(());
@@ -434,7 +453,10 @@ pub(super) fn spawn_collector(store: std::sync::Weak<super::Inner>, requests: st
             while requests.try_recv().is_ok() {}
             let Some(inner) = store.upgrade() else { return };
             let store = Store { inner };
-            match store.collect_with(full) {
+            // The pass recovery asked for (until one succeeds: a failed one is tried again at the
+            // next request).
+            let result = if store.recovering() { store.finish_recovery() } else { store.collect_with(full) };
+            match result {
                 Ok(report) => tracing::debug!(?report, "garbage collection"),
                 Err(e) => tracing::warn!(error = %e, "garbage collection failed"),
             }

@@ -84,7 +84,7 @@ pub use frames::{FrameStats, ZstdDownload};
 pub use gc::GcReport;
 pub use listing::{ListCursor, ListFilter, ListPage, ListQuery, ListSink, Listed};
 pub use objects::{ChangeEvent, ChangedObject, ObjectKey, ObjectWrite, Precondition, StoredObject, WriteOutcome};
-pub use read::{FileListing, RangeSpec, Sink};
+pub use read::{FileListing, RangeSpec, Sink, TarCursor};
 pub use revision::{PendingRevision, RevisionWriter};
 pub use space::{is_out_of_space, WriteKind, DEFAULT_MIN_FREE_BYTES};
 
@@ -319,6 +319,8 @@ struct Inner {
     /// Compressed bytes in the change log, and the lock of its trimming.
     log_bytes: std::sync::atomic::AtomicU64,
     log_trim: Mutex<()>,
+    /// Set by recovery at open, cleared once the collector's full pass after it succeeded.
+    recovery_due: std::sync::atomic::AtomicBool,
     /// Serialises garbage collection passes.
     gc_lock: Mutex<()>,
     /// Held (shared) by a writer from appending a block until its chunks are indexed; rolling the
@@ -338,7 +340,8 @@ struct Inner {
 
 impl Store {
     /// Opens (creating if needed) the store in `dir`, then finishes work a crash interrupted:
-    /// staging revisions are released and unreferenced chunks collected.
+    /// staging revisions are released now, and unreferenced chunks collected in the background
+    /// ([`Store::recovering`] until then).
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store> {
         std::fs::create_dir_all(dir)?;
         let space = space::SpaceGuard::new(dir, options.min_free_bytes);
@@ -434,6 +437,7 @@ impl Store {
                 known_digests: hashing::KnownDigests::default(),
                 log_bytes: std::sync::atomic::AtomicU64::new(0),
                 log_trim: Mutex::new(()),
+                recovery_due: std::sync::atomic::AtomicBool::new(false),
                 gc_lock: Mutex::new(()),
                 sealing: std::sync::RwLock::new(()),
                 events,

@@ -93,6 +93,21 @@ impl Iterator for FileListing {
 
 const ZEROS: [u8; BLOCK as usize] = [0; BLOCK as usize];
 
+/// Where a reader of a revision's tar is: its manifest and the last page it decoded
+/// ([`Store::read_tar_at`]).
+pub struct TarCursor {
+    rev: RevisionId,
+    tar_size: u64,
+    manifest: Option<Arc<Manifest>>,
+    page: Option<(usize, Arc<Vec<FileEntry>>)>,
+}
+
+impl TarCursor {
+    pub fn new(rev: RevisionId, tar_size: u64) -> TarCursor {
+        TarCursor { rev, tar_size, manifest: None, page: None }
+    }
+}
+
 impl Store {
     /// The record of a committed revision.
     pub fn revision(&self, id: RevisionId) -> Result<RevisionRecord> {
@@ -225,30 +240,36 @@ impl Store {
 
     /// Streams bytes `[start, end)` of the revision's deterministic tar.
     pub fn read_tar(&self, rev: RevisionId, tar_size: u64, range: RangeSpec, out: &mut Sink<'_>) -> Result<()> {
+        self.read_tar_at(&mut TarCursor::new(rev, tar_size), range, out)
+    }
+
+    /// [`Store::read_tar`] for a reader that goes on where it stopped: the cursor keeps the
+    /// manifest and the page it was in, so consecutive ranges decode each page once.
+    pub fn read_tar_at(&self, cursor: &mut TarCursor, range: RangeSpec, out: &mut Sink<'_>) -> Result<()> {
+        let tar_size = cursor.tar_size;
         let end = range.end.min(tar_size);
         let mut pos = range.start;
-        let manifest = self.manifest(rev)?;
-        let first_page = manifest.page_for_tar_offset(pos);
-        if let Some(page) = manifest.pages.get(first_page) {
-            let mut entries = self.page(&page.chunk)?;
-            // From the entry holding `pos` (the last one starting at or before it) on, this page
-            // already decoded, then the pages after it.
-            entries.drain(..entries.partition_point(|e| e.tar_offset <= pos).saturating_sub(1));
-            let listing = FileListing {
-                store: self.clone(),
-                next_page: first_page + 1,
-                manifest: manifest.clone(),
-                page: entries.into_iter(),
-                skip_before: None,
-                prefix: String::new(),
-                failed: None,
-                done: false,
+        let manifest = match &cursor.manifest {
+            Some(manifest) => manifest.clone(),
+            None => cursor.manifest.insert(self.manifest(cursor.rev)?).clone(),
+        };
+        let mut index = manifest.page_for_tar_offset(pos);
+        while pos < end {
+            let Some(page) = manifest.pages.get(index) else { break };
+            let entries = match &cursor.page {
+                Some((at, entries)) if *at == index => entries.clone(),
+                _ => cursor.page.insert((index, Arc::new(self.page(&page.chunk)?))).1.clone(),
             };
-            for entry in listing {
+            // From the entry holding `pos` (the last one starting at or before it) on.
+            let first = entries.partition_point(|e| e.tar_offset <= pos).saturating_sub(1);
+            for entry in entries.get(first..).unwrap_or_default() {
                 if pos >= end {
                     break;
                 }
-                pos = self.emit_entry(&entry?, pos, end, out)?;
+                pos = self.emit_entry(entry, pos, end, out)?;
+            }
+            if pos < end {
+                index += 1;
             }
         }
         // The two zero blocks that end the archive.

@@ -10,15 +10,27 @@ use sha2::Digest;
 
 /// Opens the store, waiting for a background collection pass of a handle dropped just before to
 /// release the database lock (only a test reopens a store within one process).
+/// The store in `dir`, once the collection recovery owes has run: tests write keys behind the
+/// store's back, which a pass running meanwhile would take for garbage.
 pub(super) fn open(dir: &Path) -> Store {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
+    let store = loop {
         match Store::open(dir, StoreOptions::default()) {
             Err(StorageError::Engine(e)) if std::time::Instant::now() < deadline && e.to_string().contains("lock") => {
                 std::thread::sleep(std::time::Duration::from_millis(20))
             }
-            other => return other.unwrap(),
+            other => break other.unwrap(),
         }
+    };
+    wait_recovered(&store);
+    store
+}
+
+pub(super) fn wait_recovered(store: &Store) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while store.recovering() {
+        assert!(std::time::Instant::now() < deadline, "recovery did not finish in 20 s");
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 

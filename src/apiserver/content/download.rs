@@ -16,7 +16,8 @@ use crate::apiserver::range::{self, RangeRequest};
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::{blocking, AppState, API_VERSION};
 use crate::storage::{
-    tarfmt, EntryKind, FileEntry, ObjectKey, RangeSpec, RevisionId, RevisionRecord, StorageError, Store, ZstdDownload,
+    tarfmt, EntryKind, FileEntry, ObjectKey, RangeSpec, RevisionId, RevisionRecord, StorageError, Store, TarCursor,
+    ZstdDownload,
 };
 use crate::strategy::bundle::BUNDLE;
 use crate::strategy::bundlecontent::BUNDLE_CONTENT;
@@ -68,8 +69,9 @@ pub async fn get_content(
         if zstd && whole_requested(&headers, &record.digest, tar_size) {
             return serve_zstd(&streaming, &headers, &record.digest, "application/x-tar", ZstdDownload::tar(&record));
         }
+        let mut cursor = TarCursor::new(revision, tar_size);
         serve_ranged(&streaming, &headers, &record.digest, tar_size, "application/x-tar", move |store, range, out| {
-            store.read_tar(revision, tar_size, range, &mut |bytes| {
+            store.read_tar_at(&mut cursor, range, &mut |bytes| {
                 out.extend_from_slice(bytes);
                 Ok(())
             })

@@ -1,7 +1,11 @@
-//! Download bodies produced in short steps: each step reads at most [`STEP`] bytes on the blocking
-//! pool and returns, and the next step starts only once the client has taken the previous one. A
-//! slow client therefore parks an async task and one buffer, never a thread — a thousand slow
-//! readers cost a thousand small buffers, not the blocking pool every other request needs.
+//! Download bodies produced in short steps: each trip to the blocking pool produces a batch of
+//! steps and returns, and the next starts only once the client has taken the previous one. A slow
+//! client therefore parks an async task and one buffer, never a thread — a thousand slow readers
+//! cost a thousand small buffers, not the blocking pool every other request needs.
+//!
+//! A batch starts at [`STEP`] bytes and doubles, up to [`MAX_BATCH`], while the client takes each
+//! one at once: a fast reader costs few trips (each is two thread wake-ups), a slow one keeps small
+//! buffers.
 //!
 //! A client that takes nothing for the stall timeout is cut: its connection is closed (a stalled
 //! HTTP/1 or HTTP/2 peer stops polling the body, so ending the body alone would free nothing).
@@ -16,6 +20,11 @@ use tokio::sync::mpsc;
 
 /// Bytes one step produces at most (a little more when a step ends inside a small piece).
 pub const STEP: usize = 256 * 1024;
+/// Bytes one trip to the blocking pool produces at most: with a buffer waiting for the client and
+/// the one hyper writes, what a download holds is bounded by about twice this.
+pub const MAX_BATCH: usize = 1 << 20;
+/// A client that took the previous batch within this is keeping up: the next batch may double.
+const KEEPING_UP: Duration = Duration::from_millis(5);
 
 /// One step of a download: appends the next bytes (about [`STEP`]) to `out`; returns whether more
 /// follow.
@@ -38,7 +47,10 @@ pub fn body<P: Producer>(store: Store, producer: P, stall: Duration, cut: Option
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
     tokio::spawn(async move {
         let mut producer = producer;
+        // What the next batch may be while the client keeps up: the first is one step.
+        let mut next_batch = STEP;
         loop {
+            let waited = tokio::time::Instant::now();
             let permit = match tokio::time::timeout(stall, tx.reserve()).await {
                 Ok(Ok(permit)) => permit,
                 // The client went away.
@@ -51,10 +63,17 @@ pub fn body<P: Producer>(store: Store, producer: P, stall: Duration, cut: Option
                     return;
                 }
             };
+            let batch = if waited.elapsed() <= KEEPING_UP { next_batch } else { STEP };
+            next_batch = (batch * 2).min(MAX_BATCH);
             let store = store.clone();
             let stepped = tokio::task::spawn_blocking(move || {
-                let mut out = Vec::with_capacity(STEP);
-                let more = producer.step(&store, &mut out);
+                let mut out = Vec::with_capacity(batch);
+                let more = loop {
+                    match producer.step(&store, &mut out) {
+                        Ok(true) if out.len() < batch => {}
+                        done => break done,
+                    }
+                };
                 (producer, out, more)
             })
             .await;

@@ -1,7 +1,8 @@
 //! The store as `/metrics` shows it, read at scrape time by a collector: gauges from
 //! [`Store::stats`] (chunks, bytes, revisions by state, disk use), the resourceVersion, group-commit
 //! counts, the store's flushes, collection passes and compactions ([`Store::counts`]), whether a
-//! failed sync poisoned it and, replicated, whether this replica leads (`stowage_leader`).
+//! failed sync poisoned it, whether the collection owed since open still runs and, replicated,
+//! whether this replica leads (`stowage_leader`).
 //!
 //! `stats` walks the whole index, so a walk is reused by scrapes within [`STATS_TTL`] of it while
 //! nothing was written; concurrent scrapes wait for one walk. A failed walk leaves its gauges out
@@ -141,6 +142,12 @@ impl Collector for StoreCollector {
                 u64::from(leader),
             )?;
         }
+        gauge(
+            &mut encoder,
+            "stowage_store_recovering",
+            "1 until the collection owed since open (chunks a crash left unreferenced) has finished; the store serves meanwhile.",
+            u64::from(self.store.recovering()),
+        )?;
         gauge(
             &mut encoder,
             "stowage_store_poisoned",

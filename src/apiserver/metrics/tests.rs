@@ -11,6 +11,12 @@ fn labels(method: Method, uri: &str) -> RequestLabels {
 /// A registry as the server builds it, on an empty store, and its request families.
 fn exposition(dir: &std::path::Path) -> (Arc<Metrics>, Arc<Exposition>) {
     let store = Store::open(&dir.join("store"), StoreOptions::default()).unwrap();
+    // The collection owed since open runs in the background: its gauge reads 0 once it ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while store.recovering() {
+        assert!(std::time::Instant::now() < deadline, "the store did not finish recovering");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let spool = Arc::new(UploadSessions::local(&dir.join("uploads"), std::time::Duration::from_secs(60)).unwrap());
     install(Registry::default(), store, Fairness::new(FairnessLimits::default()), spool)
 }
@@ -64,6 +70,7 @@ fn keeps_kube_apiserver_names_labels_and_buckets() {
         "stowage_revisions{state=\"deleting\"} 0",
         "stowage_object_writes_total 0",
         "stowage_store_poisoned 0",
+        "stowage_store_recovering 0",
         "stowage_store_compactions_total 0",
         "stowage_store_compacted_bytes_total 0",
         "apiserver_current_inflight_requests{request_kind=\"readOnly\"} 0",
