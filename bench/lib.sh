@@ -169,6 +169,8 @@ stop_server() {
     SERVER_PID=""
 }
 
+# cpu_ms: CPU time (user + system) the server has used so far, in milliseconds.
+cpu_ms() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) * 1000 / hz}' "/proc/$SERVER_PID/stat"; }
 peak_rss_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$SERVER_PID/status"; }
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$SERVER_PID/status"; }
 

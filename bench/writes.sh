@@ -25,12 +25,18 @@ scenario_writes() {
                 local data="$WORK/writes-$run-${label// /-}-$disk"
                 BIN="$bin" LD_PRELOAD="$preload" SLOW_FSYNC_US="$SLOW_FSYNC_US" start_server "$data"
                 log "writes: run $run/$RUNS, $label, $disk disk"
+                local cpu_before
+                cpu_before="$(cpu_ms)"
                 out="$(loadgen seed "$WRITES_ONE" --concurrency 1 --prefix one)"
                 log "$out"
                 record_requests "$section" "create (POST), 1 writer" "$out"
+                record "$section" "server CPU per create, 1 writer" ms "$(calc "($(cpu_ms) - $cpu_before) / $WRITES_ONE")"
+                cpu_before="$(cpu_ms)"
                 out="$(loadgen seed "$WRITES_MANY" --concurrency 32 --prefix many)"
                 log "$out"
                 record_requests "$section" "**create (POST), 32 concurrent**" "$out"
+                record "$section" "**server CPU per create, 32 concurrent**" ms \
+                    "$(calc "($(cpu_ms) - $cpu_before) / $WRITES_MANY")" "≤ 0.75 ms"
                 stop_server
                 rm -rf "$data"
             done

@@ -372,16 +372,30 @@ pub(super) fn decode_block(at: &BlockAt, payload: Vec<u8>) -> Result<Vec<u8>> {
     Ok(data)
 }
 
+/// A chunk's bytes where they lie in its decompressed block (shared with the block cache): a
+/// reader borrows them instead of copying each chunk out.
+pub(super) struct ChunkBytes {
+    block: Arc<Vec<u8>>,
+    range: std::ops::Range<usize>,
+}
+
+impl std::ops::Deref for ChunkBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.block.get(self.range.clone()).unwrap_or_default()
+    }
+}
+
 /// The chunk's bytes out of its block, verified against its hash.
-fn slice_verified(hash: &Hash, at: &Location, block: &[u8]) -> Result<Vec<u8>> {
+fn slice_verified(hash: &Hash, at: &Location, block: Arc<Vec<u8>>) -> Result<ChunkBytes> {
     let range = at.offset as usize..(at.offset as usize + at.len as usize);
     let data = block
-        .get(range)
+        .get(range.clone())
         .ok_or_else(|| StorageError::Corrupt(format!("chunk {} lies outside its block", hex::encode(hash))))?;
     if blake3::hash(data).as_bytes() != hash {
         return Err(StorageError::Corrupt(format!("chunk {}: content does not match its hash", hex::encode(hash))));
     }
-    Ok(data.to_vec())
+    Ok(ChunkBytes { block, range })
 }
 
 impl Store {
@@ -475,7 +489,7 @@ impl Store {
     }
 
     /// Reads and verifies one chunk; also returns its share of stored bytes.
-    pub(super) fn get_chunk(&self, chunk: &ChunkRef) -> Result<(Vec<u8>, u64)> {
+    pub(super) fn get_chunk(&self, chunk: &ChunkRef) -> Result<(ChunkBytes, u64)> {
         let missing = || StorageError::Corrupt(format!("chunk {} is missing", hex::encode(chunk.hash)));
         let cache = self.backend().location_cache();
         let cached = cache.and_then(|c| c.get(&chunk.hash));
@@ -499,7 +513,7 @@ impl Store {
         if let Some(cache) = cache.filter(|_| cached.is_none()) {
             cache.put(chunk.hash, at);
         }
-        let data = slice_verified(&chunk.hash, &at, &block)?;
+        let data = slice_verified(&chunk.hash, &at, block)?;
         if data.len() != chunk.len as usize {
             return Err(StorageError::Corrupt(format!("chunk {} has the wrong length", hex::encode(chunk.hash))));
         }
@@ -557,13 +571,14 @@ mod tests {
         assert!(payload.len() < data.len());
         let block = decode_block(&block_at(codec, data.len()), payload).unwrap();
         assert_eq!(block, data);
+        let block = Arc::new(block);
         let hash = *blake3::hash(&data[100..200]).as_bytes();
         let at = Location { block: block_at(codec, data.len()), offset: 100, len: 100, members_len: data.len() as u32 };
-        assert_eq!(slice_verified(&hash, &at, &block).unwrap(), &data[100..200]);
+        assert_eq!(&*slice_verified(&hash, &at, block.clone()).unwrap(), &data[100..200]);
         let shifted = Location { offset: 101, ..at };
-        assert!(slice_verified(&hash, &shifted, &block).is_err());
+        assert!(slice_verified(&hash, &shifted, block.clone()).is_err());
         let outside = Location { offset: 49_950, ..at };
-        assert!(slice_verified(&hash, &outside, &block).is_err());
+        assert!(slice_verified(&hash, &outside, block).is_err());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use crate::api::Bundle;
-use crate::apiserver::handlers::{get_object, resource_def};
+use crate::apiserver::handlers::resource_def;
 use crate::apiserver::range::{self, RangeRequest};
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::{blocking, AppState, API_VERSION};
@@ -131,25 +131,44 @@ async fn resolve_revision(
     namespace: &str,
     name: &str,
 ) -> ApiResult<(RevisionId, RevisionRecord)> {
-    let content = if plural == BUNDLE.plural {
-        let bundle = get_object(app, &BUNDLE, namespace, name).await?;
-        let typed: Bundle = decode_or_default(&bundle);
-        let content = typed.status.and_then(|s| s.content_name).unwrap_or_default();
-        if content.is_empty() {
-            return Err(ApiError::not_found_message(format!("Bundle {name:?} has no content yet")));
-        }
-        content
-    } else {
-        name.to_string()
+    /// What the one trip to the blocking pool found (every download pays for the trip).
+    enum Found {
+        Revision(RevisionId, RevisionRecord),
+        NoBundle,
+        NoContentYet,
+        NoContent(String),
+    }
+    let of_bundle = plural == BUNDLE.plural;
+    let (namespace, name) = (namespace.to_string(), name.to_string());
+    let found = {
+        let name = name.clone();
+        blocking(app, move |store| {
+            let content = if of_bundle {
+                let Some(bundle) = store.get_object(&ObjectKey::new(BUNDLE.plural, &namespace, &name))? else {
+                    return Ok(Found::NoBundle);
+                };
+                let typed: Bundle = decode_or_default(&bundle.value);
+                match typed.status.and_then(|s| s.content_name).filter(|c| !c.is_empty()) {
+                    Some(content) => content,
+                    None => return Ok(Found::NoContentYet),
+                }
+            } else {
+                name
+            };
+            let key = ObjectKey::new(BUNDLE_CONTENT.plural, &namespace, &content);
+            Ok(match store.get_object(&key)?.and_then(|s| s.revision) {
+                Some(revision) => Found::Revision(revision, store.revision(revision)?),
+                None => Found::NoContent(content),
+            })
+        })
+        .await?
     };
-    let key = ObjectKey::new(BUNDLE_CONTENT.plural, namespace, &content);
-    // One trip to the blocking pool for both reads: every download pays for it.
-    let found = blocking(app, move |store| match store.get_object(&key)?.and_then(|s| s.revision) {
-        Some(revision) => Ok(Some((revision, store.revision(revision)?))),
-        None => Ok(None),
-    })
-    .await?;
-    found.ok_or_else(|| ApiError::not_found(BUNDLE_CONTENT.plural, &content))
+    match found {
+        Found::Revision(revision, record) => Ok((revision, record)),
+        Found::NoBundle => Err(ApiError::not_found(BUNDLE.plural, &name)),
+        Found::NoContentYet => Err(ApiError::not_found_message(format!("Bundle {name:?} has no content yet"))),
+        Found::NoContent(content) => Err(ApiError::not_found(BUNDLE_CONTENT.plural, &content)),
+    }
 }
 
 /// Follows symlinks inside the revision (a few hops) to a regular file; `None` for anything else
