@@ -192,9 +192,9 @@ scenario_watchers() {
         record "$section" "events missing" count "$(jfield "$out" missing)" "<=0"
         record "$section" "writes meanwhile" "req/s" "$(jfield "$out" write_rps)"
         record "$section" "lag write→event p50" ms "$(jfield "$out" lag_p50_ms)"
-        record "$section" "**lag write→event p99**" ms "$(jfield "$out" lag_p99_ms)" "< 100 ms"
+        record "$section" "**lag write→event p99**" ms "$(jfield "$out" lag_p99_ms)" "<100"
         record "$section" "lag write→event max" ms "$(jfield "$out" lag_max_ms)"
-        record "$section" "**server RSS with the watches open, after the writes**" MiB "$(jfield "$out" server_rss_mib_after_writes)" "< 300 MiB"
+        record "$section" "**server RSS with the watches open, after the writes**" MiB "$(jfield "$out" server_rss_mib_after_writes)" "<300"
         record "$section" "server peak RSS (VmHWM)" MiB "$(calc "$(peak_rss_kib) / 1024")"
         stop_server
         rm -rf "$data"

@@ -34,6 +34,14 @@ impl BlockStore {
         }
     }
 
+    /// Part of a block's payload, where the store can read one without the whole (pack files).
+    pub fn read_range(&self, at: &BlockAt, offset: u32, len: u32) -> Result<Option<Vec<u8>>> {
+        match self {
+            BlockStore::Files(packs) => packs.read_range(at, offset, len).map(Some),
+            BlockStore::Remote(_) => Ok(None),
+        }
+    }
+
     /// The packs collection may look at (object storage: blocks past their grace period).
     pub fn list(&self) -> Result<Vec<u64>> {
         match self {

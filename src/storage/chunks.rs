@@ -387,15 +387,20 @@ impl std::ops::Deref for ChunkBytes {
 }
 
 /// The chunk's bytes out of its block, verified against its hash.
+#[cfg(test)]
 fn slice_verified(hash: &Hash, at: &Location, block: Arc<Vec<u8>>) -> Result<ChunkBytes> {
-    let range = at.offset as usize..(at.offset as usize + at.len as usize);
-    let data = block
-        .get(range.clone())
+    verified(hash, ChunkBytes { block, range: at.offset as usize..(at.offset as usize + at.len as usize) })
+}
+
+fn verified(hash: &Hash, chunk: ChunkBytes) -> Result<ChunkBytes> {
+    let data = chunk
+        .block
+        .get(chunk.range.clone())
         .ok_or_else(|| StorageError::Corrupt(format!("chunk {} lies outside its block", hex::encode(hash))))?;
     if blake3::hash(data).as_bytes() != hash {
         return Err(StorageError::Corrupt(format!("chunk {}: content does not match its hash", hex::encode(hash))));
     }
-    Ok(ChunkBytes { block, range })
+    Ok(chunk)
 }
 
 impl Store {
@@ -488,6 +493,18 @@ impl Store {
         Ok(block)
     }
 
+    /// A chunk's bytes, unverified. Of a raw block (incompressible content) just the chunk is
+    /// read: caching whole raw blocks would save no decompression, only hold memory.
+    fn chunk_bytes(&self, at: &Location) -> Result<ChunkBytes> {
+        if at.block.codec == CODEC_RAW {
+            if let Some(bytes) = self.inner.packs.read_range(&at.block, at.offset, at.len)? {
+                return Ok(ChunkBytes { range: 0..bytes.len(), block: Arc::new(bytes) });
+            }
+        }
+        let block = self.block(&at.block)?;
+        Ok(ChunkBytes { block, range: at.offset as usize..(at.offset as usize + at.len as usize) })
+    }
+
     /// Reads and verifies one chunk; also returns its share of stored bytes.
     pub(super) fn get_chunk(&self, chunk: &ChunkRef) -> Result<(ChunkBytes, u64)> {
         let missing = || StorageError::Corrupt(format!("chunk {} is missing", hex::encode(chunk.hash)));
@@ -497,7 +514,7 @@ impl Store {
             Some(at) => at,
             None => self.chunk_location(&chunk.hash)?.ok_or_else(missing)?,
         };
-        let block = match self.block(&at.block) {
+        let block = match self.chunk_bytes(&at) {
             Ok(block) => block,
             // Compaction may have moved the chunk between the lookup and the read: look again.
             Err(first) => {
@@ -513,7 +530,7 @@ impl Store {
         if let Some(cache) = cache.filter(|_| cached.is_none()) {
             cache.put(chunk.hash, at);
         }
-        let data = slice_verified(&chunk.hash, &at, block)?;
+        let data = verified(&chunk.hash, block)?;
         if data.len() != chunk.len as usize {
             return Err(StorageError::Corrupt(format!("chunk {} has the wrong length", hex::encode(chunk.hash))));
         }

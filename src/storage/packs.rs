@@ -231,6 +231,18 @@ impl Packs {
         Ok(payload)
     }
 
+    /// `len` bytes at `offset` into a block's payload (of a raw block: the bytes themselves).
+    pub fn read_range(&self, at: &BlockAt, offset: u32, len: u32) -> Result<Vec<u8>> {
+        if u64::from(offset) + u64::from(len) > u64::from(at.stored_len) {
+            return Err(StorageError::Corrupt(format!("pack {}: a range past its block", pack_name(at.pack))));
+        }
+        let file = self.file(at.pack)?;
+        let mut bytes = vec![0u8; len as usize];
+        file.read_exact_at(&mut bytes, at.payload_offset + u64::from(offset))
+            .map_err(|e| StorageError::Corrupt(format!("pack {}: short read: {e}", pack_name(at.pack))))?;
+        Ok(bytes)
+    }
+
     /// Bytes in a pack file.
     pub fn size(&self, id: u64) -> Result<u64> {
         Ok(std::fs::metadata(self.path(id))?.len())
