@@ -29,7 +29,7 @@ pub const MAX_CHUNK: u32 = 64 * 1024;
 pub const BLOCK_TARGET: usize = 1024 * 1024;
 /// Index entries swept per batch.
 pub(super) const SWEEP_GROUP: usize = 1024;
-/// Decompressed blocks kept for sequential reads.
+/// Decompressed blocks kept for sequential reads (16 MiB at most).
 const BLOCK_CACHE_ENTRIES: usize = 16;
 /// Chunk locations remembered by a replica (about 100 bytes each).
 const LOCATION_CACHE_ENTRIES: usize = 65_536;
@@ -223,7 +223,8 @@ impl BlockBuilder {
     }
 }
 
-/// Recently decompressed blocks, so a sequential read decompresses each block once.
+/// Recently decompressed blocks, so a sequential read decompresses each block once (raw blocks,
+/// which need no decompression, are read a chunk at a time and never held here).
 #[derive(Default)]
 pub struct BlockCache {
     entries: std::sync::Mutex<VecDeque<(BlockAt, Arc<Vec<u8>>)>>,
