@@ -219,7 +219,9 @@ fn subtree_tar(revision: RevisionId, prefix: String) -> impl Producer {
     let mut after: Option<String> = None;
     let mut current: Option<(FileEntry, u64)> = None;
     move |store: &Store, out: &mut Vec<u8>| {
-        while out.len() < stream::STEP {
+        // A step appends to what earlier steps of the batch left in `out`: count its own bytes.
+        let start = out.len();
+        while out.len() - start < stream::STEP {
             let (entry, from) = match current.take() {
                 Some(partial) => partial,
                 None => match store.files_after(revision, &prefix, after.as_deref()).next().transpose()? {
@@ -231,7 +233,7 @@ fn subtree_tar(revision: RevisionId, prefix: String) -> impl Producer {
                 },
             };
             let len = Store::entry_tar_len(&entry);
-            let to = len.min(from.saturating_add((stream::STEP - out.len()) as u64));
+            let to = len.min(from.saturating_add((stream::STEP - (out.len() - start)) as u64));
             store.read_entry_tar(revision, &entry, from, to, &mut |bytes| {
                 out.extend_from_slice(bytes);
                 Ok(())
@@ -251,6 +253,7 @@ fn listing(streaming: &Streaming, revision: RevisionId, record: RevisionRecord, 
     let mut after: Option<String> = None;
     let mut started = false;
     let producer = move |store: &Store, out: &mut Vec<u8>| -> Result<bool, StorageError> {
+        let start = out.len();
         if !started {
             let head = json!({"kind": "BundleContentFileList", "apiVersion": API_VERSION, "digest": record.digest});
             let head = head.to_string();
@@ -280,7 +283,7 @@ fn listing(streaming: &Streaming, revision: RevisionId, record: RevisionRecord, 
             started = true;
             out.extend_from_slice(item.to_string().as_bytes());
             after = Some(entry.path);
-            if out.len() >= stream::STEP {
+            if out.len() - start >= stream::STEP {
                 return Ok(true);
             }
         }
@@ -342,10 +345,13 @@ fn serve_zstd(
     }
     let mut download = download;
     // Frames are small (a stored block is about a tenth of its MiB): several go in one step.
-    let body = streaming.body(move |store: &Store, out: &mut Vec<u8>| loop {
-        let more = store.zstd_step(&mut download, out)?;
-        if !more || out.len() >= stream::STEP {
-            return Ok(more);
+    let body = streaming.body(move |store: &Store, out: &mut Vec<u8>| {
+        let start = out.len();
+        loop {
+            let more = store.zstd_step(&mut download, out)?;
+            if !more || out.len() - start >= stream::STEP {
+                return Ok(more);
+            }
         }
     });
     let mut response = Response::new(body);

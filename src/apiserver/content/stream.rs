@@ -26,8 +26,8 @@ pub const MAX_BATCH: usize = 1 << 20;
 /// A client that took the previous batch within this is keeping up: the next batch may double.
 const KEEPING_UP: Duration = Duration::from_millis(5);
 
-/// One step of a download: appends the next bytes (about [`STEP`]) to `out`; returns whether more
-/// follow.
+/// One step of a download: appends the next bytes (about [`STEP`]) to `out`, which may already
+/// hold earlier steps' bytes of the same batch; returns whether more follow.
 pub trait Producer: Send + 'static {
     fn step(&mut self, store: &Store, out: &mut Vec<u8>) -> Result<bool, StorageError>;
 }
@@ -69,8 +69,10 @@ pub fn body<P: Producer>(store: Store, producer: P, stall: Duration, cut: Option
             let stepped = tokio::task::spawn_blocking(move || {
                 let mut out = Vec::with_capacity(batch);
                 let more = loop {
+                    let before = out.len();
                     match producer.step(&store, &mut out) {
-                        Ok(true) if out.len() < batch => {}
+                        // A step that added nothing ends the batch, so no producer spins here.
+                        Ok(true) if out.len() < batch && out.len() > before => {}
                         done => break done,
                     }
                 };

@@ -151,6 +151,8 @@ pub fn window<P: Producer>(inner: P, start: u64, end: u64) -> impl Producer {
     let mut inner = inner;
     let mut pos = 0u64;
     move |store: &Store, out: &mut Vec<u8>| -> Result<bool, StorageError> {
+        // `out` may hold the batch's earlier steps: this step ends once it added something.
+        let begin = out.len();
         while pos < end {
             let mut made = Vec::with_capacity(STEP);
             let more = inner.step(store, &mut made)?;
@@ -164,7 +166,7 @@ pub fn window<P: Producer>(inner: P, start: u64, end: u64) -> impl Producer {
             if !more {
                 return Ok(false);
             }
-            if !out.is_empty() {
+            if out.len() > begin {
                 return Ok(pos < end);
             }
         }
