@@ -114,9 +114,11 @@ impl Store {
     /// The rest of recovery, on the collector: a full pass collects chunks that were written but
     /// never reached by a manifest, then packs the previous run left mostly dead are compacted.
     fn finish_recovery(&self) -> Result<GcReport> {
+        // The compaction below too: passes requested meanwhile compact as well.
+        let _guard = self.inner.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
         // A damaged manifest or pack stops the pass before it deletes anything it could not
         // account for, but must not stop the store: every other revision still serves.
-        let mut report = match self.collect_with(true) {
+        let mut report = match self.collect_locked(true) {
             Ok(report) => report,
             Err(e @ StorageError::Corrupt(_)) => {
                 tracing::error!(error = %e, "collection after open stopped: unreferenced chunks stay until a pass succeeds");
@@ -133,7 +135,6 @@ impl Store {
         if report.revisions_released > 0 || report.chunks_removed > 0 {
             tracing::info!(?report, "recovered the store");
         }
-        self.inner.recovery_due.store(false, Ordering::Release);
         Ok(report)
     }
 
@@ -142,8 +143,13 @@ impl Store {
         self.collect_with(false)
     }
 
-    fn collect_with(&self, mut full: bool) -> Result<GcReport> {
+    fn collect_with(&self, full: bool) -> Result<GcReport> {
         let _guard = self.inner.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.collect_locked(full)
+    }
+
+    /// A pass, under the collection lock.
+    fn collect_locked(&self, mut full: bool) -> Result<GcReport> {
         let mut report = GcReport::default();
         // One replica collects: the leader (every embedded store leads).
         if !self.is_leader() {
@@ -433,7 +439,11 @@ fn mostly_dead(live_bytes: u64, size: u64) -> bool {
 }
 
 /// Runs collection passes on request until the store is dropped.
-pub(super) fn spawn_collector(store: std::sync::Weak<super::Inner>, requests: std::sync::mpsc::Receiver<()>) {
+pub(super) fn spawn_collector(
+    store: std::sync::Weak<super::Inner>,
+    recovery_due: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    requests: std::sync::mpsc::Receiver<()>,
+) {
     let spawned = std::thread::Builder::new().name("stowage-gc".into()).spawn(move || loop {
         // Replicated: also a full pass now and then, on whichever replica leads — writers that
         // died on other replicas leave work no request here announces.
@@ -449,17 +459,29 @@ pub(super) fn spawn_collector(store: std::sync::Weak<super::Inner>, requests: st
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
             },
         };
-        {
-            while requests.try_recv().is_ok() {}
+        while requests.try_recv().is_ok() {}
+        // The pass recovery asked for (until one succeeds: a failed one is tried again at the
+        // next request).
+        let recovery = recovery_due.load(Ordering::Acquire);
+        let passed = {
             let Some(inner) = store.upgrade() else { return };
             let store = Store { inner };
-            // The pass recovery asked for (until one succeeds: a failed one is tried again at the
-            // next request).
-            let result = if store.recovering() { store.finish_recovery() } else { store.collect_with(full) };
+            let result = if recovery { store.finish_recovery() } else { store.collect_with(full) };
             match result {
-                Ok(report) => tracing::debug!(?report, "garbage collection"),
-                Err(e) => tracing::warn!(error = %e, "garbage collection failed"),
+                Ok(report) => {
+                    tracing::debug!(?report, "garbage collection");
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "garbage collection failed");
+                    false
+                }
             }
+        };
+        // Cleared only once this thread let go of the store: whoever waits for recovery to end
+        // and then drops its handle closes the store itself, with nothing left writing to it.
+        if recovery && passed {
+            recovery_due.store(false, Ordering::Release);
         }
     });
     if let Err(e) = spawned {

@@ -320,7 +320,7 @@ struct Inner {
     log_bytes: std::sync::atomic::AtomicU64,
     log_trim: Mutex<()>,
     /// Set by recovery at open, cleared once the collector's full pass after it succeeded.
-    recovery_due: std::sync::atomic::AtomicBool,
+    recovery_due: Arc<std::sync::atomic::AtomicBool>,
     /// Serialises garbage collection passes.
     gc_lock: Mutex<()>,
     /// Held (shared) by a writer from appending a block until its chunks are indexed; rolling the
@@ -419,6 +419,7 @@ impl Store {
     ) -> Store {
         let (events, _) = tokio::sync::broadcast::channel(1024);
         let (gc_requests, gc_receiver) = std::sync::mpsc::sync_channel(1);
+        let recovery_due = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let fresh_frames = frame_cache::FrameCache::new(options.frame_cache_bytes);
         let (warm_requests, warm_receiver) = std::sync::mpsc::sync_channel(frames::WARM_QUEUE);
         let store = Store {
@@ -437,7 +438,7 @@ impl Store {
                 known_digests: hashing::KnownDigests::default(),
                 log_bytes: std::sync::atomic::AtomicU64::new(0),
                 log_trim: Mutex::new(()),
-                recovery_due: std::sync::atomic::AtomicBool::new(false),
+                recovery_due: recovery_due.clone(),
                 gc_lock: Mutex::new(()),
                 sealing: std::sync::RwLock::new(()),
                 events,
@@ -450,7 +451,7 @@ impl Store {
                 poison,
             }),
         };
-        gc::spawn_collector(Arc::downgrade(&store.inner), gc_receiver);
+        gc::spawn_collector(Arc::downgrade(&store.inner), recovery_due, gc_receiver);
         frames::spawn_warmer(Arc::downgrade(&store.inner), warm_receiver);
         store
     }

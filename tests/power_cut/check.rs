@@ -108,11 +108,11 @@ impl Expectations {
             Ok(current) if current >= newest_ack => {}
             other => problems.push(format!("resourceVersion {other:?} is behind an acknowledged {newest_ack}")),
         }
-        // The recovered store takes writes again.
+        // The recovered store takes writes again (a create, or an update at a second check).
         let write = ObjectWrite::Put {
             key: ObjectKey::new(RESOURCE, NAMESPACE, "after-the-cut"),
             object: json!({"metadata": {"name": "after-the-cut"}}),
-            precondition: Precondition::MustNotExist,
+            precondition: Precondition::None,
             revision: None,
         };
         if let Err(e) = store.write_objects(vec![write]) {

@@ -195,7 +195,21 @@ fn power_cut(work: &Path, shim: &Path) -> bool {
             trace.materialize(p, extra.then_some(&mut Rng::new(extra_seed)), &journaled, &dir.join(format!("raw-{i}")));
         }
         let problems = match std::panic::catch_unwind(|| match Store::open(&state.join("data"), workload::options()) {
-            Ok(store) => expectations.check(&store, p),
+            Ok(store) => {
+                // The store serves while the collection recovery owes runs: checked then, and again
+                // once that pass is over (it must not have taken anything acknowledged).
+                let mut problems = expectations.check(&store, p);
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                while store.recovering() && std::time::Instant::now() < deadline {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                if store.recovering() {
+                    problems.push("recovery did not finish within 60 s".to_string());
+                } else if problems.is_empty() {
+                    problems = expectations.check(&store, p);
+                }
+                problems
+            }
             Err(e) => vec![format!("the store does not open: {e}")],
         }) {
             Ok(problems) => problems,

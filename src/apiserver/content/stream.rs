@@ -152,6 +152,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn batches_of_uneven_steps_deliver_everything_and_an_empty_step_does_not_spin() {
+        let (_dir, store) = store();
+        // Steps of 100 KiB, one that adds nothing, then a short last one: batches of up to
+        // MAX_BATCH hold several steps each.
+        let mut calls = 0u32;
+        let producer = move |_: &Store, out: &mut Vec<u8>| -> Result<bool, StorageError> {
+            calls += 1;
+            match calls {
+                3 => Ok(true),
+                40 => {
+                    out.extend_from_slice(b"end");
+                    Ok(false)
+                }
+                n => {
+                    out.extend(std::iter::repeat_n((n % 251) as u8, 100 * 1024));
+                    Ok(true)
+                }
+            }
+        };
+        let bytes = body(store, producer, Duration::from_secs(5), None).collect().await.unwrap().to_bytes();
+        let mut expected: Vec<u8> = Vec::new();
+        for n in (1..40).filter(|n| *n != 3) {
+            expected.extend(std::iter::repeat_n((n % 251) as u8, 100 * 1024));
+        }
+        expected.extend_from_slice(b"end");
+        assert_eq!(bytes.len(), expected.len());
+        assert!(bytes.as_ref() == expected.as_slice(), "the bytes come in order");
+    }
+
+    #[tokio::test]
     async fn a_client_that_takes_nothing_is_cut() {
         let (_dir, store) = store();
         let producer = ranged(0, u64::MAX, |_: &Store, from: u64, to: u64, out: &mut Vec<u8>| {
