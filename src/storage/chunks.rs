@@ -387,12 +387,14 @@ impl std::ops::Deref for ChunkBytes {
     }
 }
 
-/// The chunk's bytes out of its block, verified against its hash.
-#[cfg(test)]
-fn slice_verified(hash: &Hash, at: &Location, block: Arc<Vec<u8>>) -> Result<ChunkBytes> {
-    verified(hash, ChunkBytes { block, range: at.offset as usize..(at.offset as usize + at.len as usize) })
+impl ChunkBytes {
+    /// The chunk at `at` of its decompressed `block`.
+    fn within(block: Arc<Vec<u8>>, at: &Location) -> ChunkBytes {
+        ChunkBytes { block, range: at.offset as usize..(at.offset as usize + at.len as usize) }
+    }
 }
 
+/// The chunk's bytes, verified against its hash.
 fn verified(hash: &Hash, chunk: ChunkBytes) -> Result<ChunkBytes> {
     let data = chunk
         .block
@@ -502,8 +504,7 @@ impl Store {
                 return Ok(ChunkBytes { range: 0..bytes.len(), block: Arc::new(bytes) });
             }
         }
-        let block = self.block(&at.block)?;
-        Ok(ChunkBytes { block, range: at.offset as usize..(at.offset as usize + at.len as usize) })
+        Ok(ChunkBytes::within(self.block(&at.block)?, at))
     }
 
     /// Reads and verifies one chunk; also returns its share of stored bytes.
@@ -592,11 +593,11 @@ mod tests {
         let block = Arc::new(block);
         let hash = *blake3::hash(&data[100..200]).as_bytes();
         let at = Location { block: block_at(codec, data.len()), offset: 100, len: 100, members_len: data.len() as u32 };
-        assert_eq!(&*slice_verified(&hash, &at, block.clone()).unwrap(), &data[100..200]);
+        assert_eq!(&*verified(&hash, ChunkBytes::within(block.clone(), &at)).unwrap(), &data[100..200]);
         let shifted = Location { offset: 101, ..at };
-        assert!(slice_verified(&hash, &shifted, block.clone()).is_err());
+        assert!(verified(&hash, ChunkBytes::within(block.clone(), &shifted)).is_err());
         let outside = Location { offset: 49_950, ..at };
-        assert!(slice_verified(&hash, &outside, block).is_err());
+        assert!(verified(&hash, ChunkBytes::within(block, &outside)).is_err());
     }
 
     #[test]

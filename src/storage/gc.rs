@@ -375,6 +375,19 @@ impl Store {
         self.inner.recovery_due.load(Ordering::Acquire)
     }
 
+    /// Waits up to `timeout` for that collection to finish; whether it did. Once it did, the
+    /// collector holds no handle: dropping the caller's closes the store.
+    pub fn wait_recovered(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.recovering() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
     /// Asks the background collector for a pass (coalesced; never blocks).
     pub fn request_gc(&self) {
         let _ = self.inner.gc_requests.try_send(());

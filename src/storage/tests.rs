@@ -9,9 +9,9 @@ use super::*;
 use sha2::Digest;
 
 /// Opens the store, waiting for a background collection pass of a handle dropped just before to
-/// release the database lock (only a test reopens a store within one process).
-/// The store in `dir`, once the collection recovery owes has run: tests write keys behind the
-/// store's back, which a pass running meanwhile would take for garbage.
+/// release the database lock (only a test reopens a store within one process), and returns it
+/// once the collection recovery owes has run: tests write keys behind the store's back, which a
+/// pass running meanwhile would take for garbage.
 pub(super) fn open(dir: &Path) -> Store {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let store = loop {
@@ -22,16 +22,8 @@ pub(super) fn open(dir: &Path) -> Store {
             other => break other.unwrap(),
         }
     };
-    wait_recovered(&store);
+    assert!(store.wait_recovered(std::time::Duration::from_secs(20)), "recovery did not finish in 20 s");
     store
-}
-
-pub(super) fn wait_recovered(store: &Store) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while store.recovering() {
-        assert!(std::time::Instant::now() < deadline, "recovery did not finish in 20 s");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
 }
 
 /// Deterministic pseudo-random bytes (incompressible, no accidental dedup).

@@ -199,11 +199,7 @@ fn power_cut(work: &Path, shim: &Path) -> bool {
                 // The store serves while the collection recovery owes runs: checked then, and again
                 // once that pass is over (it must not have taken anything acknowledged).
                 let mut problems = expectations.check(&store, p);
-                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-                while store.recovering() && std::time::Instant::now() < deadline {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                if store.recovering() {
+                if !store.wait_recovered(std::time::Duration::from_secs(60)) {
                     problems.push("recovery did not finish within 60 s".to_string());
                 } else if problems.is_empty() {
                     problems = expectations.check(&store, p);

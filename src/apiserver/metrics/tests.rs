@@ -12,11 +12,7 @@ fn labels(method: Method, uri: &str) -> RequestLabels {
 fn exposition(dir: &std::path::Path) -> (Arc<Metrics>, Arc<Exposition>) {
     let store = Store::open(&dir.join("store"), StoreOptions::default()).unwrap();
     // The collection owed since open runs in the background: its gauge reads 0 once it ends.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while store.recovering() {
-        assert!(std::time::Instant::now() < deadline, "the store did not finish recovering");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    assert!(store.wait_recovered(std::time::Duration::from_secs(20)), "the store did not finish recovering");
     let spool = Arc::new(UploadSessions::local(&dir.join("uploads"), std::time::Duration::from_secs(60)).unwrap());
     install(Registry::default(), store, Fairness::new(FairnessLimits::default()), spool)
 }
