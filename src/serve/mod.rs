@@ -78,7 +78,8 @@ pub struct ServeOptions {
     #[arg(long, default_value_t = crate::storage::DEFAULT_MIN_FREE_BYTES)]
     pub min_free_bytes: u64,
     /// Memory for zstd download frames compressed afresh (the parts of a revision its stored
-    /// blocks do not cover), kept for the next download of the same revision.
+    /// blocks do not cover, and new revisions recompressed smaller in 8 MiB stretches), kept for
+    /// the next download of the same revision.
     #[arg(long, default_value_t = StoreOptions::default().frame_cache_bytes)]
     pub frame_cache_bytes: u64,
     /// How long stowage keeps an Event after it was last observed (standalone; in a cluster the

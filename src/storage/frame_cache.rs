@@ -9,6 +9,12 @@
 //! the later ones get fewer bytes (on the corpus, 3.42 MB on the wire at level 3 against 2.92 MB at
 //! level 9; nginx's level-3 `.tar.zst` is 3.16 MB).
 //!
+//! The frames of a stretch are found by where it starts ([`FrameCache::get_from`]), whatever its
+//! end: besides the frames downloads make, the warmer ([`super::frames`]) caches *long frames*, a
+//! revision's tar in stretches of [`LONG_FRAME`] at [`UPGRADE_LEVEL`], which take a third fewer
+//! bytes than the stored blocks' frames (1 MiB at the store's level): a frame's window is its
+//! stretch. One frame is kept per start, the one reaching further.
+//!
 //! Bounds: the frames held (`limit`, oldest dropped first), the upgrader's queue
 //! ([`UPGRADE_QUEUE`] keys; a frame arriving while it is full is left as it is), and one upgrader
 //! thread holding one frame's bytes and one compression context at a time. The upgrader starts
@@ -29,6 +35,12 @@ use super::RevisionId;
 
 /// A revision and a stretch `[start, end)` of its tar.
 pub(super) type FrameKey = (RevisionId, u64, u64);
+/// A revision and where a stretch of its tar starts: how frames are held.
+type StartKey = (RevisionId, u64);
+
+/// The tar a long frame holds, at most: RFC 9659's limit on the window of `Content-Encoding: zstd`
+/// (8 MB), which a frame of a known size no longer than this never exceeds.
+pub(super) const LONG_FRAME: u64 = 8 << 20;
 
 /// The level cached frames are recompressed at, off any download's path (and warmed frames made
 /// at, [`super::frames`]).
@@ -52,13 +64,14 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    frames: HashMap<FrameKey, CachedFrame>,
-    order: VecDeque<FrameKey>,
+    frames: HashMap<StartKey, CachedFrame>,
+    order: VecDeque<StartKey>,
     bytes: u64,
 }
 
-/// A fresh frame of a stretch of a revision's tar, with its BLAKE3.
+/// A fresh frame of a stretch of a revision's tar (from its key's start to `end`), with its BLAKE3.
 struct CachedFrame {
+    end: u64,
     frame: Arc<Vec<u8>>,
     hash: Hash,
 }
@@ -69,9 +82,15 @@ impl FrameCache {
         FrameCache { inner: Arc::new(shared), upgrades: Mutex::new(None) }
     }
 
-    /// The frame cached for `key`, if any, checked against its hash.
-    pub fn get(&self, key: &FrameKey) -> Option<Arc<Vec<u8>>> {
-        self.inner.get(key)
+    /// The frame cached for the stretch of `rev`'s tar that starts at `start` and ends at or
+    /// before `end`, if any, checked against its hash: (its end, the frame).
+    pub fn get_from(&self, rev: RevisionId, start: u64, end: u64) -> Option<(u64, Arc<Vec<u8>>)> {
+        let (stretch_end, frame, hash) = {
+            let state = self.inner.lock();
+            let cached = state.frames.get(&(rev, start)).filter(|c| c.end <= end)?;
+            (cached.end, cached.frame.clone(), cached.hash)
+        };
+        (blake3::hash(&frame).as_bytes() == &hash).then_some((stretch_end, frame))
     }
 
     /// Caches a freshly compressed frame, and queues it for the upgrader.
@@ -97,6 +116,12 @@ impl FrameCache {
     /// Caches a frame already made at [`UPGRADE_LEVEL`]: nothing for the upgrader to do.
     pub fn put_upgraded(&self, key: FrameKey, frame: Vec<u8>) {
         self.inner.insert(key, frame);
+    }
+
+    /// The frame cached for exactly `key`'s stretch (tests).
+    #[cfg(test)]
+    pub fn get(&self, key: &FrameKey) -> Option<Arc<Vec<u8>>> {
+        self.inner.get(key)
     }
 
     /// The bytes of the frames held (tests).
@@ -129,27 +154,35 @@ impl Shared {
     fn get(&self, key: &FrameKey) -> Option<Arc<Vec<u8>>> {
         let (frame, hash) = {
             let state = self.lock();
-            let cached = state.frames.get(key)?;
+            let cached = state.frames.get(&(key.0, key.1)).filter(|c| c.end == key.2)?;
             (cached.frame.clone(), cached.hash)
         };
         // Memory is checked like a disk (outside the lock: hashing takes a while).
         (blake3::hash(&frame).as_bytes() == &hash).then_some(frame)
     }
 
-    /// Adds a frame not cached yet; whether it was.
+    /// Adds a frame unless one reaching as far from the same start is cached; whether it was.
     fn insert(&self, key: FrameKey, frame: Vec<u8>) -> bool {
         let len = frame.len() as u64;
         if len > self.limit / 4 {
             return false;
         }
         let hash = *blake3::hash(&frame).as_bytes();
+        let cached = CachedFrame { end: key.2, frame: Arc::new(frame), hash };
         let mut state = self.lock();
-        match state.frames.entry(key) {
-            Entry::Occupied(_) => return false,
-            Entry::Vacant(slot) => slot.insert(CachedFrame { frame: Arc::new(frame), hash }),
+        match state.frames.entry((key.0, key.1)) {
+            Entry::Occupied(slot) if slot.get().end >= key.2 => return false,
+            // A longer stretch from the same start: it takes the shorter one's place (and age).
+            Entry::Occupied(mut slot) => {
+                let shorter = std::mem::replace(slot.get_mut(), cached);
+                state.bytes = state.bytes - shorter.frame.len() as u64 + len;
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(cached);
+                state.order.push_back((key.0, key.1));
+                state.bytes += len;
+            }
         };
-        state.order.push_back(key);
-        state.bytes += len;
         while state.bytes > self.limit {
             let Some(old) = state.order.pop_front() else { break };
             if let Some(gone) = state.frames.remove(&old) {
@@ -164,9 +197,9 @@ impl Shared {
         let hash = *blake3::hash(&better).as_bytes();
         let mut state = self.lock();
         let State { frames, bytes, .. } = &mut *state;
-        let Some(cached) = frames.get_mut(key).filter(|c| Arc::ptr_eq(&c.frame, old)) else { return };
+        let Some(cached) = frames.get_mut(&(key.0, key.1)).filter(|c| Arc::ptr_eq(&c.frame, old)) else { return };
         *bytes = *bytes - old.len() as u64 + better.len() as u64;
-        *cached = CachedFrame { frame: Arc::new(better), hash };
+        *cached = CachedFrame { end: key.2, frame: Arc::new(better), hash };
     }
 
     /// Recompresses the frame cached for `key` at [`UPGRADE_LEVEL`]; keeps it if smaller.
@@ -288,7 +321,7 @@ mod tests {
         let key = (3, 0, identity.len() as u64);
         cache.inner.insert(key, frame(&identity, 3));
         let mut state = cache.inner.lock();
-        let cached = state.frames.get_mut(&key).unwrap();
+        let cached = state.frames.get_mut(&(key.0, key.1)).unwrap();
         let mut bytes = (*cached.frame).clone();
         bytes[5] ^= 1;
         cached.frame = Arc::new(bytes);

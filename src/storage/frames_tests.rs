@@ -217,13 +217,53 @@ fn a_warmed_revisions_first_zstd_download_compresses_nothing_and_is_smaller() {
     let tar = identity_tar(&store, rev);
     let (wire, plain, first) = tar_download(&store, rev).unwrap();
     assert!(plain == tar, "the warmed frames decode to the identity tar");
-    assert_eq!(first, FrameStats { stored: cold.stored, fresh: 0, cached: cold.fresh });
+    // All of it long frames, stored blocks' stretches too.
+    assert_eq!(first, FrameStats { stored: 0, fresh: 0, cached: tar.len() as u64 });
     assert!(wire.len() < cold_wire.len(), "warmed at the upgrade level: {} against {}", wire.len(), cold_wire.len());
 }
 
 #[test]
+fn a_warmed_revision_sends_fewer_bytes_than_its_stored_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let rev = write_tree(&store, "fresh", &tree(14, 300));
+    let tar = identity_tar(&store, rev);
+    let (stored_wire, _, stored) = tar_download(&store, rev).unwrap();
+    assert_eq!(stored.stored, tar.len() as u64, "{stored:?}");
+    warm(&store, rev);
+    let (wire, plain, warmed) = tar_download(&store, rev).unwrap();
+    assert!(plain == tar, "the long frames decode to the identity tar");
+    assert_eq!(warmed, FrameStats { stored: 0, fresh: 0, cached: tar.len() as u64 });
+    assert!(wire.len() < stored_wire.len(), "long frames: {} bytes, stored frames: {}", wire.len(), stored_wire.len());
+    // A download of one file starts inside a long frame: it is made of the stored frames, as before.
+    let entry = store.file(rev, &tree(14, 300)[7].0).unwrap().unwrap();
+    let data = tree(14, 300)[7].1.clone();
+    let (_, plain, _) = zstd_download(&store, ZstdDownload::file(&store.revision(rev).unwrap(), entry)).unwrap();
+    assert!(plain == data);
+}
+
+#[test]
+fn content_that_hardly_compresses_is_not_warmed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut x = 0x2545F4914F6CDD1Du64;
+    let noise: Vec<u8> = (0..3 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    let rev = write_tree(&store, "noise", &[("noise.bin".into(), noise)]);
+    warm(&store, rev);
+    assert_eq!(store.inner.fresh_frames.bytes(), 0);
+}
+
+#[test]
 fn warming_stops_at_half_the_cache() {
-    let copies = copies_of(&tree(13, 40), 20);
+    // Several long frames' worth of tar.
+    let copies = copies_of(&tree(13, 40), 60);
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let rev = write_tree(&store, "copies", &copies);
@@ -232,17 +272,19 @@ fn warming_stops_at_half_the_cache() {
     let (_, _, warmed) = tar_download(&store, rev).unwrap();
     assert!(warmed.fresh == 0 && warmed.cached > 0, "{warmed:?}");
 
-    // A cache the size of all the frames: warming fills half of it, then stops.
-    let limit = all;
+    assert!(store.revision(rev).unwrap().tar_size > 3 * super::frame_cache::LONG_FRAME);
+    // A cache a quarter larger than all the frames: warming fills half of it, then stops.
+    let limit = all * 5 / 4;
     let small_dir = tempfile::tempdir().unwrap();
     let small =
         Store::open(small_dir.path(), StoreOptions { frame_cache_bytes: limit, ..StoreOptions::default() }).unwrap();
     let rev = write_tree(&small, "copies", &copies);
     warm(&small, rev);
     let held = small.inner.fresh_frames.bytes();
-    assert!(held > 0 && held < limit, "{held} bytes held in a cache of {limit}");
+    assert!(held > 0 && held < all, "{held} bytes held in a cache of {limit}, all of them {all}");
+    let tar_len = small.revision(rev).unwrap().tar_size;
     let (_, _, partly) = tar_download(&small, rev).unwrap();
-    assert!(partly.cached > 0 && partly.fresh > 0, "{partly:?}");
+    assert!(partly.cached > 0 && partly.cached < tar_len, "{partly:?}");
 }
 
 #[test]
