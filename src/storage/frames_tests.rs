@@ -246,16 +246,7 @@ fn a_warmed_revision_sends_fewer_bytes_than_its_stored_frames() {
 fn content_that_hardly_compresses_is_not_warmed() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let mut x = 0x2545F4914F6CDD1Du64;
-    let noise: Vec<u8> = (0..3 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect();
-    let rev = write_tree(&store, "noise", &[("noise.bin".into(), noise)]);
+    let rev = write_tree(&store, "noise", &[("noise.bin".into(), super::tests::noise(9, 3 << 20))]);
     warm(&store, rev);
     assert_eq!(store.inner.fresh_frames.bytes(), 0);
 }
