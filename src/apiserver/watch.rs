@@ -4,9 +4,9 @@
 //! full-object event line rendered once, for every watcher. Each watcher is its own task that takes
 //! the events after its position, filters them and sends newline-delimited watch events through a
 //! small bounded channel, the lines it has at once gathered into one frame; a slow reader only slows
-//! its own task. One whose position the cache no
-//! longer holds reads the change log itself, as before the cache, and once the log no longer covers
-//! it either, ends with a 410 Expired `ERROR` event (the client lists again).
+//! its own task. One whose position the cache no longer holds reads the change log itself, as
+//! before the cache, and once the log no longer covers it either, ends with a 410 Expired `ERROR`
+//! event (the client lists again).
 //!
 //! With selectors, an update that moves an object into the selection is sent as ADDED and one that
 //! moves it out as DELETED (with its last selected state), as kube-apiserver's watch cache does.

@@ -233,6 +233,16 @@ impl Store {
         if download.pos >= download.end {
             return Ok(false);
         }
+        let pos = download.pos;
+        // A cached frame from here (a long one the warmer made, or one an earlier download
+        // compressed) goes first: it is never larger than what it stands for. A download the cache
+        // covers never reads the plan.
+        if let Some((end, frame)) = self.inner.fresh_frames.get_from(download.rev, pos, download.end) {
+            out.extend_from_slice(&frame);
+            download.stats.cached += end - pos;
+            download.pos = end;
+            return Ok(download.pos < download.end);
+        }
         if download.plan.is_none() {
             let record = self.revision_record(download.rev)?;
             // A plan that cannot be read costs speed, not the download: all of it is then rebuilt
@@ -243,15 +253,6 @@ impl Store {
                 Err(e) => plan_unreadable(download.rev, &e),
             };
             download.plan = Some(PlanCursor { pages, next_page: 0, entries: Vec::new().into_iter(), ahead: None });
-        }
-        let pos = download.pos;
-        // A cached frame from here (a long one the warmer made, or one an earlier download
-        // compressed) goes first: it is never larger than what it stands for.
-        if let Some((end, frame)) = self.inner.fresh_frames.get_from(download.rev, pos, download.end) {
-            out.extend_from_slice(&frame);
-            download.stats.cached += end - pos;
-            download.pos = end;
-            return Ok(download.pos < download.end);
         }
         let next = match download.plan.as_mut() {
             Some(plan) => plan.next_from(self, pos)?,
@@ -300,24 +301,14 @@ impl Store {
     fn send_fresh(&self, download: &mut ZstdDownload, until: u64, out: &mut Vec<u8>) -> Result<()> {
         let until = until.min(download.end);
         let key = (download.rev, download.pos, until);
-        let mut identity = Vec::with_capacity((until - download.pos) as usize);
-        let mut sink = |bytes: &[u8]| -> Result<()> {
-            identity.extend_from_slice(bytes);
-            Ok(())
-        };
-        match &mut download.source {
-            Source::Tar(cursor) => {
-                let range = RangeSpec { start: download.pos, end: until };
-                self.read_tar_at(cursor, range, &mut sink)?
-            }
+        let mut identity = Vec::new();
+        read_identity(&mut identity, until - download.pos, |sink| match &mut download.source {
+            Source::Tar(cursor) => self.read_tar_at(cursor, RangeSpec { start: download.pos, end: until }, sink),
             Source::File { entry, data_start } => {
                 let range = RangeSpec { start: download.pos - *data_start, end: until - *data_start };
-                self.read_file(download.rev, entry, range, &mut sink)?
+                self.read_file(download.rev, entry, range, sink)
             }
-        }
-        if identity.len() as u64 != until - download.pos {
-            return Err(StorageError::Corrupt("zstd download: the content is shorter than recorded".into()));
-        }
+        })?;
         let frame = super::chunks::zstd_with_thread_context(&identity, self.inner.options.zstd_level)?;
         out.extend_from_slice(&frame);
         self.inner.fresh_frames.put(key, frame);
@@ -360,14 +351,9 @@ pub(super) fn warm_fresh_frames(store: &Weak<super::Inner>, rev: RevisionId) -> 
     while pos < record.tar_size && made < budget {
         let Some(store) = held() else { return Ok(()) };
         let end = (pos + LONG_FRAME).min(record.tar_size);
-        identity.clear();
-        store.read_tar_at(&mut cursor, RangeSpec { start: pos, end }, &mut |bytes| {
-            identity.extend_from_slice(bytes);
-            Ok(())
+        read_identity(&mut identity, end - pos, |sink| {
+            store.read_tar_at(&mut cursor, RangeSpec { start: pos, end }, sink)
         })?;
-        if identity.len() as u64 != end - pos {
-            return Err(StorageError::Corrupt("warming: the content is shorter than recorded".into()));
-        }
         let frame = compressor.compress(&identity)?;
         // Worth a place only if it compresses: otherwise the stored (raw) frames go out.
         if frame.len() < identity.len() - identity.len() / 8 {
@@ -375,6 +361,25 @@ pub(super) fn warm_fresh_frames(store: &Weak<super::Inner>, rev: RevisionId) -> 
             store.inner.fresh_frames.put_upgraded((rev, pos, end), frame);
         }
         pos = end;
+    }
+    Ok(())
+}
+
+/// Fills `identity` (emptied first) with the `len` bytes of a stretch that `read` hands its sink,
+/// verified as read; an error if it hands fewer.
+fn read_identity(
+    identity: &mut Vec<u8>,
+    len: u64,
+    read: impl FnOnce(&mut super::Sink<'_>) -> Result<()>,
+) -> Result<()> {
+    identity.clear();
+    identity.reserve(len as usize);
+    read(&mut |bytes: &[u8]| {
+        identity.extend_from_slice(bytes);
+        Ok(())
+    })?;
+    if identity.len() as u64 != len {
+        return Err(StorageError::Corrupt("zstd frames: the content is shorter than recorded".into()));
     }
     Ok(())
 }
