@@ -78,10 +78,15 @@ pub struct ServeOptions {
     #[arg(long, default_value_t = crate::storage::DEFAULT_MIN_FREE_BYTES)]
     pub min_free_bytes: u64,
     /// Memory for zstd download frames compressed afresh (the parts of a revision its stored
-    /// blocks do not cover, and new revisions recompressed smaller in 8 MiB stretches), kept for
-    /// the next download of the same revision.
+    /// blocks do not cover; in the replicated store also new revisions recompressed smaller in
+    /// 8 MiB stretches), kept for the next download of the same revision.
     #[arg(long, default_value_t = StoreOptions::default().frame_cache_bytes)]
     pub frame_cache_bytes: u64,
+    /// zstd level at which committed revisions are recompressed in the background, as blocks of
+    /// up to 8 MiB of their tar (history in less space, fewer bytes per zstd download; about one
+    /// core for a second per 5 MB, at a low priority); 0 turns it off. Embedded store only.
+    #[arg(long, default_value_t = StoreOptions::default().repack_level, value_parser = clap::value_parser!(i32).range(0..=22))]
+    pub repack_level: i32,
     /// How long stowage keeps an Event after it was last observed (standalone; in a cluster the
     /// cluster's API server keeps them, for its own --event-ttl).
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
@@ -144,6 +149,7 @@ pub async fn run(options: ServeOptions) -> anyhow::Result<()> {
             change_log_bytes: options.change_log_bytes,
             min_free_bytes: options.min_free_bytes,
             frame_cache_bytes: options.frame_cache_bytes,
+            repack_level: options.repack_level,
             ..StoreOptions::default()
         };
         options.store.open(&dir, store_options, remote_metrics).await?

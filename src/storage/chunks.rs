@@ -29,13 +29,14 @@ pub const MAX_CHUNK: u32 = 64 * 1024;
 pub const BLOCK_TARGET: usize = 1024 * 1024;
 /// Index entries swept per batch.
 pub(super) const SWEEP_GROUP: usize = 1024;
-/// Decompressed blocks kept for sequential reads (16 MiB at most).
-const BLOCK_CACHE_ENTRIES: usize = 16;
+/// Decompressed bytes of the blocks kept for sequential reads: sixteen upload blocks, or four of
+/// the repacker's ([`super::repack::REPACK_BLOCK`]).
+const BLOCK_CACHE_BYTES: usize = 32 << 20;
 /// Chunk locations remembered by a replica (about 100 bytes each).
 const LOCATION_CACHE_ENTRIES: usize = 65_536;
 
 pub(super) const CODEC_RAW: u8 = 0;
-const CODEC_ZSTD: u8 = 1;
+pub(super) const CODEC_ZSTD: u8 = 1;
 
 pub type Hash = [u8; 32];
 
@@ -230,6 +231,10 @@ pub struct BlockCache {
     entries: std::sync::Mutex<VecDeque<(BlockAt, Arc<Vec<u8>>)>>,
 }
 
+fn cached_bytes(entries: &VecDeque<(BlockAt, Arc<Vec<u8>>)>) -> usize {
+    entries.iter().map(|(_, block)| block.len()).sum()
+}
+
 impl BlockCache {
     fn get(&self, at: &BlockAt) -> Option<Arc<Vec<u8>>> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
@@ -238,7 +243,7 @@ impl BlockCache {
 
     fn put(&self, at: BlockAt, block: Arc<Vec<u8>>) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if entries.len() >= BLOCK_CACHE_ENTRIES {
+        while !entries.is_empty() && cached_bytes(&entries) + block.len() > BLOCK_CACHE_BYTES {
             entries.pop_front();
         }
         entries.push_back((at, block));

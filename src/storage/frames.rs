@@ -43,9 +43,11 @@ use super::{FileEntry, Result, RevisionId, RevisionRecord, StorageError, Store};
 /// Identity bytes compressed afresh per step, at most: on the corpus, 4 MiB frames take 13 % fewer
 /// bytes than 1 MiB ones (3.42 against 3.95 MB; nginx's one stream 3.16) and compress as fast.
 const STEP_INPUT: u64 = 4 << 20;
-/// Plan entries per stored page (65 bytes each: a page stays under a chunk's 64 KiB).
+/// Plan entries per stored page (65 bytes each, 97 anchored: a page stays under a chunk's 64 KiB).
 const PAGE_ENTRIES: usize = 1000;
+const ANCHORED_PAGE_ENTRIES: usize = 600;
 const ENTRY_LEN: usize = 8 + 8 + 8 + 4 + 1 + 4 + 32;
+const ANCHORED_ENTRY_LEN: usize = ENTRY_LEN + 32;
 const ROOT_ENTRY_LEN: usize = 8 + CHUNK_REF_LEN;
 /// Pages a plan names at most (its root stays one chunk): about 1.4 TiB of tar; past that the
 /// tar is compressed afresh.
@@ -57,9 +59,12 @@ const MAX_PAGES: usize = 64 * 1024 / ROOT_ENTRY_LEN;
 pub struct PlanEntry {
     pub tar_start: u64,
     pub block: SealedBlock,
+    /// A chunk of the block (plans the repacker wrote, [`super::repack`]): where the chunk index
+    /// says it is now, the block is, if compaction copied it whole.
+    pub anchor: Option<Hash>,
 }
 
-fn encode_entry(e: &PlanEntry, out: &mut Vec<u8>) {
+fn encode_entry(e: &PlanEntry, anchored: bool, out: &mut Vec<u8>) {
     let at = &e.block.at;
     out.extend_from_slice(&e.tar_start.to_le_bytes());
     out.extend_from_slice(&at.pack.to_le_bytes());
@@ -68,10 +73,14 @@ fn encode_entry(e: &PlanEntry, out: &mut Vec<u8>) {
     out.push(at.codec);
     out.extend_from_slice(&at.raw_len.to_le_bytes());
     out.extend_from_slice(&e.block.payload_hash);
+    if anchored {
+        out.extend_from_slice(&e.anchor.unwrap_or_default());
+    }
 }
 
-fn decode_entries(bytes: &[u8]) -> Result<Vec<PlanEntry>> {
-    if !bytes.len().is_multiple_of(ENTRY_LEN) {
+fn decode_entries(bytes: &[u8], anchored: bool) -> Result<Vec<PlanEntry>> {
+    let len = if anchored { ANCHORED_ENTRY_LEN } else { ENTRY_LEN };
+    if !bytes.len().is_multiple_of(len) {
         return Err(StorageError::Corrupt("frame plan page has the wrong length".into()));
     }
     let entry = |b: &[u8]| -> Option<PlanEntry> {
@@ -85,27 +94,27 @@ fn decode_entries(bytes: &[u8]) -> Result<Vec<PlanEntry>> {
             raw_len: u32_at(29)?,
         };
         let block = SealedBlock { at, payload_hash: *b.get(33..)?.first_chunk()? };
-        Some(PlanEntry { tar_start: u64_at(0)?, block })
+        let anchor = if anchored { Some(*b.get(ENTRY_LEN..)?.first_chunk()?) } else { None };
+        Some(PlanEntry { tar_start: u64_at(0)?, block, anchor })
     };
-    bytes
-        .chunks_exact(ENTRY_LEN)
-        .map(|b| entry(b).ok_or_else(|| StorageError::Corrupt("frame plan entry".into())))
-        .collect()
+    bytes.chunks_exact(len).map(|b| entry(b).ok_or_else(|| StorageError::Corrupt("frame plan entry".into()))).collect()
 }
 
 /// Stores a plan (entries in tar order) as pages and a root naming them; returns the root (`None`
-/// for an empty plan).
+/// for an empty plan). `anchored`: with each entry's anchor (the record then says so).
 pub(super) fn store_plan(
     entries: &[PlanEntry],
+    anchored: bool,
     put: &mut dyn FnMut(&[u8]) -> Result<ChunkRef>,
 ) -> Result<Option<ChunkRef>> {
     if entries.is_empty() {
         return Ok(None);
     }
+    let per_page = if anchored { ANCHORED_PAGE_ENTRIES } else { PAGE_ENTRIES };
     let mut root = Vec::new();
-    for page in entries.chunks(PAGE_ENTRIES).take(MAX_PAGES) {
-        let mut bytes = Vec::with_capacity(page.len() * ENTRY_LEN);
-        page.iter().for_each(|e| encode_entry(e, &mut bytes));
+    for page in entries.chunks(per_page).take(MAX_PAGES) {
+        let mut bytes = Vec::with_capacity(page.len() * ANCHORED_ENTRY_LEN);
+        page.iter().for_each(|e| encode_entry(e, anchored, &mut bytes));
         let chunk = put(&bytes)?;
         root.extend_from_slice(&page.first().map_or(0, |e| e.tar_start).to_le_bytes());
         chunk.encode_into(&mut root);
@@ -135,6 +144,16 @@ impl Store {
         let Some(root) = record.frames_root()? else { return Ok(Vec::new()) };
         let pages = decode_root(&self.get_chunk(&root)?.0)?;
         Ok(std::iter::once(root.hash).chain(pages.iter().map(|(_, c)| c.hash)).collect())
+    }
+
+    /// A revision's whole frame plan (empty if it has none).
+    pub(super) fn plan_entries(&self, record: &RevisionRecord) -> Result<Vec<PlanEntry>> {
+        let Some(root) = record.frames_root()? else { return Ok(Vec::new()) };
+        let mut entries = Vec::new();
+        for (_, page) in decode_root(&self.get_chunk(&root)?.0)? {
+            entries.extend(decode_entries(&self.get_chunk(&page)?.0, record.frames_anchored)?);
+        }
+        Ok(entries)
     }
 }
 
@@ -169,6 +188,7 @@ pub struct ZstdDownload {
 /// Where a download is in the plan: the pages, and the page loaded.
 struct PlanCursor {
     pages: Vec<(u64, ChunkRef)>,
+    anchored: bool,
     /// The next page to load.
     next_page: usize,
     entries: std::vec::IntoIter<PlanEntry>,
@@ -193,7 +213,7 @@ impl PlanCursor {
             }
             let Some((_, page)) = self.pages.get(self.next_page) else { return Ok(None) };
             self.next_page += 1;
-            match store.get_chunk(page).and_then(|(bytes, _)| decode_entries(&bytes)) {
+            match store.get_chunk(page).and_then(|(bytes, _)| decode_entries(&bytes, self.anchored)) {
                 Ok(entries) => self.entries = entries.into_iter(),
                 Err(e) => {
                     tracing::warn!(error = %e, "a page of a frame plan is unreadable; its stretch is compressed afresh");
@@ -252,7 +272,13 @@ impl Store {
                 Ok(None) => Vec::new(),
                 Err(e) => plan_unreadable(download.rev, &e),
             };
-            download.plan = Some(PlanCursor { pages, next_page: 0, entries: Vec::new().into_iter(), ahead: None });
+            download.plan = Some(PlanCursor {
+                pages,
+                anchored: record.frames_anchored,
+                next_page: 0,
+                entries: Vec::new().into_iter(),
+                ahead: None,
+            });
         }
         let next = match download.plan.as_mut() {
             Some(plan) => plan.next_from(self, pos)?,
@@ -260,7 +286,7 @@ impl Store {
         };
         if let Some(entry) = next.filter(|e| e.tar_start == pos && pos + e.block.at.raw_len as u64 <= download.end) {
             let raw_len = entry.block.at.raw_len as u64;
-            if self.send_stored(&entry.block, out)? {
+            if self.send_stored(&entry.block, out)? || self.send_moved(&entry, out)? {
                 download.pos += raw_len;
                 download.stats.stored += raw_len;
                 return Ok(download.pos < download.end);
@@ -297,6 +323,18 @@ impl Store {
         Ok(true)
     }
 
+    /// Appends the frame of a plan entry whose block is no longer where the plan says, found
+    /// through its anchor: a block compaction copied whole is still the same payload.
+    fn send_moved(&self, entry: &PlanEntry, out: &mut Vec<u8>) -> Result<bool> {
+        let Some(anchor) = entry.anchor else { return Ok(false) };
+        let Ok(Some(now)) = self.chunk_location(&anchor) else { return Ok(false) };
+        let was = entry.block.at;
+        if now.block == was || now.block.raw_len != was.raw_len || now.block.codec != was.codec {
+            return Ok(false);
+        }
+        self.send_stored(&SealedBlock { at: now.block, payload_hash: entry.block.payload_hash }, out)
+    }
+
     /// Appends the identity bytes `[download.pos, until)`, read (verified) and compressed now.
     fn send_fresh(&self, download: &mut ZstdDownload, until: u64, out: &mut Vec<u8>) -> Result<()> {
         let until = until.min(download.end);
@@ -322,8 +360,10 @@ impl Store {
     /// Has the fresh frames of `rev`'s zstd download made and cached in the background (a warmer
     /// thread, one revision at a time, a few queued; more are skipped), so that its first download
     /// sends them as cached frames rather than compressing them while its client waits.
+    /// A store that repacks ([`super::repack`]) goes over every revision it has not yet instead:
+    /// the long blocks it writes are what the warmer would cache.
     pub fn warm_zstd_frames(&self, rev: RevisionId) {
-        if self.inner.fresh_frames.limit() > 0 {
+        if self.repacks() || self.inner.fresh_frames.limit() > 0 {
             let _ = self.inner.warm_requests.try_send(rev);
         }
     }
@@ -393,7 +433,9 @@ pub(super) fn spawn_warmer(store: Weak<super::Inner>, requests: Receiver<Revisio
     let spawned = std::thread::Builder::new().name("stowage-frame-warm".into()).spawn(move || {
         lower_thread_priority();
         for rev in requests {
-            if let Err(e) = warm_fresh_frames(&store, rev) {
+            if store.upgrade().is_some_and(|inner| Store { inner }.repacks()) {
+                super::repack::repack_pending(&store);
+            } else if let Err(e) = warm_fresh_frames(&store, rev) {
                 tracing::debug!(revision = rev, error = %e, "warming zstd frames failed");
             }
         }

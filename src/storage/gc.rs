@@ -12,7 +12,7 @@
 //! on the collector while the store already serves, a full pass collects chunks that were written
 //! but never reached by a manifest, so opening does not grow with the store.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use super::chunks::{chunk_key, decode_block, BlockBuilder, ChunkRef, Hash, Location, SWEEP_GROUP};
 use super::manifest::ChunkList;
 use super::objects::key_revision;
+use super::packs::ScannedBlock;
 use super::{decode_json, encode_json, key, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store};
 
 /// What a collection pass did.
@@ -43,6 +44,9 @@ pub const COMPACTION_BYTES_PER_SEC: u64 = 64 << 20;
 pub(super) const LIVE_SET_BITS: usize = 1 << 26;
 /// Probes per chunk in the mark filter.
 const LIVE_SET_PROBES: usize = 4;
+
+/// The revisions a pass has marked, with the plan each had then.
+pub(super) type Marked = HashMap<RevisionId, String>;
 
 /// The chunks a pass found reachable: a Bloom filter, so its memory is fixed. A false positive
 /// keeps a dead chunk until a later pass (each pass salts its probes differently); a live chunk is
@@ -155,6 +159,7 @@ impl Store {
         if !self.is_leader() {
             return Ok(report);
         }
+        full |= self.inner.sweep_due.swap(false, Ordering::AcqRel);
         full |= self.backend().release_orphaned_staging(self)? > 0;
         self.ensure_space(super::WriteKind::Metadata)?;
         // A read that fails fails the pass, rather than passing for the end of the revisions.
@@ -205,7 +210,7 @@ impl Store {
     /// Returns the chunks removed.
     pub(super) fn mark_and_sweep(&self) -> Result<u64> {
         let mut live = LiveSet::new(LIVE_SET_BITS);
-        let mut marked: HashSet<RevisionId> = HashSet::new();
+        let mut marked = Marked::new();
         let mut generation = self.inner.manifest_generation.load(Ordering::Acquire);
         self.mark_new(&mut live, &mut marked)?;
         let mut removed = 0;
@@ -232,16 +237,20 @@ impl Store {
         }
     }
 
-    /// Marks the chunks of finalized revisions not marked yet.
-    pub(super) fn mark_new(&self, live: &mut LiveSet, marked: &mut HashSet<RevisionId>) -> Result<()> {
+    /// Marks the chunks of finalized revisions not marked yet (or marked with another plan: the
+    /// repacker gave them a new one).
+    pub(super) fn mark_new(&self, live: &mut LiveSet, marked: &mut Marked) -> Result<()> {
         for item in self.tree().scan_prefix(b"v") {
             let (_, v) = item?;
             let record: RevisionRecord = decode_json(&v)?;
-            if record.state == RevisionState::Deleting || record.manifest.is_empty() || marked.contains(&record.id) {
+            if record.state == RevisionState::Deleting
+                || record.manifest.is_empty()
+                || marked.get(&record.id) == Some(&record.frames)
+            {
                 continue;
             }
             self.mark_revision(&record, live)?;
-            marked.insert(record.id);
+            marked.insert(record.id, record.frames);
         }
         Ok(())
     }
@@ -283,7 +292,10 @@ impl Store {
         // forever on a full disk, where nothing new is written: seal it once it is mostly dead.
         if let Some(id) = active {
             let (size, live_bytes) = (packs.size(id)?, live.get(&id).copied().unwrap_or(0));
-            if size.saturating_sub(live_bytes) >= ROLL_ACTIVE_DEAD_BYTES && mostly_dead(live_bytes, size) {
+            let dead = size.saturating_sub(live_bytes);
+            // Or once less than half of it is live: a small store whose blocks the repacker
+            // rewrote would otherwise keep the old ones until it grew.
+            if mostly_dead(live_bytes, size) && (dead >= ROLL_ACTIVE_DEAD_BYTES || live_bytes < size / 2) {
                 (active, ids) = self.sealed_packs(true)?;
                 live = self.live_bytes_by_pack()?;
             }
@@ -341,6 +353,13 @@ impl Store {
         let mut builder = BlockBuilder::default();
         let mut moved: Vec<Location> = Vec::new();
         self.inner.packs.scan(id, |mut scanned| {
+            // A block whose every chunk is still indexed in it is copied whole: no recompression,
+            // and its payload stays the one the frame plans anchored to it name.
+            if let Some(olds) = self.indexed_whole(&scanned, &builder)? {
+                self.copy_block(&scanned, &olds)?;
+                pace.copied(scanned.at.stored_len as u64);
+                return Ok(());
+            }
             let mut block: Option<Vec<u8>> = None;
             for member in &scanned.members {
                 let Some(at) = self.chunk_location(&member.hash)? else { continue };
@@ -369,6 +388,30 @@ impl Store {
         self.seal_relocated(&mut builder, &mut moved)
     }
 
+    /// Where each chunk of a scanned block is, if the index places all of them in it.
+    fn indexed_whole(&self, scanned: &ScannedBlock, building: &BlockBuilder) -> Result<Option<Vec<Location>>> {
+        let mut olds = Vec::with_capacity(scanned.members.len());
+        for member in &scanned.members {
+            match self.chunk_location(&member.hash)? {
+                Some(at) if at.block == scanned.at && !building.contains(&member.hash) => olds.push(at),
+                _ => return Ok(None),
+            }
+        }
+        Ok(Some(olds).filter(|o| !o.is_empty()))
+    }
+
+    /// Appends a scanned block's record as it is, makes it durable, then moves its chunks' index
+    /// entries (`olds`, parallel to its members) to the copy.
+    fn copy_block(&self, scanned: &ScannedBlock, olds: &[Location]) -> Result<()> {
+        let at = &scanned.at;
+        let block = self.inner.packs.append(at.codec, at.raw_len, &scanned.members, &scanned.payload)?;
+        self.inner.packs.sync()?;
+        for (m, old) in scanned.members.iter().zip(olds) {
+            self.relocate_chunk(&m.hash, old, &Location::new(block, m, old.members_len))?;
+        }
+        Ok(())
+    }
+
     /// Whether the collection recovery owes since open has not finished yet: until then, chunks a
     /// crash left unreferenced still take space (nothing else differs).
     pub fn recovering(&self) -> bool {
@@ -386,6 +429,12 @@ impl Store {
             std::thread::sleep(Duration::from_millis(5));
         }
         true
+    }
+
+    /// Asks the background collector for a pass that sweeps, though no revision was released.
+    pub(super) fn request_sweep(&self) {
+        self.inner.sweep_due.store(true, Ordering::Release);
+        self.request_gc();
     }
 
     /// Asks the background collector for a pass (coalesced; never blocks).

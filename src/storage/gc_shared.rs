@@ -20,7 +20,7 @@ use super::chunks::{chunk_key, pins_of, Hash, MANIFESTS_KEY};
 use super::gc::LiveSet;
 use super::meta::Batch;
 use super::remote::EtcdMeta;
-use super::{decode_json, encode_json, key, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store};
+use super::{decode_json, encode_json, key, Result, RevisionRecord, RevisionState, StorageError, Store};
 
 /// Times a group's deletion is retried after racing writers before the pass gives up (a later
 /// pass goes on).
@@ -50,7 +50,7 @@ impl Store {
     /// removed.
     pub(super) fn mark_and_sweep_shared(&self, etcd: &EtcdMeta) -> Result<u64> {
         let mut live = LiveSet::new(super::gc::LIVE_SET_BITS);
-        let mut marked: HashSet<RevisionId> = HashSet::new();
+        let mut marked = super::gc::Marked::new();
         let mut marked_at = etcd.revision()?;
         self.mark_new(&mut live, &mut marked)?;
         let mut removed = 0;
@@ -74,7 +74,7 @@ impl Store {
         etcd: &EtcdMeta,
         part: &[Hash],
         live: &mut LiveSet,
-        marked: &mut HashSet<RevisionId>,
+        marked: &mut super::gc::Marked,
         marked_at: &mut i64,
     ) -> Result<u64> {
         let transaction = |hashes: &[&Hash], marked_at: i64| {

@@ -169,6 +169,8 @@ mod tests {
             manifest_len: 0,
             frames: String::new(),
             frames_len: 0,
+            frames_anchored: false,
+            repacked: false,
         };
         tree.insert(key_revision(id), encode_json(&record)).unwrap();
         let attach = ObjectWrite::Put {

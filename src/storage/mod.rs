@@ -63,6 +63,7 @@ mod objects;
 mod packs;
 mod read;
 pub mod remote;
+mod repack;
 mod revision;
 mod seal;
 pub mod sessions;
@@ -201,6 +202,18 @@ pub struct RevisionRecord {
     pub frames: String,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub frames_len: u32,
+    /// Whether the plan's entries name a member chunk of their block (so a block compaction
+    /// copied whole is found again through the chunk index; [`frames`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub frames_anchored: bool,
+    /// Whether the repacker has been over the revision's blocks ([`repack`]): done, or found
+    /// nothing worth recompressing.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub repacked: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -246,6 +259,8 @@ pub struct StoreStats {
     pub revisions_committed: u64,
     pub revisions_staging: u64,
     pub revisions_deleting: u64,
+    /// Committed revisions the repacker has still to go over ([`repack`]).
+    pub revisions_repack_pending: u64,
     pub disk_bytes: u64,
 }
 
@@ -273,6 +288,9 @@ pub struct StoreOptions {
     /// stretch ([`frames`]): the parts of a revision its stored blocks do not cover (chunks
     /// repeated in it or shared with others) cost compression once, not per download.
     pub frame_cache_bytes: u64,
+    /// zstd level committed revisions are recompressed at in the background, as long blocks
+    /// ([`repack`]); 0 turns the repacker off.
+    pub repack_level: i32,
 }
 
 impl Default for StoreOptions {
@@ -284,6 +302,7 @@ impl Default for StoreOptions {
             change_log_bytes: 1 << 20,
             min_free_bytes: DEFAULT_MIN_FREE_BYTES,
             frame_cache_bytes: 64 << 20,
+            repack_level: repack::REPACK_LEVEL,
         }
     }
 }
@@ -323,6 +342,9 @@ struct Inner {
     recovery_due: Arc<std::sync::atomic::AtomicBool>,
     /// Serialises garbage collection passes.
     gc_lock: Mutex<()>,
+    /// Set when chunks became unreferenced without a revision released (the repacker replaced a
+    /// plan): the next pass sweeps.
+    sweep_due: std::sync::atomic::AtomicBool,
     /// Held (shared) by a writer from appending a block until its chunks are indexed; rolling the
     /// active pack takes it exclusively, so a rolled pack has no block whose index is still to come.
     sealing: std::sync::RwLock<()>,
@@ -384,6 +406,10 @@ impl Store {
             store.build_owner_index()?;
         }
         store.recover()?;
+        // Revisions a crash (or an older version) left unrepacked are gone over in the background.
+        if store.repacks() {
+            store.warm_zstd_frames(0);
+        }
         Ok(store)
     }
 
@@ -440,6 +466,7 @@ impl Store {
                 log_trim: Mutex::new(()),
                 recovery_due: recovery_due.clone(),
                 gc_lock: Mutex::new(()),
+                sweep_due: Default::default(),
                 sealing: std::sync::RwLock::new(()),
                 events,
                 gc_requests,
@@ -548,8 +575,12 @@ impl Store {
         for item in self.tree().scan_prefix(b"v") {
             let (_, value) = item?;
             let record: RevisionRecord = decode_json(&value)?;
+            let repack_due = !record.repacked && !record.manifest.is_empty() && self.repacks();
             match record.state {
-                RevisionState::Committed => stats.revisions_committed += 1,
+                RevisionState::Committed => {
+                    stats.revisions_committed += 1;
+                    stats.revisions_repack_pending += u64::from(repack_due);
+                }
                 RevisionState::Staging => stats.revisions_staging += 1,
                 RevisionState::Deleting => stats.revisions_deleting += 1,
             }
@@ -606,6 +637,8 @@ mod frames_tests;
 mod layout_tests;
 #[cfg(test)]
 pub(crate) mod remote_tests;
+#[cfg(test)]
+mod repack_tests;
 #[cfg(test)]
 mod scale_tests;
 #[cfg(test)]

@@ -33,8 +33,9 @@ const HEADER: usize = 4 + 1 + 4 + 4 + 2;
 const DIRECTORY_ENTRY: usize = 32 + 4 + 4;
 /// Packs roll over at this size.
 pub const PACK_ROLL_BYTES: u64 = 128 << 20;
-/// Largest raw block a record may claim (guards scans of damaged files).
-const MAX_BLOCK_RAW: u32 = 4 << 20;
+/// Largest raw block a record may claim (guards scans of damaged files): the repacker's
+/// ([`super::repack::REPACK_BLOCK`]).
+const MAX_BLOCK_RAW: u32 = super::repack::REPACK_BLOCK as u32;
 
 /// A chunk inside a block: its hash and byte range in the block's raw (uncompressed) bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

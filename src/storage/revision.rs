@@ -126,6 +126,8 @@ impl Store {
             manifest_len: 0,
             frames: String::new(),
             frames_len: 0,
+            frames_anchored: false,
+            repacked: false,
         };
         self.tree().insert(key_revision(id), encode_json(&record))?;
         let staging = match Staging::create(self.staging_dir(id)) {
@@ -485,7 +487,7 @@ impl RevisionWriter {
             manifest.push(&entry, &mut put)?;
         }
         let tar = layout.finish(seals, kept)?;
-        let plan = store_plan(&tar.plan, &mut put)?;
+        let plan = store_plan(&tar.plan, false, &mut put)?;
         let root = manifest.finish(&mut put)?;
         store.seal_block(&mut self.blocks)?;
         let record = RevisionRecord {
@@ -501,6 +503,8 @@ impl RevisionWriter {
             manifest_len: root.len,
             frames: plan.map(|p| hex::encode(p.hash)).unwrap_or_default(),
             frames_len: plan.map_or(0, |p| p.len),
+            frames_anchored: false,
+            repacked: false,
         };
         store.record_while_pinned(&key_revision(id), &encode_json(&record), self.lease_epoch)?;
         store.flush()?;

@@ -306,7 +306,7 @@ impl TarBlocks {
         for &(seq, tar_start) in &self.submitted {
             while sealed.next_if(|(s, _)| *s < seq).is_some() {}
             if let Some((_, block)) = sealed.next_if(|(s, _)| *s == seq) {
-                plan.push(PlanEntry { tar_start, block });
+                plan.push(PlanEntry { tar_start, block, anchor: None });
             }
         }
         plan

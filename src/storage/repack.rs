@@ -1,0 +1,281 @@
+//! The repacker: a committed revision's blocks rewritten smaller, in the background.
+//!
+//! Uploads seal their new content at the upload's level (zstd-3) in blocks of about
+//! [`super::chunks::BLOCK_TARGET`]: fast enough for the upload path, but each block is compressed alone, so the
+//! matches between files a megabyte apart (the CRDs of a chart) are lost. Once a revision is
+//! committed, the repacker takes each stretch of its tar that its frame plan covers without a gap
+//! ([`super::frames`]), up to [`REPACK_BLOCK`], and compresses it again as one block at
+//! `StoreOptions::repack_level` with a window as long as the block (the kube-prometheus-stack
+//! chart: 669 kB of stored frames become 427 kB). The new block is still a stretch of the tar, so
+//! zstd downloads send it as it is stored; it is appended and made durable, the chunks it holds are
+//! moved to it in the index (compare-and-swap, as compaction moves them), and the revision gets a
+//! new plan naming it, recorded by compare-and-swap on its record. The old blocks are then dead
+//! bytes that compaction reclaims. The new plan's entries are *anchored* (each names a chunk of its
+//! block), so when compaction later copies a block whole, downloads still find and send it.
+//!
+//! A crash at any point leaves either the old plan (whose blocks stay in their pack until a flush
+//! made every move durable) or the new one; a revision not repacked yet is found again at the next
+//! open (its record has no `repacked`). Bytes are read through the verified read path, so what is
+//! recompressed is what a download would serve. Embedded store only: in object storage, rewriting
+//! a block costs more than the space it saves.
+
+use std::collections::HashSet;
+use std::sync::Weak;
+
+use super::chunks::{BlockBuilder, ChunkRef, Location, SealedBlock, CODEC_ZSTD};
+use super::frame_cache::LONG_FRAME;
+use super::frames::{store_plan, PlanEntry};
+use super::manifest::ChunkList;
+use super::objects::key_revision;
+use super::packs::Member;
+use super::read::RangeSpec;
+use super::revision::WriterChunks;
+use super::{decode_json, encode_json, EntryKind, Result, RevisionId, RevisionRecord, RevisionState, Store};
+
+/// The longest block the repacker writes (and its compression window): the largest window every
+/// zstd decoder accepts for HTTP (RFC 8878 §3.1.1.1.2 recommends 8 MiB at most).
+pub(super) const REPACK_BLOCK: u64 = LONG_FRAME;
+/// The repacker's level by default. Its context is capped (window 8 MiB, chain 4 Mi, hash 2 Mi
+/// entries: about 35 MiB) against level 19's own 90 MiB, for 0.3 % more bytes.
+pub const REPACK_LEVEL: i32 = 19;
+/// A stretch is rewritten only if that saves at least this share of its stored bytes.
+const MIN_SAVING: f64 = 0.05;
+
+/// A stretch of the tar the plan covers without a gap, and the plan entries that cover it.
+struct Run {
+    start: u64,
+    end: u64,
+    entries: std::ops::Range<usize>,
+}
+
+/// Groups the plan's entries into runs: consecutive, compressed blocks, at most [`REPACK_BLOCK`].
+fn runs(plan: &[PlanEntry]) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    for (i, e) in plan.iter().enumerate() {
+        let (start, end) = (e.tar_start, e.tar_start + e.block.at.raw_len as u64);
+        if e.block.at.codec != CODEC_ZSTD {
+            continue;
+        }
+        match runs.last_mut() {
+            Some(run) if run.end == start && run.entries.end == i && end - run.start <= REPACK_BLOCK => {
+                run.end = end;
+                run.entries.end = i + 1;
+            }
+            _ => runs.push(Run { start, end, entries: i..i + 1 }),
+        }
+    }
+    runs
+}
+
+impl Store {
+    /// Whether this store repacks committed revisions.
+    pub(super) fn repacks(&self) -> bool {
+        self.inner.options.repack_level > 0 && self.backend().reads_are_local()
+    }
+
+    /// Committed revisions the repacker has not been over.
+    pub(super) fn repack_pending(&self) -> Result<Vec<RevisionId>> {
+        let mut pending = Vec::new();
+        for item in self.tree().scan_prefix(b"v") {
+            let (_, v) = item?;
+            let record: RevisionRecord = decode_json(&v)?;
+            if record.state == RevisionState::Committed && !record.repacked && !record.manifest.is_empty() {
+                pending.push(record.id);
+            }
+        }
+        Ok(pending)
+    }
+
+    /// The chunks that lie wholly in `[start, end)` of a revision's tar, with their tar offsets.
+    fn chunks_in(&self, record: &RevisionRecord, start: u64, end: u64) -> Result<Vec<(u64, ChunkRef)>> {
+        let manifest = self.manifest_of(record)?;
+        let mut found = Vec::new();
+        for page in manifest.pages.get(manifest.page_for_tar_offset(start)..).unwrap_or_default() {
+            if page.first_tar_offset >= end {
+                break;
+            }
+            for entry in self.page(&page.chunk)? {
+                if entry.kind != EntryKind::File || entry.tar_offset >= end {
+                    continue;
+                }
+                let data_start = entry.tar_offset + super::tarfmt::header_len(&entry.header_spec());
+                let mut push = |file_pos: u64, chunk: ChunkRef| {
+                    let at = data_start + file_pos;
+                    if at >= start && at + chunk.len as u64 <= end {
+                        found.push((at, chunk));
+                    }
+                };
+                match &entry.chunks {
+                    ChunkList::Inline(refs) => {
+                        let mut pos = 0;
+                        for r in refs {
+                            push(pos, *r);
+                            pos += r.len as u64;
+                        }
+                    }
+                    ChunkList::Segments(segments) => {
+                        for (segment_start, segment) in segments {
+                            let mut pos = *segment_start;
+                            for r in ChunkRef::decode_all(&self.get_chunk(segment)?.0)? {
+                                push(pos, r);
+                                pos += r.len as u64;
+                            }
+                        }
+                    }
+                    ChunkList::None | ChunkList::Staged { .. } => {}
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// The chunks of `[start, end)` the index places in one of `blocks`, as members of a block
+    /// holding that stretch, with where each is now.
+    fn members_in(
+        &self,
+        record: &RevisionRecord,
+        start: u64,
+        end: u64,
+        blocks: &[SealedBlock],
+    ) -> Result<Vec<(Member, Location)>> {
+        let mut seen = HashSet::new();
+        let mut members = Vec::new();
+        for (at, chunk) in self.chunks_in(record, start, end)? {
+            let Some(now) = self.chunk_location(&chunk.hash)? else { continue };
+            if blocks.iter().any(|b| b.at == now.block) && seen.insert(chunk.hash) {
+                members.push((Member { hash: chunk.hash, offset: (at - start) as u32, len: chunk.len }, now));
+            }
+        }
+        Ok(members)
+    }
+
+    /// A plan entry with its anchor: the first chunk the index places in its block.
+    fn anchored(&self, record: &RevisionRecord, entry: PlanEntry) -> Result<PlanEntry> {
+        if entry.anchor.is_some() {
+            return Ok(entry);
+        }
+        let end = entry.tar_start + entry.block.at.raw_len as u64;
+        let members = self.members_in(record, entry.tar_start, end, &[entry.block])?;
+        Ok(PlanEntry { anchor: members.first().map(|(m, _)| m.hash), ..entry })
+    }
+
+    /// Appends `payload` as the block holding `members` (its raw bytes `raw_len`), makes it
+    /// durable, then moves each member's index entry to it.
+    fn relocate_into(&self, raw_len: u32, members: &[(Member, Location)], payload: &[u8]) -> Result<SealedBlock> {
+        let list: Vec<Member> = members.iter().map(|(m, _)| *m).collect();
+        let members_len = list.iter().map(|m| m.len).sum::<u32>();
+        let block = self.inner.packs.append(CODEC_ZSTD, raw_len, &list, payload)?;
+        self.inner.packs.sync()?;
+        for (m, old) in members {
+            self.relocate_chunk(&m.hash, old, &Location::new(block, m, members_len))?;
+        }
+        Ok(SealedBlock { at: block, payload_hash: *blake3::hash(payload).as_bytes() })
+    }
+
+    /// Records `plan` (anchored) as the revision's and marks it repacked, if its record is still
+    /// `old` (bytes as read): a revision released meanwhile keeps what it had.
+    fn record_repacked(&self, old: &[u8], mut record: RevisionRecord, plan: &[PlanEntry]) -> Result<bool> {
+        let (mut blocks, mut pinned) = (BlockBuilder::default(), Vec::new());
+        if !plan.is_empty() {
+            let mut chunks = WriterChunks { store: self, blocks: &mut blocks, pinned: &mut pinned };
+            let root = store_plan(plan, true, &mut |bytes| chunks.put(bytes))?;
+            self.seal_block(&mut blocks)?;
+            self.inner.packs.sync()?;
+            record.frames = root.map(|r| hex::encode(r.hash)).unwrap_or_default();
+            record.frames_len = root.map_or(0, |r| r.len);
+            record.frames_anchored = true;
+        }
+        record.repacked = true;
+        let swapped = self.tree().compare_and_swap(&key_revision(record.id), Some(old), Some(&encode_json(&record)));
+        // The collector marks the new plan from here on (a pass under way marks it again).
+        self.manifest_recorded();
+        self.unpin_all(&pinned);
+        let swapped = swapped?;
+        if swapped {
+            self.flush()?;
+        }
+        Ok(swapped)
+    }
+}
+
+/// Repacks one revision. The store is held only while it is read or written, never while a
+/// stretch is compressed (seconds at level 19): a store dropped meanwhile closes, and the work is
+/// found again at its next open.
+pub(super) fn repack_revision(store: &Weak<super::Inner>, rev: RevisionId) -> Result<()> {
+    let held = || store.upgrade().map(|inner| Store { inner });
+    let Some(first) = held() else { return Ok(()) };
+    let Some(old) = first.tree().get(key_revision(rev))? else { return Ok(()) };
+    let record: RevisionRecord = decode_json(&old)?;
+    if record.state != RevisionState::Committed || record.repacked || record.manifest.is_empty() {
+        return Ok(());
+    }
+    let mut plan = first.plan_entries(&record)?;
+    let level = first.inner.options.repack_level;
+    drop(first);
+    // Content that hardly compressed (stored at more than half its tar) gains nothing.
+    let worth_it = record.stored_size <= record.tar_size / 2;
+    let mut compressor = compressor(level)?;
+    let mut cursor = super::TarCursor::new(rev, record.tar_size);
+    let mut identity = Vec::new();
+    let mut replaced: Vec<(std::ops::Range<usize>, PlanEntry)> = Vec::new();
+    for run in runs(&plan).into_iter().filter(|_| worth_it) {
+        let entries = plan.get(run.entries.clone()).unwrap_or_default();
+        let blocks: Vec<SealedBlock> = entries.iter().map(|e| e.block).collect();
+        let stored: u64 = blocks.iter().map(|b| b.at.stored_len as u64).sum();
+        let Some(store) = held() else { return Ok(()) };
+        identity.clear();
+        store.read_tar_at(&mut cursor, RangeSpec { start: run.start, end: run.end }, &mut |bytes: &[u8]| {
+            identity.extend_from_slice(bytes);
+            Ok(())
+        })?;
+        let members = store.members_in(&record, run.start, run.end, &blocks)?;
+        drop(store);
+        if identity.len() as u64 != run.end - run.start || members.is_empty() || members.len() > u16::MAX as usize {
+            continue;
+        }
+        let payload = compressor.compress(&identity)?;
+        if payload.len() as f64 > stored as f64 * (1.0 - MIN_SAVING) {
+            continue;
+        }
+        let Some(store) = held() else { return Ok(()) };
+        let block = store.relocate_into(identity.len() as u32, &members, &payload)?;
+        let anchor = members.first().map(|(m, _)| m.hash);
+        replaced.push((run.entries, PlanEntry { tar_start: run.start, block, anchor }));
+    }
+    let Some(store) = held() else { return Ok(()) };
+    // The new plan: each run replaced by its block, every entry anchored.
+    for (range, entry) in replaced.into_iter().rev() {
+        plan.splice(range, [entry]);
+    }
+    let plan = plan.into_iter().map(|e| store.anchored(&record, e)).collect::<Result<Vec<_>>>()?;
+    store.record_repacked(&old, record, &plan)?;
+    // The old blocks are dead now: a pass sweeps the old plan and may compact their pack.
+    store.request_sweep();
+    Ok(())
+}
+
+/// A compressor at `level` whose window covers a whole repacked block, its tables capped.
+fn compressor(level: i32) -> Result<zstd::bulk::Compressor<'static>> {
+    use zstd::stream::raw::CParameter;
+    let mut c = zstd::bulk::Compressor::new(level)?;
+    let window_log = REPACK_BLOCK.trailing_zeros();
+    c.set_parameter(CParameter::WindowLog(window_log))?;
+    c.set_parameter(CParameter::ChainLog(window_log - 1))?;
+    c.set_parameter(CParameter::HashLog(window_log - 2))?;
+    Ok(c)
+}
+
+/// Every committed revision not repacked yet, oldest first (the thread that warms frames in the
+/// replicated store does this in the embedded one, [`super::frames::spawn_warmer`]).
+pub(super) fn repack_pending(store: &Weak<super::Inner>) {
+    let pending = match store.upgrade().map(|inner| Store { inner }.repack_pending()) {
+        Some(Ok(pending)) => pending,
+        Some(Err(e)) => return tracing::warn!(error = %e, "listing the revisions to repack failed"),
+        None => return,
+    };
+    for rev in pending {
+        if let Err(e) = repack_revision(store, rev) {
+            tracing::warn!(revision = rev, error = %e, "repacking a revision failed; it keeps its blocks");
+        }
+    }
+}
