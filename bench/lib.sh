@@ -270,6 +270,7 @@ metrics() {
     M_COMMITTED="$(m 'stowage_revisions{state="committed"}')"
     M_STAGING="$(m 'stowage_revisions{state="staging"}')"
     M_DELETING="$(m 'stowage_revisions{state="deleting"}')"
+    M_REPACKING="$(m stowage_revisions_repack_pending)"
 }
 
 # settle: polls /metrics until no revision is staging or deleting and the figures have not
@@ -278,8 +279,9 @@ settle() {
     local deadline=$((SECONDS + 600)) last="" same=0 cur
     while :; do
         metrics
-        cur="$M_CHUNKS $M_STORED $M_DISK $M_COMMITTED $M_STAGING $M_DELETING"
-        if [ "$M_STAGING" = 0 ] && [ "$M_DELETING" = 0 ] && [ "$cur" = "$last" ]; then
+        cur="$M_CHUNKS $M_STORED $M_DISK $M_COMMITTED $M_STAGING $M_DELETING $M_REPACKING"
+        # A build without the repacker's gauge has nothing to wait for.
+        if [ "$M_STAGING" = 0 ] && [ "$M_DELETING" = 0 ] && [ "${M_REPACKING:-0}" = 0 ] && [ "$cur" = "$last" ]; then
             same=$((same + 1))
             [ "$same" -ge 3 ] && return 0
         else

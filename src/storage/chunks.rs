@@ -37,6 +37,9 @@ const LOCATION_CACHE_ENTRIES: usize = 65_536;
 
 pub(super) const CODEC_RAW: u8 = 0;
 pub(super) const CODEC_ZSTD: u8 = 1;
+/// zstd too, written by the repacker ([`super::repack`]): its chunks stay where they are when a
+/// later revision is repacked.
+pub(super) const CODEC_ZSTD_LONG: u8 = 2;
 
 pub type Hash = [u8; 32];
 
@@ -369,7 +372,9 @@ pub(super) fn decode_block(at: &BlockAt, payload: Vec<u8>) -> Result<Vec<u8>> {
     let raw_len = at.raw_len as usize;
     let data = match at.codec {
         CODEC_RAW => payload,
-        CODEC_ZSTD => zstd::bulk::decompress(&payload, raw_len).map_err(|e| corrupt(&format!("zstd: {e}")))?,
+        CODEC_ZSTD | CODEC_ZSTD_LONG => {
+            zstd::bulk::decompress(&payload, raw_len).map_err(|e| corrupt(&format!("zstd: {e}")))?
+        }
         _ => return Err(corrupt("unknown codec")),
     };
     if data.len() != raw_len {

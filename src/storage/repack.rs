@@ -1,17 +1,20 @@
 //! The repacker: a committed revision's blocks rewritten smaller, in the background.
 //!
 //! Uploads seal their new content at the upload's level (zstd-3) in blocks of about
-//! [`super::chunks::BLOCK_TARGET`]: fast enough for the upload path, but each block is compressed alone, so the
-//! matches between files a megabyte apart (the CRDs of a chart) are lost. Once a revision is
-//! committed, the repacker takes each stretch of its tar that its frame plan covers without a gap
-//! ([`super::frames`]), up to [`REPACK_BLOCK`], and compresses it again as one block at
-//! `StoreOptions::repack_level` with a window as long as the block (the kube-prometheus-stack
-//! chart: 669 kB of stored frames become 427 kB). The new block is still a stretch of the tar, so
-//! zstd downloads send it as it is stored; it is appended and made durable, the chunks it holds are
-//! moved to it in the index (compare-and-swap, as compaction moves them), and the revision gets a
-//! new plan naming it, recorded by compare-and-swap on its record. The old blocks are then dead
-//! bytes that compaction reclaims. The new plan's entries are *anchored* (each names a chunk of its
-//! block), so when compaction later copies a block whole, downloads still find and send it.
+//! [`super::chunks::BLOCK_TARGET`]: fast enough for the upload path, but each block is compressed
+//! alone, so the matches between files a megabyte apart (the CRDs of a chart) are lost, and a
+//! chunk repeated in the revision breaks the stretch of tar a block holds. Once a revision is
+//! committed, the repacker reads its tar in stretches of [`REPACK_BLOCK`] and compresses each again
+//! as one block at `StoreOptions::repack_level`, with a window as long as the block (the
+//! kube-prometheus-stack chart: 669 kB of stored frames become one block of 427 kB). It keeps the
+//! block only if it takes less than what the stretch's chunks take where they are (those in
+//! another repacked block stay there and count for nothing): a chunk is stored once, so the index
+//! moves them to it (compare-and-swap, as compaction moves them), and a later version that mostly
+//! repeats an earlier one leaves the earlier one's blocks alone. The block is a stretch of the tar, so zstd
+//! downloads send it as it is stored: the revision gets a new frame plan naming it, recorded by
+//! compare-and-swap on its record, its entries *anchored* (each names a chunk of its block), so
+//! when compaction later copies a block whole, downloads still find it. The old blocks are then
+//! dead bytes that compaction reclaims.
 //!
 //! A crash at any point leaves either the old plan (whose blocks stay in their pack until a flush
 //! made every move durable) or the new one; a revision not repacked yet is found again at the next
@@ -22,12 +25,12 @@
 use std::collections::HashSet;
 use std::sync::Weak;
 
-use super::chunks::{BlockBuilder, ChunkRef, Location, SealedBlock, CODEC_ZSTD};
+use super::chunks::{BlockBuilder, ChunkRef, Location, SealedBlock, CODEC_ZSTD_LONG};
 use super::frame_cache::LONG_FRAME;
 use super::frames::{store_plan, PlanEntry};
 use super::manifest::ChunkList;
 use super::objects::key_revision;
-use super::packs::Member;
+use super::packs::{BlockAt, Member};
 use super::read::RangeSpec;
 use super::revision::WriterChunks;
 use super::{decode_json, encode_json, EntryKind, Result, RevisionId, RevisionRecord, RevisionState, Store};
@@ -40,32 +43,6 @@ pub(super) const REPACK_BLOCK: u64 = LONG_FRAME;
 pub const REPACK_LEVEL: i32 = 19;
 /// A stretch is rewritten only if that saves at least this share of its stored bytes.
 const MIN_SAVING: f64 = 0.05;
-
-/// A stretch of the tar the plan covers without a gap, and the plan entries that cover it.
-struct Run {
-    start: u64,
-    end: u64,
-    entries: std::ops::Range<usize>,
-}
-
-/// Groups the plan's entries into runs: consecutive, compressed blocks, at most [`REPACK_BLOCK`].
-fn runs(plan: &[PlanEntry]) -> Vec<Run> {
-    let mut runs: Vec<Run> = Vec::new();
-    for (i, e) in plan.iter().enumerate() {
-        let (start, end) = (e.tar_start, e.tar_start + e.block.at.raw_len as u64);
-        if e.block.at.codec != CODEC_ZSTD {
-            continue;
-        }
-        match runs.last_mut() {
-            Some(run) if run.end == start && run.entries.end == i && end - run.start <= REPACK_BLOCK => {
-                run.end = end;
-                run.entries.end = i + 1;
-            }
-            _ => runs.push(Run { start, end, entries: i..i + 1 }),
-        }
-    }
-    runs
-}
 
 impl Store {
     /// Whether this store repacks committed revisions.
@@ -95,7 +72,10 @@ impl Store {
                 break;
             }
             for entry in self.page(&page.chunk)? {
-                if entry.kind != EntryKind::File || entry.tar_offset >= end {
+                if entry.tar_offset >= end {
+                    break;
+                }
+                if entry.kind != EntryKind::File {
                     continue;
                 }
                 let data_start = entry.tar_offset + super::tarfmt::header_len(&entry.header_spec());
@@ -129,20 +109,20 @@ impl Store {
         Ok(found)
     }
 
-    /// The chunks of `[start, end)` the index places in one of `blocks`, as members of a block
-    /// holding that stretch, with where each is now.
+    /// The distinct chunks of `[start, end)`, as members of a block holding that stretch, with
+    /// where each is now; only those the index places in `only` if given.
     fn members_in(
         &self,
         record: &RevisionRecord,
         start: u64,
         end: u64,
-        blocks: &[SealedBlock],
+        only: Option<&BlockAt>,
     ) -> Result<Vec<(Member, Location)>> {
         let mut seen = HashSet::new();
         let mut members = Vec::new();
         for (at, chunk) in self.chunks_in(record, start, end)? {
             let Some(now) = self.chunk_location(&chunk.hash)? else { continue };
-            if blocks.iter().any(|b| b.at == now.block) && seen.insert(chunk.hash) {
+            if only.is_none_or(|b| *b == now.block) && seen.insert(chunk.hash) {
                 members.push((Member { hash: chunk.hash, offset: (at - start) as u32, len: chunk.len }, now));
             }
         }
@@ -155,7 +135,7 @@ impl Store {
             return Ok(entry);
         }
         let end = entry.tar_start + entry.block.at.raw_len as u64;
-        let members = self.members_in(record, entry.tar_start, end, &[entry.block])?;
+        let members = self.members_in(record, entry.tar_start, end, Some(&entry.block.at))?;
         Ok(PlanEntry { anchor: members.first().map(|(m, _)| m.hash), ..entry })
     }
 
@@ -164,7 +144,12 @@ impl Store {
     fn relocate_into(&self, raw_len: u32, members: &[(Member, Location)], payload: &[u8]) -> Result<SealedBlock> {
         let list: Vec<Member> = members.iter().map(|(m, _)| *m).collect();
         let members_len = list.iter().map(|m| m.len).sum::<u32>();
-        let block = self.inner.packs.append(CODEC_ZSTD, raw_len, &list, payload)?;
+        // Space for history is content: refused in the reserve.
+        self.ensure_space(super::WriteKind::Content)?;
+        // Until its chunks point at it, the block's pack must not be rolled and compacted as if
+        // the block were dead (the same lock a writer holds from append to index).
+        let _sealing = self.inner.sealing.read().unwrap_or_else(|e| e.into_inner());
+        let block = self.inner.packs.append(CODEC_ZSTD_LONG, raw_len, &list, payload)?;
         self.inner.packs.sync()?;
         for (m, old) in members {
             self.relocate_chunk(&m.hash, old, &Location::new(block, m, members_len))?;
@@ -217,41 +202,75 @@ pub(super) fn repack_revision(store: &Weak<super::Inner>, rev: RevisionId) -> Re
     let mut compressor = compressor(level)?;
     let mut cursor = super::TarCursor::new(rev, record.tar_size);
     let mut identity = Vec::new();
-    let mut replaced: Vec<(std::ops::Range<usize>, PlanEntry)> = Vec::new();
-    for run in runs(&plan).into_iter().filter(|_| worth_it) {
-        let entries = plan.get(run.entries.clone()).unwrap_or_default();
-        let blocks: Vec<SealedBlock> = entries.iter().map(|e| e.block).collect();
-        let stored: u64 = blocks.iter().map(|b| b.at.stored_len as u64).sum();
-        let Some(store) = held() else { return Ok(()) };
-        identity.clear();
-        store.read_tar_at(&mut cursor, RangeSpec { start: run.start, end: run.end }, &mut |bytes: &[u8]| {
-            identity.extend_from_slice(bytes);
-            Ok(())
-        })?;
-        let members = store.members_in(&record, run.start, run.end, &blocks)?;
-        drop(store);
-        if identity.len() as u64 != run.end - run.start || members.is_empty() || members.len() > u16::MAX as usize {
-            continue;
+    let mut repacked = Vec::new();
+    let mut start = 0;
+    while worth_it && start < record.tar_size {
+        let end = (start + REPACK_BLOCK).min(record.tar_size);
+        if let Some(entry) = repack_stretch(store, &record, &mut cursor, start, end, &mut compressor, &mut identity)? {
+            repacked.push(entry);
         }
-        let payload = compressor.compress(&identity)?;
-        if payload.len() as f64 > stored as f64 * (1.0 - MIN_SAVING) {
-            continue;
-        }
-        let Some(store) = held() else { return Ok(()) };
-        let block = store.relocate_into(identity.len() as u32, &members, &payload)?;
-        let anchor = members.first().map(|(m, _)| m.hash);
-        replaced.push((run.entries, PlanEntry { tar_start: run.start, block, anchor }));
+        start = end;
     }
     let Some(store) = held() else { return Ok(()) };
-    // The new plan: each run replaced by its block, every entry anchored.
-    for (range, entry) in replaced.into_iter().rev() {
-        plan.splice(range, [entry]);
-    }
+    // The new plan: the repacked stretches, and the old entries outside them (an old block that
+    // lay partly in one lost its chunks there), every entry anchored.
+    plan.retain(|e| {
+        let end = e.tar_start + e.block.at.raw_len as u64;
+        !repacked.iter().any(|r: &PlanEntry| e.tar_start < r.tar_start + r.block.at.raw_len as u64 && r.tar_start < end)
+    });
+    plan.extend(repacked);
+    plan.sort_by_key(|e| e.tar_start);
     let plan = plan.into_iter().map(|e| store.anchored(&record, e)).collect::<Result<Vec<_>>>()?;
     store.record_repacked(&old, record, &plan)?;
     // The old blocks are dead now: a pass sweeps the old plan and may compact their pack.
     store.request_sweep();
     Ok(())
+}
+
+/// Rewrites `[start, end)` of the revision's tar as one block if that takes less than what its
+/// chunks not in a repacked block take where they are now (their shares of their blocks, filler
+/// included): the block then holds those chunks, and the bytes of the others (in an earlier
+/// revision's repacked block, so a later version that mostly repeats it is left as it is), and
+/// repeats inside the stretch cost next to nothing. Returns the stretch's new plan entry.
+fn repack_stretch(
+    store: &Weak<super::Inner>,
+    record: &RevisionRecord,
+    cursor: &mut super::TarCursor,
+    start: u64,
+    end: u64,
+    compressor: &mut zstd::bulk::Compressor<'static>,
+    identity: &mut Vec<u8>,
+) -> Result<Option<PlanEntry>> {
+    let held = || store.upgrade().map(|inner| Store { inner });
+    let Some(store) = held() else { return Ok(None) };
+    identity.clear();
+    store.read_tar_at(cursor, RangeSpec { start, end }, &mut |bytes: &[u8]| {
+        identity.extend_from_slice(bytes);
+        Ok(())
+    })?;
+    // Chunks in another repacked block stay there: taking them over would leave that block partly
+    // dead, and compaction would then copy what is left of it at the upload level.
+    let (mut members, mut in_long) = (store.members_in(record, start, end, None)?, 0);
+    members.retain(|(_, at)| {
+        let long = at.block.codec == CODEC_ZSTD_LONG;
+        in_long += if long { at.stored_share() } else { 0 };
+        !long
+    });
+    drop(store);
+    let now: u64 = members.iter().map(|(_, at)| at.stored_share()).sum();
+    // The block would also hold the bytes the repacked blocks hold: where that is most of the
+    // stretch, it would take more than it frees (a version repeating the one repacked before it).
+    if identity.len() as u64 != end - start || now <= in_long || members.len() > u16::MAX as usize {
+        return Ok(None);
+    }
+    let payload = compressor.compress(identity)?;
+    if payload.len() as f64 > now as f64 * (1.0 - MIN_SAVING) {
+        return Ok(None);
+    }
+    let Some(store) = held() else { return Ok(None) };
+    let block = store.relocate_into(identity.len() as u32, &members, &payload)?;
+    let anchor = members.first().map(|(m, _)| m.hash);
+    Ok(Some(PlanEntry { tar_start: start, block, anchor }))
 }
 
 /// A compressor at `level` whose window covers a whole repacked block, its tables capped.

@@ -93,6 +93,12 @@ fn write_stats(encoder: &mut DescriptorEncoder, walk: &Walk) -> std::fmt::Result
     {
         ConstGauge::new(value).encode(revisions.encode_family(&[("state", state)])?)?;
     }
+    gauge(
+        encoder,
+        "stowage_revisions_repack_pending",
+        "Committed revisions the background repacker has not recompressed yet (embedded store).",
+        s.revisions_repack_pending,
+    )?;
     gauge(encoder, "stowage_disk_bytes", "Bytes the database takes on disk.", s.disk_bytes)?;
     gauge(encoder, "stowage_resource_version", "Current resourceVersion.", walk.resource_version)
 }

@@ -64,6 +64,7 @@ fn keeps_kube_apiserver_names_labels_and_buckets() {
         "stowage_chunks 0",
         "stowage_revisions{state=\"committed\"} 0",
         "stowage_revisions{state=\"deleting\"} 0",
+        "stowage_revisions_repack_pending 0",
         "stowage_object_writes_total 0",
         "stowage_store_poisoned 0",
         "stowage_store_recovering 0",
