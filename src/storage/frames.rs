@@ -18,16 +18,19 @@
 //! background: a revision is immutable, so the next download of it sends them as it sends stored
 //! ones. This is what makes chunks repeated within a revision (five versions of one chart in one
 //! bundle) cheap to serve without storing them twice. A download sends a cached frame wherever
-//! one starts, before stored ones. Ahead of the first download, a warmer thread at a lower priority
-//! caches a committed revision's *long frames* ([`Store::warm_zstd_frames`]): its whole tar in
+//! one starts, before stored ones. The embedded store rewrites a committed revision's blocks as
+//! long ones in the background ([`super::repack`]), so its stored frames are long already; in the
+//! replicated store, ahead of the first download, a warmer thread at a lower priority caches a
+//! committed revision's *long frames* instead ([`Store::warm_zstd_frames`]): its whole tar in
 //! stretches of up to 8 MiB at the upgrade level, until half the cache is filled. A frame's window
 //! is its stretch, so cross-file matches a 1 MiB block cuts are found (the kube-prometheus-stack
 //! chart: 454 kB on the wire against 669 kB of stored frames), and the stored frames stay what
 //! they were sealed as.
 //!
 //! Integrity: a stored frame is sent only if its payload's hash is the one recorded when the block
-//! was written from bytes checked against their chunk hashes; otherwise the bytes are rebuilt from
-//! verified chunks. A cached frame is checked against the hash taken when it was cached.
+//! was written from bytes checked against their chunk hashes (a plan entry whose block compaction
+//! copied whole is followed through its anchor chunk, and the copy checked the same way);
+//! otherwise the bytes are rebuilt from verified chunks. A cached frame is checked against the hash taken when it was cached.
 //! Memory per download: one block's payload or one step's identity bytes, plus one page of the
 //! plan; compression contexts are per blocking thread, not per download.
 
