@@ -232,7 +232,7 @@ pub(super) fn repack_revision(store: &Weak<super::Inner>, rev: RevisionId) -> Re
 /// included): the block then holds those chunks, and the bytes of the others (in an earlier
 /// revision's repacked block, so a later version that mostly repeats it is left as it is), and
 /// repeats inside the stretch cost next to nothing. Returns the stretch's new plan entry.
-fn repack_stretch(
+pub(super) fn repack_stretch(
     store: &Weak<super::Inner>,
     record: &RevisionRecord,
     cursor: &mut super::TarCursor,
@@ -274,7 +274,7 @@ fn repack_stretch(
 }
 
 /// A compressor at `level` whose window covers a whole repacked block, its tables capped.
-fn compressor(level: i32) -> Result<zstd::bulk::Compressor<'static>> {
+pub(super) fn compressor(level: i32) -> Result<zstd::bulk::Compressor<'static>> {
     use zstd::stream::raw::CParameter;
     let mut c = zstd::bulk::Compressor::new(level)?;
     let window_log = REPACK_BLOCK.trailing_zeros();

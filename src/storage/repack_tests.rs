@@ -149,3 +149,33 @@ fn content_that_does_not_compress_is_left_as_it_is() {
     assert!(plain == identity_tar(&store, rev));
     assert_eq!(stats.stored, before.stored, "{stats:?} against {before:?}");
 }
+
+#[test]
+fn a_repack_cut_short_after_its_block_moved_chunks_leaves_a_store_that_serves_and_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_with(dir.path(), 0);
+    let rev = write_tree(&store, "cut", &far_repeats());
+    let tar = identity_tar(&store, rev);
+    let record = store.revision(rev).unwrap();
+    // The stretch rewritten and its chunks moved, then nothing: no new plan, no `repacked`.
+    let mut cursor = super::TarCursor::new(rev, record.tar_size);
+    let (mut compressor, mut identity) = (repack::compressor(repack::REPACK_LEVEL).unwrap(), Vec::new());
+    let weak = Arc::downgrade(&store.inner);
+    let entry = repack::repack_stretch(&weak, &record, &mut cursor, 0, record.tar_size, &mut compressor, &mut identity);
+    assert!(entry.unwrap().is_some(), "the stretch was rewritten");
+    assert!(!store.revision(rev).unwrap().repacked);
+    let (_, plain, _) = tar_download(&store, rev).unwrap();
+    assert!(plain == tar && identity_tar(&store, rev) == tar, "served whole before the plan changed");
+    drop(store);
+
+    let store = open_with(dir.path(), repack::REPACK_LEVEL);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while store.stats().unwrap().revisions_repack_pending > 0 {
+        assert!(Instant::now() < deadline, "the repack was not finished after 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(store.revision(rev).unwrap().repacked);
+    store.collect().unwrap();
+    let (_, plain, _) = tar_download(&store, rev).unwrap();
+    assert!(plain == tar && identity_tar(&store, rev) == tar, "served whole after it was gone over again");
+}
