@@ -30,7 +30,8 @@
 //! Integrity: a stored frame is sent only if its payload's hash is the one recorded when the block
 //! was written from bytes checked against their chunk hashes (a plan entry whose block compaction
 //! copied whole is followed through its anchor chunk, and the copy checked the same way);
-//! otherwise the bytes are rebuilt from verified chunks. A cached frame is checked against the hash taken when it was cached.
+//! otherwise the bytes are rebuilt from verified chunks. A cached frame is checked against the
+//! hash taken when it was cached.
 //! Memory per download: one block's payload or one step's identity bytes, plus one page of the
 //! plan; compression contexts are per blocking thread, not per download.
 
