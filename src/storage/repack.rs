@@ -243,6 +243,8 @@ pub(super) fn repack_stretch(
 ) -> Result<Option<PlanEntry>> {
     let held = || store.upgrade().map(|inner| Store { inner });
     let Some(store) = held() else { return Ok(None) };
+    // In the reserve the block would be refused after its compression: do neither.
+    store.ensure_space(super::WriteKind::Content)?;
     identity.clear();
     store.read_tar_at(cursor, RangeSpec { start, end }, &mut |bytes: &[u8]| {
         identity.extend_from_slice(bytes);
