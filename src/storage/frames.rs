@@ -437,6 +437,9 @@ pub(super) fn spawn_warmer(store: Weak<super::Inner>, requests: Receiver<Revisio
     let spawned = std::thread::Builder::new().name("stowage-frame-warm".into()).spawn(move || {
         lower_thread_priority();
         for rev in requests {
+            if rev == super::repack::AFTER_OPEN {
+                std::thread::sleep(super::repack::OPEN_DELAY);
+            }
             if store.upgrade().is_some_and(|inner| Store { inner }.repacks()) {
                 super::repack::repack_pending(&store);
             } else if let Err(e) = warm_fresh_frames(&store, rev) {

@@ -408,7 +408,7 @@ impl Store {
         store.recover()?;
         // Revisions a crash (or an older version) left unrepacked are gone over in the background.
         if store.repacks() {
-            store.warm_zstd_frames(0);
+            store.warm_zstd_frames(repack::AFTER_OPEN);
         }
         Ok(store)
     }

@@ -41,6 +41,10 @@ pub(super) const REPACK_BLOCK: u64 = LONG_FRAME;
 /// The repacker's level by default. Its context is capped (window 8 MiB, chain 4 Mi, hash 2 Mi
 /// entries: about 35 MiB) against level 19's own 90 MiB, for 0.3 % more bytes.
 pub const REPACK_LEVEL: i32 = 19;
+/// What the store asks the repacker for at open: every revision left unrepacked, a moment later
+/// (so a store opened and closed at once, by a tool or a test, is not held open by the scan).
+pub(super) const AFTER_OPEN: RevisionId = RevisionId::MAX;
+pub(super) const OPEN_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
 /// A stretch is rewritten only if that saves at least this share of its stored bytes.
 const MIN_SAVING: f64 = 0.05;
 
@@ -212,6 +216,7 @@ pub(super) fn repack_revision(store: &Weak<super::Inner>, rev: RevisionId) -> Re
         start = end;
     }
     let Some(store) = held() else { return Ok(()) };
+    let replaced_blocks = !repacked.is_empty();
     // The new plan: the repacked stretches, and the old entries outside them (an old block that
     // lay partly in one lost its chunks there), every entry anchored.
     plan.retain(|e| {
@@ -222,8 +227,11 @@ pub(super) fn repack_revision(store: &Weak<super::Inner>, rev: RevisionId) -> Re
     plan.sort_by_key(|e| e.tar_start);
     let plan = plan.into_iter().map(|e| store.anchored(&record, e)).collect::<Result<Vec<_>>>()?;
     store.record_repacked(&old, record, &plan)?;
-    // The old blocks are dead now: a pass sweeps the old plan and may compact their pack.
-    store.request_sweep();
+    // The old blocks are dead now: a pass (which marks every revision) sweeps the old plan and may
+    // compact their pack. An old plan only replaced by an anchored one waits for the next pass.
+    if replaced_blocks {
+        store.request_sweep();
+    }
     Ok(())
 }
 
