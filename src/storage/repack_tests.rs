@@ -48,12 +48,18 @@ fn pack_bytes(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir.join("packs")).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum()
 }
 
-#[test]
-fn a_repacked_revision_takes_less_space_and_its_zstd_download_is_still_stored_frames() {
+/// [`far_repeats`] committed in a store that does not repack by itself, and its tar.
+fn far_repeats_stored(name: &str) -> (tempfile::TempDir, Store, RevisionId, Vec<u8>) {
     let dir = tempfile::tempdir().unwrap();
     let store = open_with(dir.path(), 0);
-    let rev = write_tree(&store, "far", &far_repeats());
+    let rev = write_tree(&store, name, &far_repeats());
     let tar = identity_tar(&store, rev);
+    (dir, store, rev, tar)
+}
+
+#[test]
+fn a_repacked_revision_takes_less_space_and_its_zstd_download_is_still_stored_frames() {
+    let (dir, store, rev, tar) = far_repeats_stored("far");
     let (blocks_before, bytes_before) = plan_bytes(&store, rev);
     let (wire_before, _, _) = tar_download(&store, rev).unwrap();
     assert!(blocks_before >= 3, "{blocks_before} blocks");
@@ -123,15 +129,16 @@ fn the_store_repacks_what_it_commits_and_what_an_earlier_run_left() {
 
 #[test]
 fn a_released_revision_is_not_repacked() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_with(dir.path(), 0);
-    let rev = write_tree(&store, "gone", &far_repeats());
+    let (dir, store, rev, _) = far_repeats_stored("gone");
     let before = pack_bytes(dir.path());
     store.release_revision(rev).unwrap();
     repack(&store, rev);
-    let record = store.revision_record(rev).unwrap();
-    assert!(record.state == RevisionState::Deleting && !record.repacked, "{record:?}");
-    assert_eq!(pack_bytes(dir.path()), before, "nothing written for it");
+    // The collector the release asked for may have removed the record already.
+    match store.revision_record(rev) {
+        Ok(record) => assert!(record.state == RevisionState::Deleting && !record.repacked, "{record:?}"),
+        Err(e) => assert!(matches!(e, StorageError::NotFound(_)), "{e}"),
+    }
+    assert!(pack_bytes(dir.path()) <= before, "nothing written for it");
 }
 
 #[test]
@@ -152,10 +159,7 @@ fn content_that_does_not_compress_is_left_as_it_is() {
 
 #[test]
 fn a_repack_cut_short_after_its_block_moved_chunks_leaves_a_store_that_serves_and_finishes() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_with(dir.path(), 0);
-    let rev = write_tree(&store, "cut", &far_repeats());
-    let tar = identity_tar(&store, rev);
+    let (dir, store, rev, tar) = far_repeats_stored("cut");
     let record = store.revision(rev).unwrap();
     // The stretch rewritten and its chunks moved, then nothing: no new plan, no `repacked`.
     let mut cursor = super::TarCursor::new(rev, record.tar_size);
