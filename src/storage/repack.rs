@@ -6,12 +6,12 @@
 //! chunk repeated in the revision breaks the stretch of tar a block holds. Once a revision is
 //! committed, the repacker reads its tar in stretches of [`REPACK_BLOCK`] and compresses each again
 //! as one block at `StoreOptions::repack_level`, with a window as long as the block (the
-//! kube-prometheus-stack chart: 669 kB of stored frames become one block of 427 kB). It keeps the
+//! kube-prometheus-stack chart: 669 kB of stored frames become one block of 429 kB). It keeps the
 //! block only if it takes less than what the stretch's chunks take where they are (those in
 //! another repacked block stay there and count for nothing): a chunk is stored once, so the index
 //! moves them to it (compare-and-swap, as compaction moves them), and a later version that mostly
-//! repeats an earlier one leaves the earlier one's blocks alone. The block is a stretch of the tar, so zstd
-//! downloads send it as it is stored: the revision gets a new frame plan naming it, recorded by
+//! repeats an earlier one leaves the earlier one's blocks alone. The block is a stretch of the tar,
+//! so zstd downloads send it as it is stored: the revision gets a new frame plan naming it, recorded by
 //! compare-and-swap on its record, its entries *anchored* (each names a chunk of its block), so
 //! when compaction later copies a block whole, downloads still find it. The old blocks are then
 //! dead bytes that compaction reclaims.
