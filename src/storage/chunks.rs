@@ -472,14 +472,31 @@ impl Store {
             return Ok(());
         }
         let (codec, payload) = encode(&builder.raw, self.inner.options.zstd_level);
-        let block = self.inner.packs.append(codec, builder.raw.len() as u32, &builder.members, &payload)?;
-        self.inner.packs.sync()?;
-        for (m, old) in builder.members.iter().zip(olds.iter()) {
-            self.relocate_chunk(&m.hash, old, &Location::new(block, m, block.raw_len))?;
-        }
+        let raw_len = builder.raw.len() as u32;
+        self.append_moved(codec, raw_len, &builder.members, olds, raw_len, &payload)?;
         *builder = BlockBuilder::default();
         olds.clear();
         Ok(())
+    }
+
+    /// Appends a block holding `members` (its chunks' bytes `members_len` of its `raw_len`), makes
+    /// it durable, then moves each member's index entry from where it was (`olds`, parallel) to it
+    /// — compaction and the repacker.
+    pub(super) fn append_moved(
+        &self,
+        codec: u8,
+        raw_len: u32,
+        members: &[Member],
+        olds: &[Location],
+        members_len: u32,
+        payload: &[u8],
+    ) -> Result<BlockAt> {
+        let block = self.inner.packs.append(codec, raw_len, members, payload)?;
+        self.inner.packs.sync()?;
+        for (m, old) in members.iter().zip(olds) {
+            self.relocate_chunk(&m.hash, old, &Location::new(block, m, members_len))?;
+        }
+        Ok(block)
     }
 
     /// Where a chunk is, if stored.

@@ -386,7 +386,7 @@ pub(super) fn warm_fresh_frames(store: &Weak<super::Inner>, rev: RevisionId) -> 
     let record = first.revision_record(rev)?;
     let budget = first.inner.fresh_frames.limit() / 2;
     drop(first);
-    if record.stored_size > record.tar_size / 2 {
+    if !record.recompresses() {
         return Ok(());
     }
     let mut compressor = zstd::bulk::Compressor::new(super::frame_cache::UPGRADE_LEVEL)?;
@@ -411,7 +411,7 @@ pub(super) fn warm_fresh_frames(store: &Weak<super::Inner>, rev: RevisionId) -> 
 
 /// Fills `identity` (emptied first) with the `len` bytes of a stretch that `read` hands its sink,
 /// verified as read; an error if it hands fewer.
-fn read_identity(
+pub(super) fn read_identity(
     identity: &mut Vec<u8>,
     len: u64,
     read: impl FnOnce(&mut super::Sink<'_>) -> Result<()>,

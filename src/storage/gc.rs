@@ -403,13 +403,8 @@ impl Store {
     /// Appends a scanned block's record as it is, makes it durable, then moves its chunks' index
     /// entries (`olds`, parallel to its members) to the copy.
     fn copy_block(&self, scanned: &ScannedBlock, olds: &[Location]) -> Result<()> {
-        let at = &scanned.at;
-        let block = self.inner.packs.append(at.codec, at.raw_len, &scanned.members, &scanned.payload)?;
-        self.inner.packs.sync()?;
-        for (m, old) in scanned.members.iter().zip(olds) {
-            self.relocate_chunk(&m.hash, old, &Location::new(block, m, old.members_len))?;
-        }
-        Ok(())
+        let (at, members_len) = (&scanned.at, olds.first().map_or(0, |o| o.members_len));
+        self.append_moved(at.codec, at.raw_len, &scanned.members, olds, members_len, &scanned.payload).map(|_| ())
     }
 
     /// Whether the collection recovery owes since open has not finished yet: until then, chunks a

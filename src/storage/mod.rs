@@ -227,6 +227,17 @@ impl RevisionRecord {
         self.size > 0 && self.stored_size.saturating_mul(10) >= self.size.saturating_mul(9)
     }
 
+    /// Whether the repacker has still to go over it ([`repack`]): committed, not gone over yet.
+    pub(crate) fn repack_due(&self) -> bool {
+        self.state == RevisionState::Committed && !self.repacked && !self.manifest.is_empty()
+    }
+
+    /// Whether compressing its tar again could gain: its blocks take at most half of it (content
+    /// that hardly compressed the first time gains nothing from a higher level).
+    pub(crate) fn recompresses(&self) -> bool {
+        self.stored_size <= self.tar_size / 2
+    }
+
     /// The manifest's root chunk (an error for a revision not finalized).
     pub(crate) fn manifest_root(&self) -> Result<chunks::ChunkRef> {
         self.root(&self.manifest, self.manifest_len, "has no manifest")
@@ -575,12 +586,9 @@ impl Store {
         for item in self.tree().scan_prefix(b"v") {
             let (_, value) = item?;
             let record: RevisionRecord = decode_json(&value)?;
-            let repack_due = !record.repacked && !record.manifest.is_empty() && self.repacks();
+            stats.revisions_repack_pending += u64::from(record.repack_due() && self.repacks());
             match record.state {
-                RevisionState::Committed => {
-                    stats.revisions_committed += 1;
-                    stats.revisions_repack_pending += u64::from(repack_due);
-                }
+                RevisionState::Committed => stats.revisions_committed += 1,
                 RevisionState::Staging => stats.revisions_staging += 1,
                 RevisionState::Deleting => stats.revisions_deleting += 1,
             }

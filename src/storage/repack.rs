@@ -27,13 +27,13 @@ use std::sync::Weak;
 
 use super::chunks::{BlockBuilder, ChunkRef, Location, SealedBlock, CODEC_ZSTD_LONG};
 use super::frame_cache::LONG_FRAME;
-use super::frames::{store_plan, PlanEntry};
+use super::frames::{read_identity, store_plan, PlanEntry};
 use super::manifest::ChunkList;
 use super::objects::key_revision;
 use super::packs::{BlockAt, Member};
 use super::read::RangeSpec;
 use super::revision::WriterChunks;
-use super::{decode_json, encode_json, EntryKind, Result, RevisionId, RevisionRecord, RevisionState, Store};
+use super::{decode_json, encode_json, EntryKind, Result, RevisionId, RevisionRecord, Store};
 
 /// The longest block the repacker writes (and its compression window): the largest window every
 /// zstd decoder accepts for HTTP (RFC 8878 §3.1.1.1.2 recommends 8 MiB at most).
@@ -60,7 +60,7 @@ impl Store {
         for item in self.tree().scan_prefix(b"v") {
             let (_, v) = item?;
             let record: RevisionRecord = decode_json(&v)?;
-            if record.state == RevisionState::Committed && !record.repacked && !record.manifest.is_empty() {
+            if record.repack_due() {
                 pending.push(record.id);
             }
         }
@@ -146,18 +146,14 @@ impl Store {
     /// Appends `payload` as the block holding `members` (its raw bytes `raw_len`), makes it
     /// durable, then moves each member's index entry to it.
     fn relocate_into(&self, raw_len: u32, members: &[(Member, Location)], payload: &[u8]) -> Result<SealedBlock> {
-        let list: Vec<Member> = members.iter().map(|(m, _)| *m).collect();
+        let (list, olds): (Vec<Member>, Vec<Location>) = members.iter().copied().unzip();
         let members_len = list.iter().map(|m| m.len).sum::<u32>();
         // Space for history is content: refused in the reserve.
         self.ensure_space(super::WriteKind::Content)?;
         // Until its chunks point at it, the block's pack must not be rolled and compacted as if
         // the block were dead (the same lock a writer holds from append to index).
         let _sealing = self.inner.sealing.read().unwrap_or_else(|e| e.into_inner());
-        let block = self.inner.packs.append(CODEC_ZSTD_LONG, raw_len, &list, payload)?;
-        self.inner.packs.sync()?;
-        for (m, old) in members {
-            self.relocate_chunk(&m.hash, old, &Location::new(block, m, members_len))?;
-        }
+        let block = self.append_moved(CODEC_ZSTD_LONG, raw_len, &list, &olds, members_len, payload)?;
         Ok(SealedBlock { at: block, payload_hash: *blake3::hash(payload).as_bytes() })
     }
 
@@ -195,14 +191,13 @@ pub(super) fn repack_revision(store: &Weak<super::Inner>, rev: RevisionId) -> Re
     let Some(first) = held() else { return Ok(()) };
     let Some(old) = first.tree().get(key_revision(rev))? else { return Ok(()) };
     let record: RevisionRecord = decode_json(&old)?;
-    if record.state != RevisionState::Committed || record.repacked || record.manifest.is_empty() {
+    if !record.repack_due() {
         return Ok(());
     }
     let mut plan = first.plan_entries(&record)?;
     let level = first.inner.options.repack_level;
     drop(first);
-    // Content that hardly compressed (stored at more than half its tar) gains nothing.
-    let worth_it = record.stored_size <= record.tar_size / 2;
+    let worth_it = record.recompresses();
     let mut compressor = compressor(level)?;
     let mut cursor = super::TarCursor::new(rev, record.tar_size);
     let mut identity = Vec::new();
@@ -253,11 +248,7 @@ pub(super) fn repack_stretch(
     let Some(store) = held() else { return Ok(None) };
     // In the reserve the block would be refused after its compression: do neither.
     store.ensure_space(super::WriteKind::Content)?;
-    identity.clear();
-    store.read_tar_at(cursor, RangeSpec { start, end }, &mut |bytes: &[u8]| {
-        identity.extend_from_slice(bytes);
-        Ok(())
-    })?;
+    read_identity(identity, end - start, |sink| store.read_tar_at(cursor, RangeSpec { start, end }, sink))?;
     // Chunks in another repacked block stay there: taking them over would leave that block partly
     // dead, and compaction would then copy what is left of it at the upload level.
     let (mut members, mut in_long) = (store.members_in(record, start, end, None)?, 0);
@@ -270,7 +261,7 @@ pub(super) fn repack_stretch(
     let now: u64 = members.iter().map(|(_, at)| at.stored_share()).sum();
     // The block would also hold the bytes the repacked blocks hold: where that is most of the
     // stretch, it would take more than it frees (a version repeating the one repacked before it).
-    if identity.len() as u64 != end - start || now <= in_long || members.len() > u16::MAX as usize {
+    if now <= in_long || members.len() > u16::MAX as usize {
         return Ok(None);
     }
     let payload = compressor.compress(identity)?;
