@@ -53,6 +53,11 @@ pub struct StoreFlags {
     /// This replica's name in etcd (pins, leadership); the host name and process id by default.
     #[arg(long, env = "POD_NAME")]
     pub replica_id: Option<String>,
+    /// Bytes of API objects and change log each replica keeps in memory, fed by etcd's watch, so
+    /// GET, LIST and watches are answered without an etcd round trip beyond one shared check of
+    /// the newest resourceVersion. Past it, reads go to etcd. 0: no cache.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub object_cache_bytes: u64,
 }
 
 impl StoreFlags {
@@ -91,6 +96,7 @@ impl StoreFlags {
             replica_id,
             block_grace: Duration::from_secs(600),
             collect_every: Duration::from_secs(60),
+            object_cache_bytes: self.object_cache_bytes,
             metrics,
         })
     }

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::chunks::{chunk_key, pin_key, BlockBuilder, Hash, Location, LocationCache, MANIFESTS_KEY};
-use super::meta::{Batch, Meta};
+use super::meta::{Batch, Meta, Reads};
 use super::objects::{BuiltWrite, ObjectWrite, RV_COUNTER};
 use super::packs::BlockAt;
-use super::remote::{EtcdMeta, Remote};
+use super::remote::{EtcdMeta, Mirror, Remote};
 use super::{durability, read_be, Inner, Result, StorageError, Store, WriteKind};
 
 /// What differs between the embedded and the replicated store.
@@ -47,6 +47,9 @@ pub(super) struct Replicated {
     pub etcd: Arc<EtcdMeta>,
     /// Where recently read chunks are, so a download does not ask etcd per chunk.
     pub locations: LocationCache,
+    /// The objects, change log and counters in memory, fed by etcd's watch (`None`:
+    /// `--object-cache-bytes 0`, every read goes to etcd).
+    pub mirror: Option<Arc<Mirror>>,
 }
 
 /// One of the store's health checks, as `/livez`, `/readyz` and `/healthz` list them.
@@ -77,7 +80,39 @@ pub struct BackendMetrics {
 
 impl Backend {
     pub(super) fn replicated(remote: Arc<Remote>, etcd: Arc<EtcdMeta>) -> Backend {
-        Backend::Replicated(Replicated { remote, etcd, locations: LocationCache::default() })
+        let mirror = match remote.options.object_cache_bytes {
+            0 => None,
+            bytes => Some(Mirror::new(bytes, remote.metrics().clone())),
+        };
+        Backend::Replicated(Replicated { remote, etcd, locations: LocationCache::default(), mirror })
+    }
+
+    /// The object cache, for tests that stall it.
+    #[cfg(test)]
+    pub(super) fn mirror(&self) -> Option<&Arc<Mirror>> {
+        match self {
+            Backend::Replicated(r) => r.mirror.as_ref(),
+            Backend::Embedded(_) => None,
+        }
+    }
+
+    /// Where the read paths read the map: the replica's mirror while it serves, else the map.
+    pub(super) fn reads<'a>(&'a self, meta: &'a Meta) -> Reads<'a> {
+        match self {
+            Backend::Replicated(Replicated { mirror: Some(mirror), etcd, .. }) => Reads::Mirror(mirror, etcd),
+            _ => Reads::Map(meta),
+        }
+    }
+
+    /// Before a read that must be as new as a quorum read (a GET or a fresh LIST): with an object
+    /// cache, waits until it holds every write acknowledged before the call (or marks it behind,
+    /// so the read goes to etcd). Without one there is nothing to wait for: the map is read.
+    pub(super) fn fresh_reads(&self) -> Result<()> {
+        if let Backend::Replicated(Replicated { mirror: Some(mirror), etcd, .. }) = self {
+            let caught_up = mirror.catch_up(etcd, RV_COUNTER)?;
+            mirror.count_read(caught_up && mirror.serves());
+        }
+        Ok(())
     }
 
     /// Makes what was written durable. Replicated: etcd and object storage acknowledge only what
@@ -212,9 +247,21 @@ impl Backend {
     }
 
     /// Announces other replicas' writes like this one's, as etcd reports the resourceVersion
-    /// counter moving (embedded: every write is this store's own).
+    /// counter moving (embedded: every write is this store's own), and starts the object cache.
+    /// Both the cache and a watch of the counter alone announce: the cache once it holds the
+    /// write, the counter's watch even while the cache is off.
     pub(super) fn follow_writes(&self, inner: std::sync::Weak<Inner>) {
         let Backend::Replicated(r) = self else { return };
+        if let Some(mirror) = &r.mirror {
+            let inner = inner.clone();
+            mirror.follow(&r.etcd, move |value| {
+                let Some(inner) = inner.upgrade() else { return };
+                if let Ok(rv) = read_be(value) {
+                    inner.commits.durable_at_least(rv);
+                    let _ = inner.events.send(rv);
+                }
+            });
+        }
         r.remote.follow_key(r.etcd.full_key(RV_COUNTER), move |value| {
             let Some(inner) = inner.upgrade() else { return false };
             if let Ok(rv) = read_be(value) {
@@ -226,13 +273,15 @@ impl Backend {
     }
 
     /// Brings the durable resourceVersion up to every write acknowledged before the call:
-    /// embedded, it is already; replicated, read from etcd, since other replicas write too.
-    pub(super) fn catch_up_durable(&self, store: &Store) -> Result<()> {
-        if let Backend::Replicated(_) = self {
-            let rv = store.current_resource_version()?;
-            store.inner.commits.durable_at_least(rv);
-        }
-        Ok(())
+    /// embedded, it is already (`None`); replicated, read from etcd (through the object cache,
+    /// once it has caught up), since other replicas write too: `Some` of what the store's reads
+    /// now reach, which a list may be at.
+    pub(super) fn catch_up_durable(&self, store: &Store) -> Result<Option<u64>> {
+        let Backend::Replicated(_) = self else { return Ok(None) };
+        self.fresh_reads()?;
+        let rv = store.current_resource_version()?;
+        store.inner.commits.durable_at_least(rv);
+        Ok(Some(rv))
     }
 
     // --- revisions and their chunks ---

@@ -208,8 +208,10 @@ impl Store {
     /// A resourceVersion every write acknowledged before the call is at or below: the durable one
     /// (embedded); in replicated mode read from etcd, since other replicas write too.
     pub fn consistent_resource_version(&self) -> Result<u64> {
-        self.backend().catch_up_durable(self)?;
-        Ok(self.durable_resource_version())
+        match self.backend().catch_up_durable(self)? {
+            Some(reached) => Ok(reached),
+            None => Ok(self.durable_resource_version()),
+        }
     }
 
     pub fn durable_resource_version(&self) -> u64 {

@@ -244,7 +244,10 @@ impl ListCursor {
             return Ok(());
         }
         let prefix = self.prefix.clone();
-        let mut live = store.tree().range((self.position.clone(), Bound::Unbounded)).take_while(|item| match item {
+        // Ends where the prefix does: a scan past it would read a page beyond (from etcd, where
+        // an object cache holds no more keys).
+        let end = super::meta::prefix_end(&prefix).map_or(Bound::Unbounded, Bound::Excluded);
+        let mut live = store.reads().range((self.position.clone(), end)).take_while(|item| match item {
             Ok((k, _)) => k.starts_with(&prefix),
             Err(_) => true,
         });
@@ -363,20 +366,20 @@ struct Previous {
 impl Changed {
     /// Reads the log entries written since the last call (none if nothing was written).
     fn catch_up(&mut self, store: &Store) -> Result<()> {
-        let pages = store.tree().pages_read();
+        let pages = store.reads().pages_read();
         if pages.is_some() && pages == self.pages {
             return Ok(());
         }
         let current = store.current_resource_version()?;
         // Read after this catch-up's own reads: a later page (of this list, or of another one)
         // moves it on.
-        let caught_up = |changed: &mut Changed| changed.pages = store.tree().pages_read();
+        let caught_up = |changed: &mut Changed| changed.pages = store.reads().pages_read();
         if current <= self.seen {
             caught_up(self);
             return Ok(());
         }
         let mut seen = current;
-        for item in store.tree().range(key(b'l', &[&be(self.seen + 1)])..key(b'm', &[])) {
+        for item in store.reads().range(key(b'l', &[&be(self.seen + 1)])..key(b'm', &[])) {
             let (log_key, entry) = item?;
             seen = seen.max(read_be(log_key.get(1..).unwrap_or_default())?);
             let change: ChangeHead = super::objects::decode_log(&entry)?;
@@ -413,7 +416,7 @@ impl Changed {
     fn state_at(&self, store: &Store, object_key: &[u8]) -> Result<Option<Value>> {
         let Some(Some(log_key)) = self.first.get(object_key) else { return Ok(None) };
         // Gone from the log since it was read: trimmed, so the log no longer covers `at`.
-        let entry = store.tree().get(log_key)?.ok_or(StorageError::Expired(self.at))?;
+        let entry = store.reads().get(log_key)?.ok_or(StorageError::Expired(self.at))?;
         let previous: Previous = super::objects::decode_log(&entry)?;
         // Entries written before the log kept previous states cannot be replayed.
         previous.previous.map(Some).ok_or(StorageError::Expired(self.at))

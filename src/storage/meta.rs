@@ -14,7 +14,7 @@ use std::ops::{Bound, RangeBounds};
 
 use sled::IVec;
 
-use super::remote::EtcdMeta;
+use super::remote::{EtcdMeta, Mirror};
 use super::Result;
 
 /// An ordered set of writes; the last one on a key wins (as in sled).
@@ -157,6 +157,50 @@ impl Meta {
                 }
                 etcd.apply_if(batch, key, old)
             }
+        }
+    }
+}
+
+/// Where the read paths (GET, LIST, watches, the change log's followers) read the map: the map
+/// itself, or, replicated with an object cache, the replica's [`Mirror`] of it, which answers
+/// what it holds while it serves and hands everything else to etcd.
+#[derive(Clone, Copy)]
+pub enum Reads<'a> {
+    Map(&'a Meta),
+    Mirror(&'a Mirror, &'a EtcdMeta),
+}
+
+impl<'a> Reads<'a> {
+    pub fn get(self, key: impl AsRef<[u8]>) -> Result<Option<IVec>> {
+        match self {
+            Reads::Map(meta) => meta.get(key),
+            Reads::Mirror(mirror, etcd) => match mirror.get(key.as_ref()) {
+                Some(found) => Ok(found),
+                None => etcd.get(key.as_ref()),
+            },
+        }
+    }
+
+    /// Keys in `range`, in order (from the mirror while it serves; see [`Mirror::range`]).
+    pub fn range<R: RangeBounds<Vec<u8>>>(self, range: R) -> MetaIter<'a> {
+        match self {
+            Reads::Map(meta) => meta.range(range),
+            Reads::Mirror(mirror, etcd) => {
+                let (start, end) = (range.start_bound().cloned(), range.end_bound().cloned());
+                match mirror.range(etcd, start.clone(), end.clone()) {
+                    Some(scan) => Box::new(scan),
+                    None => Box::new(etcd.range(start, end)),
+                }
+            }
+        }
+    }
+
+    /// [`Meta::pages_read`]; with a mirror, its pages and etcd's together (either moving means a
+    /// scan may have seen newer state).
+    pub fn pages_read(self) -> Option<u64> {
+        match self {
+            Reads::Map(meta) => meta.pages_read(),
+            Reads::Mirror(mirror, etcd) => Some(etcd.pages_read().wrapping_add(mirror.pages_read())),
         }
     }
 }

@@ -529,6 +529,12 @@ impl Store {
         &self.inner.meta
     }
 
+    /// The map as the read paths read it ([`backend::Backend::reads`]): what writers read and
+    /// compare against is [`Store::tree`].
+    fn reads(&self) -> meta::Reads<'_> {
+        self.backend().reads(&self.inner.meta)
+    }
+
     fn backend(&self) -> &backend::Backend {
         &self.inner.backend
     }
@@ -643,6 +649,8 @@ mod fidelity_tests;
 mod frames_tests;
 #[cfg(test)]
 mod layout_tests;
+#[cfg(test)]
+mod object_cache_tests;
 #[cfg(test)]
 pub(crate) mod remote_tests;
 #[cfg(test)]

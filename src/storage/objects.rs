@@ -168,8 +168,9 @@ impl Store {
     /// applied but not yet durable, this waits for the flush that covers it (helping with it if
     /// none runs). On a poisoned store that change never becomes durable: `Err(Poisoned)`.
     pub fn get_object(&self, key: &ObjectKey) -> Result<Option<StoredObject>> {
+        self.backend().fresh_reads()?;
         let durable = self.durable_resource_version();
-        let object = self.applied_object(key)?;
+        let object = self.reads().get(key.encode())?.map(|v| decode_object(&v)).transpose()?;
         let newest = match &object {
             Some(object) => object.resource_version,
             None => self.deleted_after(key, durable)?,
@@ -183,6 +184,7 @@ impl Store {
     /// [`Store::get_object`] as the object's JSON: its bytes as stored, never decoded (what
     /// serialising the decoded object would write).
     pub fn get_object_json(&self, key: &ObjectKey) -> Result<Option<Vec<u8>>> {
+        self.backend().fresh_reads()?;
         let (newest, json) = self.object_json(key)?;
         self.flush_covering(newest)?;
         Ok(json)
@@ -203,7 +205,7 @@ impl Store {
     /// show it (0 if nothing).
     fn object_json(&self, key: &ObjectKey) -> Result<(u64, Option<Vec<u8>>)> {
         let durable = self.durable_resource_version();
-        let stored = self.tree().get(key.encode())?;
+        let stored = self.reads().get(key.encode())?;
         Ok(match &stored {
             Some(stored) => {
                 let found = decode_stored(stored)?;
@@ -223,7 +225,7 @@ impl Store {
     fn deleted_after(&self, key: &ObjectKey, after: u64) -> Result<u64> {
         let mut newest = 0;
         let end = key_log(self.current_resource_version()?.saturating_add(1));
-        for item in self.tree().range(key_log(after.saturating_add(1))..end) {
+        for item in self.reads().range(key_log(after.saturating_add(1))..end) {
             let (k, v) = item?;
             let change: ChangeEvent = decode_log(&v)?;
             if change.resource == key.resource && change.namespace == key.namespace && change.name == key.name {
@@ -241,7 +243,11 @@ impl Store {
     /// read may show in either state; the log has its change). Holds the whole list: internal
     /// passes over many objects use [`Store::objects_page`].
     pub fn list_objects(&self, resource: &str, namespace: Option<&str>) -> Result<(Vec<StoredObject>, u64)> {
-        let rv = self.current_resource_version()?;
+        // The map's own counter (not an object cache's): the objects below are read from the map.
+        let rv = match self.tree().get(RV_COUNTER)? {
+            Some(v) => read_be(&v)?,
+            None => 0,
+        };
         let mut out = Vec::new();
         let mut after: Option<String> = None;
         loop {
@@ -362,8 +368,10 @@ impl Store {
         self.flush()
     }
 
+    /// The newest resourceVersion the store's reads reach (replicated with an object cache: the
+    /// cache's, which may trail etcd's by the watch's delay; writers read etcd's own).
     pub fn current_resource_version(&self) -> Result<u64> {
-        Ok(match self.tree().get(RV_COUNTER)? {
+        Ok(match self.reads().get(RV_COUNTER)? {
             Some(v) => read_be(&v)?,
             None => 0,
         })
@@ -469,7 +477,7 @@ impl Store {
         // A reader may already be past the durable end (it listed a write still being flushed).
         let durable = self.durable_resource_version().max(after);
         let end = key_log(durable.saturating_add(1));
-        self.tree().range(key_log(after.saturating_add(1))..end).map(|item| {
+        self.reads().range(key_log(after.saturating_add(1))..end).map(|item| {
             let (k, v) = item?;
             let rv = read_be(k.get(1..).unwrap_or_default())?;
             Ok((rv, decode_log(&v)?))
@@ -498,7 +506,7 @@ impl Store {
     /// Whether the log still holds every change after `after`, so that the state at `after` can
     /// be replayed or reconstructed.
     pub fn log_covers(&self, after: u64) -> Result<bool> {
-        let start = match self.tree().get(LOG_START)? {
+        let start = match self.reads().get(LOG_START)? {
             Some(v) => read_be(&v)?,
             None => 0, // never trimmed
         };

@@ -146,11 +146,12 @@ pub(crate) fn remote_options(backends: &Backends, id: &str) -> RemoteOptions {
         // Old enough to be compacted within the test, young enough that no write takes half of it.
         block_grace: Duration::from_secs(5),
         collect_every: Duration::from_secs(3600),
+        object_cache_bytes: 64 << 20,
         ..RemoteOptions::default()
     }
 }
 
-fn replica(backends: &Backends, id: &str, scratch: &Path) -> Store {
+pub(super) fn replica(backends: &Backends, id: &str, scratch: &Path) -> Store {
     let remote = Remote::connect(remote_options(backends, id)).unwrap();
     Store::open_replicated(&scratch.join(id), StoreOptions::default(), remote).unwrap()
 }

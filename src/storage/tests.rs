@@ -555,7 +555,7 @@ fn collection_never_takes_a_chunk_a_concurrent_writer_reuses() {
     assert_eq!((stats.revisions_committed, stats.revisions_deleting, stats.revisions_staging), (12, 0, 0));
 }
 
-fn put_v(name: &str, v: u64) -> ObjectWrite {
+pub(super) fn put_v(name: &str, v: u64) -> ObjectWrite {
     ObjectWrite::Put {
         key: ObjectKey::new("bundles", "ns", name),
         object: json!({"metadata": {"name": name}, "v": v}),
@@ -564,12 +564,12 @@ fn put_v(name: &str, v: u64) -> ObjectWrite {
     }
 }
 
-fn delete_obj(name: &str) -> ObjectWrite {
+pub(super) fn delete_obj(name: &str) -> ObjectWrite {
     ObjectWrite::Delete { key: ObjectKey::new("bundles", "ns", name), precondition: Precondition::None }
 }
 
 /// `(name, v)` of every object of a page.
-fn name_and_v(items: &[serde_json::Value]) -> Vec<(String, u64)> {
+pub(super) fn name_and_v(items: &[serde_json::Value]) -> Vec<(String, u64)> {
     items.iter().map(|o| (o["metadata"]["name"].as_str().unwrap().to_string(), o["v"].as_u64().unwrap())).collect()
 }
 

@@ -3,7 +3,10 @@
 //! `etcd_request_errors_total{operation,type}`), object storage requests
 //! (`stowage_object_storage_request_duration_seconds{operation}`,
 //! `stowage_object_storage_request_errors_total{operation}`), and the lease's renewals
-//! (`stowage_etcd_lease_renewals_total{result}`).
+//! (`stowage_etcd_lease_renewals_total{result}`), and the object cache
+//! (`stowage_object_cache_bytes`, `stowage_object_cache_active`,
+//! `stowage_object_cache_reads_total{source}`: reads answered by the cache or, past its bound or
+//! while it is behind, by etcd).
 //!
 //! Plain `prometheus-client` families, carried in [`super::RemoteOptions`]: `serve` registers them
 //! into the server's registry, the store only records (it knows nothing of how they are exported);
@@ -15,6 +18,7 @@ use std::time::Instant;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
@@ -65,6 +69,11 @@ struct ResultLabel {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabel {
+    source: &'static str,
+}
+
 /// The families; clones share the same series.
 #[derive(Clone)]
 pub struct RemoteMetrics {
@@ -73,6 +82,9 @@ pub struct RemoteMetrics {
     object_durations: Family<OperationLabel, Histogram, fn() -> Histogram>,
     object_errors: Family<OperationLabel, Counter>,
     lease_renewals: Family<ResultLabel, Counter>,
+    cache_bytes: Gauge,
+    cache_active: Gauge,
+    cache_reads: Family<SourceLabel, Counter>,
 }
 
 impl std::fmt::Debug for RemoteMetrics {
@@ -87,7 +99,14 @@ impl Default for RemoteMetrics {
         for result in ["renewed", "failed"] {
             drop(lease_renewals.get_or_create(&ResultLabel { result }));
         }
+        let cache_reads = Family::default();
+        for source in ["cache", "etcd"] {
+            drop(cache_reads.get_or_create(&SourceLabel { source }));
+        }
         RemoteMetrics {
+            cache_bytes: Gauge::default(),
+            cache_active: Gauge::default(),
+            cache_reads,
             etcd_durations: Family::new_with_constructor(|| Histogram::new(BUCKETS)),
             etcd_errors: Family::default(),
             object_durations: Family::new_with_constructor(|| Histogram::new(BUCKETS)),
@@ -128,6 +147,21 @@ impl RemoteMetrics {
             "Renewals of this replica's etcd lease, by result (renewed, failed)",
             metrics.lease_renewals.clone(),
         );
+        registry.register(
+            "stowage_object_cache_bytes",
+            "Bytes of API objects and change log this replica's object cache holds",
+            metrics.cache_bytes.clone(),
+        );
+        registry.register(
+            "stowage_object_cache_active",
+            "1 while this replica's object cache answers reads; 0 while every read goes to etcd",
+            metrics.cache_active.clone(),
+        );
+        registry.register(
+            "stowage_object_cache_reads",
+            "Consistent reads of API objects, by what answered them (cache, etcd)",
+            metrics.cache_reads.clone(),
+        );
         metrics
     }
 
@@ -162,6 +196,18 @@ impl RemoteMetrics {
             self.object_errors.get_or_create(&labels).inc();
         }
         answer
+    }
+
+    /// A consistent read was answered by the object cache, or by etcd.
+    pub fn object_cache_read(&self, from_cache: bool) {
+        let source = if from_cache { "cache" } else { "etcd" };
+        self.cache_reads.get_or_create(&SourceLabel { source }).inc();
+    }
+
+    /// The object cache's state after a change.
+    pub fn object_cache_state(&self, active: bool, bytes: u64) {
+        self.cache_active.set(i64::from(active));
+        self.cache_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// A lease renewal round ended.

@@ -13,6 +13,7 @@
 mod etcd;
 mod leader;
 pub mod metrics;
+mod mirror;
 mod s3;
 
 use std::future::Future;
@@ -25,6 +26,7 @@ use etcd_client::{Client, ConnectOptions, PutOptions};
 
 pub use etcd::EtcdMeta;
 pub use metrics::RemoteMetrics;
+pub use mirror::Mirror;
 pub use s3::S3Blocks;
 
 use super::{Result, StorageError};
@@ -58,6 +60,9 @@ pub struct RemoteOptions {
     pub block_grace: Duration,
     /// How often the leader runs a full collection pass unasked.
     pub collect_every: Duration,
+    /// Bytes of API objects and change log this replica keeps in memory ([`Mirror`]); 0: none,
+    /// every read goes to etcd.
+    pub object_cache_bytes: u64,
     /// Where etcd and object storage requests are recorded (`/metrics`).
     pub metrics: RemoteMetrics,
 }

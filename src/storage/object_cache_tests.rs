@@ -1,0 +1,110 @@
+//! The replicated store's object cache ([`super::remote::Mirror`]) against a real etcd and Garage:
+//! a replica whose cache stalled never answers a consistent read with older data than etcd holds,
+//! and one past its bound answers what etcd answers.
+
+use std::time::{Duration, Instant};
+
+use super::remote::{Remote, RemoteOptions};
+use super::remote_tests::{remote_options, replica, start_backends};
+use super::tests::{delete_obj, name_and_v, put_v};
+use super::*;
+
+fn list(store: &Store) -> (u64, Vec<(String, u64)>) {
+    let query = ListQuery { resource: "bundles", namespace: Some("ns"), at: None, after: None, limit: None };
+    let page = store.list_page(&query, None).unwrap();
+    (page.resource_version, name_and_v(&page.items))
+}
+
+fn version_of(store: &Store, name: &str) -> Option<(u64, u64)> {
+    let found = store.get_object(&ObjectKey::new("bundles", "ns", name)).unwrap()?;
+    Some((found.resource_version, found.value["v"].as_u64().unwrap()))
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn etcd_pages(store: &Store) -> u64 {
+    store.tree().pages_read().unwrap()
+}
+
+#[test]
+fn a_replica_whose_cache_stalled_answers_what_etcd_holds() {
+    let backends = start_backends();
+    let scratch = tempfile::tempdir().unwrap();
+    let a = replica(&backends, "a", scratch.path());
+    let b = replica(&backends, "b", scratch.path());
+    for i in 0..20 {
+        b.write_objects(vec![put_v(&format!("o{i:02}"), 0)]).unwrap();
+    }
+    let mirror = a.backend().mirror().expect("the tests' replicas have an object cache").clone();
+    wait_until("a's object cache never served", || mirror.serves());
+    // Served from memory: a list of a's reads no etcd page.
+    let pages = etcd_pages(&a);
+    let (_, items) = list(&a);
+    assert_eq!(items.len(), 20);
+    assert_eq!(etcd_pages(&a), pages, "a served a list from etcd while its cache was caught up");
+
+    // The watch stalls; b goes on writing. Every consistent read on a shows b's last write.
+    mirror.pause(true);
+    for step in 1..=4u64 {
+        let rv = b.write_objects(vec![put_v("o03", step)]).unwrap().resource_version;
+        assert_eq!(version_of(&a, "o03"), Some((rv, step)), "a's GET showed older data than etcd's");
+        let (at, items) = list(&a);
+        assert!(at >= rv, "a listed at {at}, before b's acknowledged write at {rv}");
+        assert!(items.contains(&("o03".to_string(), step)), "a's LIST showed older data than etcd's");
+    }
+    b.write_objects(vec![delete_obj("o04")]).unwrap();
+    assert_eq!(version_of(&a, "o04"), None, "a still showed an object b deleted");
+    assert!(!list(&a).1.iter().any(|(name, _)| name == "o04"));
+    assert!(!mirror.serves(), "a stalled cache was still asked");
+
+    // The watch resumes: the cache catches up and answers again, with the same data.
+    mirror.pause(false);
+    wait_until("a's object cache did not catch up", || {
+        a.consistent_resource_version().unwrap();
+        mirror.serves()
+    });
+    let pages = etcd_pages(&a);
+    assert_eq!(version_of(&a, "o03").map(|(_, v)| v), Some(4));
+    assert_eq!(list(&a).1, list(&b).1);
+    assert_eq!(etcd_pages(&a), pages, "the caught-up cache did not answer");
+    // What it missed reaches a's watchers too.
+    let logged = a.changes_after(0, 100).unwrap();
+    assert!(logged.iter().any(|(_, change)| change.name == "o04" && change.kind == "DELETED"));
+}
+
+#[test]
+fn a_cache_past_its_bound_falls_back_to_etcd_with_the_same_answers() {
+    let backends = start_backends();
+    let scratch = tempfile::tempdir().unwrap();
+    let small = {
+        let options = RemoteOptions { object_cache_bytes: 8 << 10, ..remote_options(&backends, "small") };
+        let remote = Remote::connect(options).unwrap();
+        Store::open_replicated(&scratch.path().join("small"), StoreOptions::default(), remote).unwrap()
+    };
+    let big = replica(&backends, "big", scratch.path());
+    let mirror = small.backend().mirror().unwrap().clone();
+    wait_until("the small cache never served while it fit", || mirror.serves());
+    // Each write adds an object and a change-log entry: the small cache soon outgrows 8 KiB.
+    for i in 0..60 {
+        big.write_objects(vec![put_v(&format!("o{i:02}"), i)]).unwrap();
+    }
+    wait_until("the small cache did not give up", || !mirror.serves());
+    assert_eq!(mirror.bytes(), 0, "a cache past its bound kept its objects");
+    let pages = etcd_pages(&small);
+    let (small_at, small_items) = list(&small);
+    assert!(etcd_pages(&small) > pages, "a list on the small replica was not read from etcd");
+    let (big_at, big_items) = list(&big);
+    assert_eq!(small_items, big_items);
+    assert_eq!(small_items.len(), 60);
+    assert_eq!(small_at, big_at);
+    for name in ["o00", "o31", "o59", "absent"] {
+        assert_eq!(version_of(&small, name), version_of(&big, name), "{name}");
+    }
+    assert_eq!(small.changes_after(0, 1000).unwrap().len(), big.changes_after(0, 1000).unwrap().len());
+}
