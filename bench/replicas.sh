@@ -19,6 +19,10 @@ REPL_OBJECTS="${BENCH_REPL_OBJECTS:-2000}"
 REPL_DOWNLOADS="${BENCH_REPL_DOWNLOADS:-20}"
 REPL_GARAGE="${STOWAGE_GARAGE:-$HOME/.cache/stowage-tools/garage-2.5.0/bin/garage}"
 REPL_KPS_VERSION=88.5.3
+# Which clusters to measure: 1 and/or 3 replicas (the failover needs 3).
+REPL_SETS="${BENCH_REPL_SETS:-1 3}"
+# The binary the replicas run (BENCH_BEFORE_BIN's 1-replica cluster runs that one).
+REPL_BIN=""
 
 # The processes of the current run (empty when not running) and where they listen.
 REPL_ETCD_PID=""
@@ -323,7 +327,7 @@ repl_start_replica() {
     local dir="${REPL_DIRS[$i]}" port="${REPL_PORTS[$i]}"
     mkdir -p "$dir"
     touch "$dir.log"
-    NO_COLOR=1 "$BIN" serve --etcd-servers "$REPL_ETCD_URL" --etcd-prefix "$prefix" \
+    NO_COLOR=1 "${REPL_BIN:-$BIN}" serve --etcd-servers "$REPL_ETCD_URL" --etcd-prefix "$prefix" \
         --s3-endpoint "$REPL_S3_URL" --s3-bucket "$bucket" --s3-region garage --s3-path-style \
         --s3-credentials-file "$REPL_CREDS" --replica-id "r$i" \
         --data-dir "$dir" --listen "127.0.0.1:$port" >>"$dir.log" 2>&1 &
@@ -394,7 +398,7 @@ CFG
 # Garage, sharing replica 0's certificates (as replicas of one Deployment share one Secret), and
 # haproxy in front. Sets URL (haproxy) and SERVER_DIR (replica 0's, for the admin identity).
 repl_start_cluster() {
-    local n="$1" base="$WORK/repl-$2/replicas-$1" i
+    local n="$1" base="$WORK/repl-$2/replicas-$1" name="$1${3:-}" i
     REPL_PIDS=()
     REPL_PORTS=()
     REPL_DIRS=()
@@ -402,14 +406,14 @@ repl_start_cluster() {
         REPL_PORTS[i]="$(repl_port)"
         REPL_DIRS[i]="$base/r$i"
     done
-    repl_bucket "bench-$n"
-    log "replicas: starting $n replica(s)"
-    repl_start_replica 0 "/bench-$n" "bench-$n"
+    repl_bucket "bench-$name"
+    log "replicas: starting $n replica(s) of ${REPL_BIN:-$BIN}"
+    repl_start_replica 0 "/bench-$name" "bench-$name"
     for ((i = 1; i < n; i++)); do
         mkdir -p "${REPL_DIRS[$i]}/pki"
         chmod 700 "${REPL_DIRS[$i]}/pki"
         cp -p "${REPL_DIRS[0]}"/pki/* "${REPL_DIRS[$i]}/pki/"
-        repl_start_replica "$i" "/bench-$n" "bench-$n"
+        repl_start_replica "$i" "/bench-$name" "bench-$name"
     done
     SERVER_DIR="${REPL_DIRS[0]}"
     repl_start_haproxy "$base/haproxy"
@@ -553,6 +557,7 @@ scenario_replicas() {
     local s_emb="Replicated mode ($sizes): embedded store, direct (reference)"
     local s_one="Replicated mode ($sizes): 1 replica on etcd + Garage, behind haproxy"
     local s_three="Replicated mode ($sizes): 3 replicas on etcd + Garage, behind haproxy"
+    local s_before="Replicated mode ($sizes): 1 replica of BENCH_BEFORE_BIN on etcd + Garage, behind haproxy"
     local s_ratio="Replicated mode: ratios of throughput ($cores cores shared by every process: the overhead, not scaling)"
     local s_fail="Replicated mode: failover, 3 replicas, one killed with SIGKILL (haproxy checks /readyz every 500 ms, fall 2; $versions)"
     local run
@@ -569,16 +574,27 @@ scenario_replicas() {
         repl_start_etcd "$dir/etcd"
         repl_start_garage "$dir/garage"
 
-        repl_start_cluster 1 "$run"
-        repl_measure "$s_one" 1 "$tree_src"
-        repl_stop_cluster
-
-        repl_start_cluster 3 "$run"
-        repl_measure "$s_three" 3 "$tree_src"
-        repl_ratios "$s_ratio" 3 1 "3 replicas / 1 replica"
-        repl_ratios "$s_ratio" 1 0 "1 replica / embedded"
-        repl_failover "$s_fail" "$run"
-        repl_stop_cluster
+        if [[ " $REPL_SETS " == *" 1 "* ]]; then
+            repl_start_cluster 1 "$run"
+            repl_measure "$s_one" 1 "$tree_src"
+            repl_stop_cluster
+            repl_ratios "$s_ratio" 1 0 "1 replica / embedded"
+        fi
+        if [ -n "${BENCH_BEFORE_BIN:-}" ]; then
+            REPL_BIN="$BENCH_BEFORE_BIN"
+            repl_start_cluster 1 "$run-before" before
+            repl_measure "$s_before" b "$tree_src"
+            repl_stop_cluster
+            REPL_BIN=""
+            repl_ratios "$s_ratio" b 0 "1 replica of BENCH_BEFORE_BIN / embedded"
+        fi
+        if [[ " $REPL_SETS " == *" 3 "* ]]; then
+            repl_start_cluster 3 "$run"
+            repl_measure "$s_three" 3 "$tree_src"
+            repl_ratios "$s_ratio" 3 1 "3 replicas / 1 replica"
+            repl_failover "$s_fail" "$run"
+            repl_stop_cluster
+        fi
 
         repl_stop "$REPL_GARAGE_PID"
         REPL_GARAGE_PID=""

@@ -58,6 +58,10 @@ pub struct StoreFlags {
     /// the newest resourceVersion. Past it, reads go to etcd. 0: no cache.
     #[arg(long, default_value_t = 256 << 20)]
     pub object_cache_bytes: u64,
+    /// Bytes of content blocks each replica keeps on its disk (in --data-dir, emptied at start),
+    /// so a Bundle many clients pull is read from object storage once per replica. 0: none.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub block_cache_bytes: u64,
 }
 
 impl StoreFlags {
@@ -97,6 +101,7 @@ impl StoreFlags {
             block_grace: Duration::from_secs(600),
             collect_every: Duration::from_secs(60),
             object_cache_bytes: self.object_cache_bytes,
+            block_cache_bytes: self.block_cache_bytes,
             metrics,
         })
     }

@@ -255,6 +255,12 @@ impl BlockCache {
     pub fn forget_pack(&self, pack: u64) {
         self.entries.lock().unwrap_or_else(|e| e.into_inner()).retain(|(at, _)| at.pack != pack);
     }
+
+    /// Tests: forgets every block, so the next read goes below this cache.
+    #[cfg(test)]
+    pub fn clear(&self) {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
 }
 
 /// Chunk locations read lately (replicated store, where each lookup is an etcd round trip).

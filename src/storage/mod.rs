@@ -433,7 +433,7 @@ impl Store {
         let poison = Arc::new(durability::Poison::default());
         let etcd = Arc::new(remote::EtcdMeta::new(remote.clone()));
         let meta = meta::Meta::Etcd(etcd.clone());
-        let blocks = blocks::BlockStore::Remote(remote::S3Blocks::new(remote.clone()));
+        let blocks = blocks::BlockStore::Remote(remote::S3Blocks::new(remote.clone(), &dir.join("block-cache")));
         let backend = backend::Backend::replicated(remote, etcd);
         let store = Store::assemble(dir, options, space, poison, meta, blocks, backend);
         store.start_commits()?;
@@ -650,11 +650,11 @@ mod frames_tests;
 #[cfg(test)]
 mod layout_tests;
 #[cfg(test)]
-mod object_cache_tests;
-#[cfg(test)]
 pub(crate) mod remote_tests;
 #[cfg(test)]
 mod repack_tests;
+#[cfg(test)]
+mod replica_cache_tests;
 #[cfg(test)]
 mod scale_tests;
 #[cfg(test)]

@@ -147,6 +147,7 @@ pub(crate) fn remote_options(backends: &Backends, id: &str) -> RemoteOptions {
         block_grace: Duration::from_secs(5),
         collect_every: Duration::from_secs(3600),
         object_cache_bytes: 64 << 20,
+        block_cache_bytes: 64 << 20,
         ..RemoteOptions::default()
     }
 }
@@ -167,7 +168,7 @@ fn leader_of<'a>(stores: &'a [&'a Store]) -> &'a Store {
     }
 }
 
-fn put(store: &Store, name: &str, files: &[(String, Vec<u8>)]) -> (RevisionId, String) {
+pub(super) fn put(store: &Store, name: &str, files: &[(String, Vec<u8>)]) -> (RevisionId, String) {
     let mut writer = store.begin_revision().unwrap();
     for (path, data) in files {
         writer.add_file(path, 0o644, data.len() as u64, &mut &data[..]).unwrap();
@@ -182,7 +183,7 @@ fn put(store: &Store, name: &str, files: &[(String, Vec<u8>)]) -> (RevisionId, S
     (id, digest)
 }
 
-fn tar_digest(store: &Store, id: RevisionId) -> String {
+pub(super) fn tar_digest(store: &Store, id: RevisionId) -> String {
     let record = store.revision(id).unwrap();
     let mut hash = sha2::Sha256::new();
     store

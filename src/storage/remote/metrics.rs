@@ -6,7 +6,8 @@
 //! (`stowage_etcd_lease_renewals_total{result}`), and the object cache
 //! (`stowage_object_cache_bytes`, `stowage_object_cache_active`,
 //! `stowage_object_cache_reads_total{source}`: reads answered by the cache or, past its bound or
-//! while it is behind, by etcd).
+//! while it is behind, by etcd), and the block cache on the replica's disk
+//! (`stowage_block_cache_bytes`, `stowage_block_cache_reads_total{result}`: hit or miss).
 //!
 //! Plain `prometheus-client` families, carried in [`super::RemoteOptions`]: `serve` registers them
 //! into the server's registry, the store only records (it knows nothing of how they are exported);
@@ -85,6 +86,8 @@ pub struct RemoteMetrics {
     cache_bytes: Gauge,
     cache_active: Gauge,
     cache_reads: Family<SourceLabel, Counter>,
+    block_cache_bytes: Gauge,
+    block_cache_reads: Family<ResultLabel, Counter>,
 }
 
 impl std::fmt::Debug for RemoteMetrics {
@@ -103,7 +106,13 @@ impl Default for RemoteMetrics {
         for source in ["cache", "etcd"] {
             drop(cache_reads.get_or_create(&SourceLabel { source }));
         }
+        let block_cache_reads = Family::default();
+        for result in ["hit", "miss"] {
+            drop(block_cache_reads.get_or_create(&ResultLabel { result }));
+        }
         RemoteMetrics {
+            block_cache_bytes: Gauge::default(),
+            block_cache_reads,
             cache_bytes: Gauge::default(),
             cache_active: Gauge::default(),
             cache_reads,
@@ -162,6 +171,16 @@ impl RemoteMetrics {
             "Consistent reads of API objects, by what answered them (cache, etcd)",
             metrics.cache_reads.clone(),
         );
+        registry.register(
+            "stowage_block_cache_bytes",
+            "Bytes of blocks this replica keeps on its disk (--block-cache-bytes)",
+            metrics.block_cache_bytes.clone(),
+        );
+        registry.register(
+            "stowage_block_cache_reads",
+            "Block reads by whether this replica's disk had the block (hit) or the bucket was asked (miss)",
+            metrics.block_cache_reads.clone(),
+        );
         metrics
     }
 
@@ -208,6 +227,24 @@ impl RemoteMetrics {
     pub fn object_cache_state(&self, active: bool, bytes: u64) {
         self.cache_active.set(i64::from(active));
         self.cache_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// A block read found the block on this replica's disk, or did not.
+    pub fn block_cache_read(&self, hit: bool) {
+        let result = if hit { "hit" } else { "miss" };
+        self.block_cache_reads.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// Tests: block reads the block cache answered, and those it did not.
+    #[cfg(test)]
+    pub fn block_cache_counts(&self) -> (u64, u64) {
+        let count = |result| self.block_cache_reads.get_or_create(&ResultLabel { result }).get();
+        (count("hit"), count("miss"))
+    }
+
+    /// Bytes the block cache now holds.
+    pub fn block_cache_bytes(&self, bytes: u64) {
+        self.block_cache_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// A lease renewal round ended.

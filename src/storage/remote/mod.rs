@@ -10,6 +10,7 @@
 //! attached to it, so that what a killed replica was in the middle of stops protecting chunks once
 //! the lease expires ([`LEASE_TTL_SECS`]), and nothing of it needs cleaning by hand.
 
+mod block_cache;
 mod etcd;
 mod leader;
 pub mod metrics;
@@ -24,6 +25,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, PutOptions};
 
+pub use block_cache::DiskBlocks;
 pub use etcd::EtcdMeta;
 pub use metrics::RemoteMetrics;
 pub use mirror::Mirror;
@@ -63,6 +65,8 @@ pub struct RemoteOptions {
     /// Bytes of API objects and change log this replica keeps in memory ([`Mirror`]); 0: none,
     /// every read goes to etcd.
     pub object_cache_bytes: u64,
+    /// Bytes of blocks this replica keeps on its disk ([`DiskBlocks`]); 0: none.
+    pub block_cache_bytes: u64,
     /// Where etcd and object storage requests are recorded (`/metrics`).
     pub metrics: RemoteMetrics,
 }

@@ -16,7 +16,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use super::metrics::op;
-use super::{remote_error, Remote, RemoteOptions};
+use super::{remote_error, DiskBlocks, Remote, RemoteOptions};
 use crate::storage::packs::{encode_record, scan_records, BlockAt, Member, ScannedBlock};
 use crate::storage::{Result, StorageError};
 
@@ -38,6 +38,8 @@ pub(super) fn connect(options: &RemoteOptions) -> Result<Arc<dyn ObjectStore>> {
 /// The blocks of a replicated store.
 pub struct S3Blocks {
     remote: Arc<Remote>,
+    /// Blocks read before, on this replica's disk.
+    cache: Option<DiskBlocks>,
 }
 
 fn block_path(id: u64) -> Path {
@@ -49,8 +51,10 @@ fn parse_block_path(path: &Path) -> Option<u64> {
 }
 
 impl S3Blocks {
-    pub fn new(remote: Arc<Remote>) -> S3Blocks {
-        S3Blocks { remote }
+    /// The bucket's blocks, with hot ones kept in `cache_dir` (up to `--block-cache-bytes`).
+    pub fn new(remote: Arc<Remote>, cache_dir: &std::path::Path) -> S3Blocks {
+        let cache = DiskBlocks::open(cache_dir, remote.options.block_cache_bytes, remote.metrics().clone());
+        S3Blocks { remote, cache }
     }
 
     /// The grace period: see the module doc.
@@ -76,6 +80,9 @@ impl S3Blocks {
     }
 
     pub fn read_payload(&self, at: &BlockAt) -> Result<Vec<u8>> {
+        if let Some(payload) = self.cache.as_ref().and_then(|cache| cache.get(at)) {
+            return Ok(payload);
+        }
         let s3 = self.remote.s3.clone();
         let path = block_path(at.pack);
         let range = at.payload_offset..at.payload_offset + at.stored_len as u64;
@@ -88,6 +95,9 @@ impl S3Blocks {
         })?;
         if bytes.len() != at.stored_len as usize {
             return Err(StorageError::Corrupt(format!("block {:016x}: short read", at.pack)));
+        }
+        if let Some(cache) = &self.cache {
+            cache.put(at, &bytes);
         }
         Ok(bytes.to_vec())
     }
@@ -133,6 +143,9 @@ impl S3Blocks {
     }
 
     pub fn remove(&self, id: u64) -> Result<()> {
+        if let Some(cache) = &self.cache {
+            cache.forget_block(id);
+        }
         let s3 = self.remote.s3.clone();
         let path = block_path(id);
         match self

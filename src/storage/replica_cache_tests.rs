@@ -1,11 +1,14 @@
-//! The replicated store's object cache ([`super::remote::Mirror`]) against a real etcd and Garage:
+//! A replica's caches against a real etcd and Garage. The object cache ([`super::remote::Mirror`]):
 //! a replica whose cache stalled never answers a consistent read with older data than etcd holds,
-//! and one past its bound answers what etcd answers.
+//! and one past its bound answers what etcd answers. The block cache
+//! ([`super::remote::DiskBlocks`]): a Bundle read again comes from the replica's disk, verified.
 
 use std::time::{Duration, Instant};
 
+use super::remote::RemoteMetrics;
 use super::remote::{Remote, RemoteOptions};
-use super::remote_tests::{remote_options, replica, start_backends};
+use super::remote_tests::{put, remote_options, replica, start_backends, tar_digest};
+use super::tests::noise;
 use super::tests::{delete_obj, name_and_v, put_v};
 use super::*;
 
@@ -107,4 +110,40 @@ fn a_cache_past_its_bound_falls_back_to_etcd_with_the_same_answers() {
         assert_eq!(version_of(&small, name), version_of(&big, name), "{name}");
     }
     assert_eq!(small.changes_after(0, 1000).unwrap().len(), big.changes_after(0, 1000).unwrap().len());
+}
+
+#[test]
+fn a_bundle_read_again_comes_from_the_replicas_disk_and_is_verified() {
+    let backends = start_backends();
+    let scratch = tempfile::tempdir().unwrap();
+    let a = replica(&backends, "a", scratch.path());
+    let metrics = RemoteMetrics::default();
+    let b = {
+        let options = RemoteOptions { metrics: metrics.clone(), ..remote_options(&backends, "b") };
+        let remote = Remote::connect(options).unwrap();
+        Store::open_replicated(&scratch.path().join("b"), StoreOptions::default(), remote).unwrap()
+    };
+    let files = vec![("big.bin".to_string(), noise(3, 3 << 20)), ("x.yaml".to_string(), b"kind: X\n".to_vec())];
+    let (id, digest) = put(&a, "one", &files);
+    assert_eq!(tar_digest(&b, id), digest);
+    let (hits, misses) = metrics.block_cache_counts();
+    assert!(misses > 0, "the first read did not go to the bucket");
+    // Read again, past the blocks decompressed in memory: every block from b's disk.
+    b.inner.blocks.clear();
+    assert_eq!(tar_digest(&b, id), digest);
+    let (hits_again, misses_again) = metrics.block_cache_counts();
+    assert_eq!(misses_again, misses, "a block was read from the bucket again");
+    assert!(hits_again >= hits + misses, "{hits_again} hits after {misses} blocks were kept");
+    // Damaged on disk: the read notices, reads the bucket again, and the bytes are right.
+    let cached = scratch.path().join("b").join("block-cache");
+    for entry in std::fs::read_dir(&cached).unwrap() {
+        let path = entry.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x40;
+        std::fs::write(&path, bytes).unwrap();
+    }
+    b.inner.blocks.clear();
+    assert_eq!(tar_digest(&b, id), digest, "a damaged cached block reached the reader");
+    assert!(metrics.block_cache_counts().1 > misses_again, "the damaged blocks were not read from the bucket");
 }
