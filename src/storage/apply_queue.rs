@@ -102,7 +102,7 @@ impl Store {
                     break;
                 }
                 let rv = current + members.len() as u64 + 1;
-                let (own, built) = match self.object_batch(rv, &queued.writes) {
+                let (own, built) = match self.object_batch(super::meta::Reads::Map(self.tree()), rv, &queued.writes) {
                     Ok(made) => made,
                     Err(e) => {
                         // Refused on the state before the group, which its keys share with the

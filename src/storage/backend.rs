@@ -50,7 +50,13 @@ pub(super) struct Replicated {
     /// The objects, change log and counters in memory, fed by etcd's watch (`None`:
     /// `--object-cache-bytes 0`, every read goes to etcd).
     pub mirror: Option<Arc<Mirror>>,
+    /// The etcd revision of this replica's last object write.
+    pub last_write: std::sync::atomic::AtomicI64,
 }
+
+/// How long a write waits for the object cache to hold this replica's previous write before it
+/// reads etcd instead.
+const OWN_WRITE_WAIT: Duration = Duration::from_millis(20);
 
 /// One of the store's health checks, as `/livez`, `/readyz` and `/healthz` list them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +90,13 @@ impl Backend {
             0 => None,
             bytes => Some(Mirror::new(bytes, remote.metrics().clone())),
         };
-        Backend::Replicated(Replicated { remote, etcd, locations: LocationCache::default(), mirror })
+        Backend::Replicated(Replicated {
+            remote,
+            etcd,
+            locations: LocationCache::default(),
+            mirror,
+            last_write: Default::default(),
+        })
     }
 
     /// The object cache, for tests that stall it.
@@ -229,20 +241,43 @@ impl Backend {
     /// batch goes in only if the counter is still what this write read; if not, it is built
     /// again on the new state.
     pub(super) fn apply_objects(&self, store: &Store, writes: Vec<ObjectWrite>) -> Result<BuiltWrite> {
-        if let Backend::Embedded(_) = self {
-            return store.apply_queued(writes);
-        }
+        let r = match self {
+            Backend::Embedded(_) => return store.apply_queued(writes),
+            Backend::Replicated(r) => r,
+        };
         let _objects = store.lock_objects();
+        // The counter and the objects are read from the object cache when it holds this
+        // replica's own last write (it usually does: that write's event is already on its way),
+        // which saves a round trip per key: the compare-and-swap on the counter vouches for what
+        // was read, since every object write moves it. A write the cache's answers made fail
+        // (a lost race, a precondition a stale state broke) is built again from etcd.
+        let mut cached = r.mirror.as_ref().filter(|mirror| {
+            mirror.wait_applied(r.last_write.load(std::sync::atomic::Ordering::Acquire), OWN_WRITE_WAIT)
+                && mirror.serves()
+        });
         loop {
-            let read = store.tree().get(RV_COUNTER)?;
+            let reads = match cached {
+                Some(_) => self.reads(store.tree()),
+                None => Reads::Map(store.tree()),
+            };
+            let read = reads.get(RV_COUNTER)?;
             let current = match &read {
                 Some(v) => read_be(v)?,
                 None => 0,
             };
-            let (batch, built) = store.object_batch(current + 1, &writes)?;
-            if store.tree().apply_batch_if(batch, RV_COUNTER, read.as_deref())? {
+            let (batch, built) = match store.object_batch(reads, current + 1, &writes) {
+                Ok(built) => built,
+                Err(_) if cached.is_some() => {
+                    cached = None;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(revision) = r.etcd.apply_if_at(batch, RV_COUNTER, read.as_deref())? {
+                r.last_write.fetch_max(revision, std::sync::atomic::Ordering::AcqRel);
                 return Ok(built);
             }
+            cached = None;
         }
     }
 

@@ -5,9 +5,10 @@
 //!
 //! What differs, and is stated where it matters: in etcd a [`Batch`] is one transaction, and etcd
 //! caps a transaction's operations (`--max-txn-ops`, 128 by default), so a batch larger than that
-//! is applied in several transactions — callers that need one atomic step use
-//! [`Meta::apply_batch_if`], which refuses instead of splitting. Scans read in pages; like sled's,
-//! they are not a snapshot (each page is current when read).
+//! is applied in several transactions — callers that need one atomic step use the guarded
+//! transactions of [`EtcdMeta`] (`apply_if_at`, `apply_when`), which refuse instead of
+//! splitting. Scans read in pages; like sled's, they are not a snapshot (each page is current
+//! when read).
 
 use std::collections::BTreeMap;
 use std::ops::{Bound, RangeBounds};
@@ -128,19 +129,6 @@ impl Meta {
         match self {
             Meta::Sled(tree) => Ok(tree.apply_batch(sled_batch(batch))?),
             Meta::Etcd(etcd) => etcd.apply(batch),
-        }
-    }
-
-    /// Applies the batch in one atomic step if `guard` still holds `expected` (`None`: absent);
-    /// `Ok(false)` if it did not. In sled the caller's lock is the guard (writers of `guard` hold
-    /// it), so the batch is simply applied; in etcd it is a transaction comparing `guard`'s value.
-    pub fn apply_batch_if(&self, batch: Batch, guard: &[u8], expected: Option<&[u8]>) -> Result<bool> {
-        match self {
-            Meta::Sled(tree) => {
-                tree.apply_batch(sled_batch(batch))?;
-                Ok(true)
-            }
-            Meta::Etcd(etcd) => etcd.apply_if(batch, guard, expected),
         }
     }
 

@@ -13,7 +13,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::commit::PendingWrite;
-use super::meta::Batch;
+use super::meta::{Batch, Reads};
 use super::{
     be, decode_json, encode_json, key, read_be, Result, RevisionId, RevisionRecord, RevisionState, StorageError, Store,
 };
@@ -217,7 +217,7 @@ impl Store {
 
     /// The object as applied, durable or not: for writers, which order after it anyway.
     fn applied_object(&self, key: &ObjectKey) -> Result<Option<StoredObject>> {
-        self.tree().get(key.encode())?.map(|v| decode_object(&v)).transpose()
+        object_in(Reads::Map(self.tree()), key)
     }
 
     /// The resourceVersion of the last change to `key` the log holds after `after` (0 if none):
@@ -403,7 +403,9 @@ impl Store {
     }
 
     /// The batch of one write at resourceVersion `rv`, and what it built ([`BuiltWrite`]).
-    pub(super) fn object_batch(&self, rv: u64, writes: &[ObjectWrite]) -> Result<(Batch, BuiltWrite)> {
+    /// The objects' current states are read through `reads`: the map, or (replicated) the object
+    /// cache, whose answers the caller's compare-and-swap on the counter then vouches for.
+    pub(super) fn object_batch(&self, reads: Reads, rv: u64, writes: &[ObjectWrite]) -> Result<(Batch, BuiltWrite)> {
         let mut batch = Batch::default();
         let mut objects = Vec::with_capacity(writes.len());
         let mut collect = false; // a revision changed state: let the collector look
@@ -415,7 +417,7 @@ impl Store {
             let log_key = key(b'l', &[&be(rv), &(i as u32).to_be_bytes()]);
             match write {
                 ObjectWrite::Put { key, object, precondition, revision } => {
-                    let existing = self.applied_object(key)?;
+                    let existing = object_in(reads, key)?;
                     check(key, *precondition, existing.as_ref())?;
                     let mut object = object.clone();
                     set_resource_version(&mut object, rv);
@@ -439,7 +441,7 @@ impl Store {
                     objects.push(object);
                 }
                 ObjectWrite::Delete { key, precondition } => {
-                    let existing = self.applied_object(key)?;
+                    let existing = object_in(reads, key)?;
                     check(key, *precondition, existing.as_ref())?;
                     let Some(existing) = existing else { continue };
                     let mut object = existing.value.clone();
@@ -701,6 +703,11 @@ fn split_envelope(bytes: &[u8]) -> Option<StoredRef<'_>> {
     }
     let object = rest.strip_prefix(br#","object":"#)?.strip_suffix(b"}")?;
     (object.starts_with(b"{") && object.ends_with(b"}")).then_some(StoredRef { rv, object })
+}
+
+/// The object at `key` as `reads` has it.
+fn object_in(reads: Reads, key: &ObjectKey) -> Result<Option<StoredObject>> {
+    reads.get(key.encode())?.map(|v| decode_object(&v)).transpose()
 }
 
 fn decode_object(bytes: &[u8]) -> Result<StoredObject> {

@@ -88,8 +88,25 @@ impl EtcdMeta {
 
     /// Applies a batch in one transaction if `guard` holds `expected`.
     pub fn apply_if(&self, batch: Batch, guard: &[u8], expected: Option<&[u8]>) -> Result<bool> {
-        let compare = self.holds(guard, expected);
-        self.apply_when(batch, vec![compare])
+        Ok(self.apply_if_at(batch, guard, expected)?.is_some())
+    }
+
+    /// [`EtcdMeta::apply_if`], telling the etcd revision the transaction made (`None`: `guard`
+    /// held something else, nothing was written).
+    pub fn apply_if_at(&self, batch: Batch, guard: &[u8], expected: Option<&[u8]>) -> Result<Option<i64>> {
+        let ops = self.ops(batch);
+        if ops.len() + 1 > self.max_ops {
+            return Err(StorageError::Remote(format!(
+                "one write needs {} etcd operations, more than --etcd-max-txn-ops ({})",
+                ops.len() + 1,
+                self.max_ops
+            )));
+        }
+        let txn = Txn::new().when(vec![self.holds(guard, expected)]).and_then(ops);
+        let mut etcd = self.remote.etcd.clone();
+        let txn = async move { etcd.txn(txn).await };
+        let answer = self.remote.block_on(self.remote.metrics().etcd(op::TXN, kind::STORE, txn)).map_err(etcd_error)?;
+        Ok(answer.succeeded().then(|| answer.header().map_or(0, |h| h.revision())))
     }
 
     /// Applies a batch in one transaction if every comparison holds.
