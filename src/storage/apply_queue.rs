@@ -13,13 +13,16 @@
 //! alone. A group is one atomic batch: after a crash none or all of it is there, and none of it is
 //! acknowledged before the flush covering it ([`super::commit`]).
 //!
-//! Replicated mode writes one transaction per write (each compared against the resourceVersion
-//! counter in etcd), as before.
+//! Replicated mode groups the same way, for etcd's sake: a group is one transaction, compared
+//! against the resourceVersion counter it was built on and within `--etcd-max-txn-ops`. It is
+//! built from the object cache when that holds this replica's last write; a group whose
+//! comparison failed (another replica wrote meanwhile), or a write refused on the cache's state, is
+//! built again from etcd.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use super::meta::Batch;
+use super::meta::{Batch, Reads};
 use super::objects::{key_revision, BuiltWrite, RV_COUNTER};
 use super::{ObjectWrite, Result, StorageError, Store};
 
@@ -65,7 +68,7 @@ impl QueuedWrite {
 }
 
 impl Store {
-    /// Applies `writes` (embedded mode), in a group with the writes waiting beside them.
+    /// Applies `writes` in a group with the writes waiting beside them.
     pub(super) fn apply_queued(&self, writes: Vec<ObjectWrite>) -> Result<BuiltWrite> {
         let queued = Arc::new(QueuedWrite { writes, outcome: Mutex::new(None) });
         let queue = &self.inner.apply_queue;
@@ -84,26 +87,41 @@ impl Store {
     /// Applies `waiting` in as few groups as their keys allow, settling every one. Under the
     /// object lock.
     fn apply_groups(&self, waiting: &[Arc<QueuedWrite>]) {
+        let backend = self.backend();
+        let max_ops = backend.group_ops();
+        let mut from_cache = backend.writes_read_cache();
         let mut rest = waiting;
         while !rest.is_empty() {
-            let current = match self.current_resource_version() {
-                Ok(rv) => rv,
+            let reads = if from_cache { self.reads() } else { Reads::Map(self.tree()) };
+            let counter = match reads.get(RV_COUNTER) {
+                Ok(counter) => counter,
                 Err(e) => return rest.iter().for_each(|q| q.settle(Err(shared_failure(&e)))),
             };
+            let current = match counter.as_deref().map(super::read_be).transpose() {
+                Ok(rv) => rv.unwrap_or(0),
+                Err(e) => return rest.iter().for_each(|q| q.settle(Err(shared_failure(&e)))),
+            };
+            let group_start = rest;
             let mut batch = Batch::default();
             let mut touched: HashSet<Vec<u8>> = HashSet::new();
             let mut members: Vec<(&Arc<QueuedWrite>, BuiltWrite)> = Vec::new();
+            let mut rebuild = false;
             while let Some((queued, after)) = rest.split_first() {
                 if members.len() == MAX_GROUP {
                     break;
                 }
-                let reads = queued.read_keys();
-                if reads.iter().any(|k| touched.contains(k)) {
+                let reads_of = queued.read_keys();
+                if reads_of.iter().any(|k| touched.contains(k)) {
                     break;
                 }
                 let rv = current + members.len() as u64 + 1;
-                let (own, built) = match self.object_batch(super::meta::Reads::Map(self.tree()), rv, &queued.writes) {
+                let (own, built) = match self.object_batch(reads, rv, &queued.writes) {
                     Ok(made) => made,
+                    // Refused on the cache's state, which may be behind etcd's: decided on etcd's.
+                    Err(_) if from_cache => {
+                        rebuild = true;
+                        break;
+                    }
                     Err(e) => {
                         // Refused on the state before the group, which its keys share with the
                         // state after the writes before it.
@@ -116,19 +134,33 @@ impl Store {
                 if written.iter().any(|k| touched.contains(*k)) {
                     break;
                 }
-                touched.extend(reads);
+                // A write alone over the limit is refused by the backend, with the reason.
+                if !members.is_empty() && batch.len() + written.len() + 1 > max_ops {
+                    break;
+                }
+                touched.extend(reads_of);
                 touched.extend(written.iter().map(|k| k.to_vec()));
                 batch.extend(own);
                 members.push((queued, built));
                 rest = after;
             }
+            if rebuild {
+                from_cache = false;
+                rest = group_start;
+                continue;
+            }
             if members.is_empty() {
                 continue;
             }
-            match self.tree().apply_batch(batch) {
-                Ok(()) => {
+            match backend.apply_group(self, batch, counter.as_deref()) {
+                Ok(true) => {
                     self.batch_applied();
                     members.into_iter().for_each(|(queued, built)| queued.settle(Ok(built)));
+                }
+                // Another replica moved the counter: the same writes, built on etcd's state.
+                Ok(false) => {
+                    from_cache = false;
+                    rest = group_start;
                 }
                 Err(e) => members.into_iter().for_each(|(queued, _)| queued.settle(Err(shared_failure(&e)))),
             }

@@ -236,48 +236,45 @@ impl Backend {
 
     // --- object writes and resourceVersions ---
 
-    /// Applies object writes at the next resourceVersion. Embedded: with the writes waiting beside
-    /// them, in one batch ([`super::apply_queue`]). Replicated: other replicas write too, so the
-    /// batch goes in only if the counter is still what this write read; if not, it is built
-    /// again on the new state.
+    /// Applies object writes at the next resourceVersion, with the writes waiting beside them, in
+    /// one batch ([`super::apply_queue`]): one sled batch, or one etcd transaction that goes in
+    /// only if the counter is still what the group was built on.
     pub(super) fn apply_objects(&self, store: &Store, writes: Vec<ObjectWrite>) -> Result<BuiltWrite> {
-        let r = match self {
-            Backend::Embedded(_) => return store.apply_queued(writes),
-            Backend::Replicated(r) => r,
-        };
-        let _objects = store.lock_objects();
-        // The counter and the objects are read from the object cache when it holds this
-        // replica's own last write (it usually does: that write's event is already on its way),
-        // which saves a round trip per key: the compare-and-swap on the counter vouches for what
-        // was read, since every object write moves it. A write the cache's answers made fail
-        // (a lost race, a precondition a stale state broke) is built again from etcd.
-        let mut cached = r.mirror.as_ref().filter(|mirror| {
-            mirror.wait_applied(r.last_write.load(std::sync::atomic::Ordering::Acquire), OWN_WRITE_WAIT)
-                && mirror.serves()
-        });
-        loop {
-            let reads = match cached {
-                Some(_) => self.reads(store.tree()),
-                None => Reads::Map(store.tree()),
-            };
-            let read = reads.get(RV_COUNTER)?;
-            let current = match &read {
-                Some(v) => read_be(v)?,
-                None => 0,
-            };
-            let (batch, built) = match store.object_batch(reads, current + 1, &writes) {
-                Ok(built) => built,
-                Err(_) if cached.is_some() => {
-                    cached = None;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            if let Some(revision) = r.etcd.apply_if_at(batch, RV_COUNTER, read.as_deref())? {
-                r.last_write.fetch_max(revision, std::sync::atomic::Ordering::AcqRel);
-                return Ok(built);
+        store.apply_queued(writes)
+    }
+
+    /// Operations one group of writes may take: etcd's transaction limit (the comparison is one).
+    pub(super) fn group_ops(&self) -> usize {
+        match self {
+            Backend::Embedded(_) => usize::MAX,
+            Backend::Replicated(r) => r.etcd.max_ops(),
+        }
+    }
+
+    /// Whether a group of writes reads the counter and the objects from the object cache: when it
+    /// holds this replica's own last write (it usually does: that write's event is already on its
+    /// way), which saves an etcd round trip per key. The compare-and-swap on the counter vouches
+    /// for what was read, since every object write moves it. Embedded: the map is read.
+    pub(super) fn writes_read_cache(&self) -> bool {
+        let Backend::Replicated(Replicated { mirror: Some(mirror), last_write, .. }) = self else { return false };
+        mirror.wait_applied(last_write.load(std::sync::atomic::Ordering::Acquire), OWN_WRITE_WAIT) && mirror.serves()
+    }
+
+    /// Applies a group's batch. Embedded: at once (the object lock orders writers). Replicated: if
+    /// the counter still holds `counter` (what the group was built on); `Ok(false)` if not.
+    pub(super) fn apply_group(&self, store: &Store, batch: Batch, counter: Option<&[u8]>) -> Result<bool> {
+        match self {
+            Backend::Embedded(_) => {
+                store.tree().apply_batch(batch)?;
+                Ok(true)
             }
-            cached = None;
+            Backend::Replicated(r) => match r.etcd.apply_if_at(batch, RV_COUNTER, counter)? {
+                Some(revision) => {
+                    r.last_write.fetch_max(revision, std::sync::atomic::Ordering::AcqRel);
+                    Ok(true)
+                }
+                None => Ok(false),
+            },
         }
     }
 
