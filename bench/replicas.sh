@@ -1,8 +1,9 @@
 # The replicated store mode of scripts/bench.sh (sourced): `stowage serve` replicas on a real etcd
-# (Debian's) and a real single-node Garage (S3), behind Debian's haproxy in TCP mode as a Service
-# would put them, 1 replica and 3 replicas side by side in one run, with the embedded store (no
-# haproxy, as bench/api.sh starts it) for reference. Figures: Bundle GET/LIST (examples/loadgen.rs)
-# and content download (curl) through haproxy, the ratio 3 replicas / 1 replica of each, and how
+# (Debian's) and a real single-node Garage (S3), 1 replica (measured directly, as the embedded
+# store is) and 3 replicas behind Debian's haproxy in TCP mode as a Service would put them, side
+# by side in one run, with the embedded store (as bench/api.sh starts it) for reference. Figures:
+# Bundle GET/LIST (examples/loadgen.rs) and content download (curl), the ratios 1 replica /
+# embedded and 3 replicas / 1 replica of each, and how
 # long a SIGKILLed replica takes to be marked DOWN by haproxy and to stop costing failed requests.
 #
 # Read the ratios with the machine in mind: on a 2-core machine all replicas, etcd, Garage, haproxy
@@ -416,7 +417,13 @@ repl_start_cluster() {
         repl_start_replica "$i" "/bench-$name" "bench-$name"
     done
     SERVER_DIR="${REPL_DIRS[0]}"
-    repl_start_haproxy "$base/haproxy"
+    # One replica is measured directly, as the embedded store is (a Service's kube-proxy does not
+    # copy the bytes through a process, as haproxy does); several through haproxy.
+    if [ "$n" -gt 1 ]; then
+        repl_start_haproxy "$base/haproxy"
+    else
+        URL="https://127.0.0.1:${REPL_PORTS[0]}"
+    fi
 }
 
 # repl_stop_cluster: haproxy, then every replica still running (SIGTERM).
@@ -555,9 +562,9 @@ scenario_replicas() {
     local sizes="$REPL_OBJECTS Bundles, kube-prometheus-stack $REPL_KPS_VERSION as content" cores
     cores="$(nproc)"
     local s_emb="Replicated mode ($sizes): embedded store, direct (reference)"
-    local s_one="Replicated mode ($sizes): 1 replica on etcd + Garage, behind haproxy"
+    local s_one="Replicated mode ($sizes): 1 replica on etcd + Garage, direct (as the embedded store)"
     local s_three="Replicated mode ($sizes): 3 replicas on etcd + Garage, behind haproxy"
-    local s_before="Replicated mode ($sizes): 1 replica of BENCH_BEFORE_BIN on etcd + Garage, behind haproxy"
+    local s_before="Replicated mode ($sizes): 1 replica of BENCH_BEFORE_BIN on etcd + Garage, direct"
     local s_ratio="Replicated mode: ratios of throughput ($cores cores shared by every process: the overhead, not scaling)"
     local s_fail="Replicated mode: failover, 3 replicas, one killed with SIGKILL (haproxy checks /readyz every 500 ms, fall 2; $versions)"
     local run

@@ -84,7 +84,9 @@ pub use entry::{EntryKind, FileEntry, PERMISSION_BITS};
 pub use frames::{FrameStats, ZstdDownload};
 pub use gc::GcReport;
 pub use listing::{ListCursor, ListFilter, ListPage, ListQuery, ListSink, Listed};
-pub use objects::{ChangeEvent, ChangedObject, ObjectKey, ObjectWrite, Precondition, StoredObject, WriteOutcome};
+pub use objects::{
+    ChangeEvent, ChangedObject, ConsistentRead, ObjectKey, ObjectWrite, Precondition, StoredObject, WriteOutcome,
+};
 pub use read::{FileListing, RangeSpec, Sink, TarCursor};
 pub use revision::{PendingRevision, RevisionWriter};
 pub use space::{is_out_of_space, WriteKind, DEFAULT_MIN_FREE_BYTES};

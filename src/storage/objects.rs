@@ -53,6 +53,18 @@ impl ObjectKey {
     }
 }
 
+/// A read begun by [`Store::consistent_read`].
+pub struct ConsistentRead<'a> {
+    store: &'a Store,
+}
+
+impl ConsistentRead<'_> {
+    /// [`Store::get_object`], without another check: at least as new as the read's start.
+    pub fn get_object(&self, key: &ObjectKey) -> Result<Option<StoredObject>> {
+        self.store.object_as_read(key)
+    }
+}
+
 /// An object as stored.
 #[derive(Clone, Debug)]
 pub struct StoredObject {
@@ -168,7 +180,18 @@ impl Store {
     /// applied but not yet durable, this waits for the flush that covers it (helping with it if
     /// none runs). On a poisoned store that change never becomes durable: `Err(Poisoned)`.
     pub fn get_object(&self, key: &ObjectKey) -> Result<Option<StoredObject>> {
+        self.consistent_read()?.get_object(key)
+    }
+
+    /// Starts a read of several objects that is as new as a quorum read at its start: with an
+    /// object cache, one etcd check for all of them (a download reads its Bundle, then the
+    /// BundleContent it names).
+    pub fn consistent_read(&self) -> Result<ConsistentRead<'_>> {
         self.backend().fresh_reads()?;
+        Ok(ConsistentRead { store: self })
+    }
+
+    fn object_as_read(&self, key: &ObjectKey) -> Result<Option<StoredObject>> {
         let durable = self.durable_resource_version();
         let object = self.reads().get(key.encode())?.map(|v| decode_object(&v)).transpose()?;
         let newest = match &object {

@@ -143,8 +143,10 @@ async fn resolve_revision(
     let found = {
         let name = name.clone();
         blocking(app, move |store| {
+            // Both objects at least as new as the request: one consistency check for the two.
+            let read = store.consistent_read()?;
             let content = if of_bundle {
-                let Some(bundle) = store.get_object(&ObjectKey::new(BUNDLE.plural, &namespace, &name))? else {
+                let Some(bundle) = read.get_object(&ObjectKey::new(BUNDLE.plural, &namespace, &name))? else {
                     return Ok(Found::NoBundle);
                 };
                 let typed: Bundle = decode_or_default(&bundle.value);
@@ -156,7 +158,7 @@ async fn resolve_revision(
                 name
             };
             let key = ObjectKey::new(BUNDLE_CONTENT.plural, &namespace, &content);
-            Ok(match store.get_object(&key)?.and_then(|s| s.revision) {
+            Ok(match read.get_object(&key)?.and_then(|s| s.revision) {
                 Some(revision) => Found::Revision(revision, store.revision(revision)?),
                 None => Found::NoContent(content),
             })
