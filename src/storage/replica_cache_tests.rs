@@ -31,6 +31,13 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// A replica with these options, its scratch under `scratch` (named by its id).
+fn replica_with(options: RemoteOptions, scratch: &std::path::Path) -> Store {
+    let dir = scratch.join(&options.replica_id);
+    let remote = Remote::connect(options).unwrap();
+    Store::open_replicated(&dir, StoreOptions::default(), remote).unwrap()
+}
+
 fn etcd_pages(store: &Store) -> u64 {
     store.tree().pages_read().unwrap()
 }
@@ -131,11 +138,8 @@ fn writes_built_from_a_stale_cache_are_built_again_from_etcd() {
 fn a_cache_past_its_bound_falls_back_to_etcd_with_the_same_answers() {
     let backends = start_backends();
     let scratch = tempfile::tempdir().unwrap();
-    let small = {
-        let options = RemoteOptions { object_cache_bytes: 8 << 10, ..remote_options(&backends, "small") };
-        let remote = Remote::connect(options).unwrap();
-        Store::open_replicated(&scratch.path().join("small"), StoreOptions::default(), remote).unwrap()
-    };
+    let options = RemoteOptions { object_cache_bytes: 8 << 10, ..remote_options(&backends, "small") };
+    let small = replica_with(options, scratch.path());
     let big = replica(&backends, "big", scratch.path());
     let mirror = small.backend().mirror().unwrap().clone();
     wait_until("the small cache never served while it fit", || mirror.serves());
@@ -164,11 +168,7 @@ fn a_bundle_read_again_comes_from_the_replicas_disk_and_is_verified() {
     let scratch = tempfile::tempdir().unwrap();
     let a = replica(&backends, "a", scratch.path());
     let metrics = RemoteMetrics::default();
-    let b = {
-        let options = RemoteOptions { metrics: metrics.clone(), ..remote_options(&backends, "b") };
-        let remote = Remote::connect(options).unwrap();
-        Store::open_replicated(&scratch.path().join("b"), StoreOptions::default(), remote).unwrap()
-    };
+    let b = replica_with(RemoteOptions { metrics: metrics.clone(), ..remote_options(&backends, "b") }, scratch.path());
     let files = vec![("big.bin".to_string(), noise(3, 3 << 20)), ("x.yaml".to_string(), b"kind: X\n".to_vec())];
     let (id, digest) = put(&a, "one", &files);
     assert_eq!(tar_digest(&b, id), digest);
