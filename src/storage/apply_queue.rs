@@ -89,12 +89,17 @@ impl Store {
     fn apply_groups(&self, waiting: &[Arc<QueuedWrite>]) {
         let backend = self.backend();
         let max_ops = backend.group_ops();
-        let mut from_cache = backend.writes_read_cache();
+        let mut cached = backend.cached_write_reads();
         let mut rest = waiting;
         while !rest.is_empty() {
-            let reads = if from_cache { self.reads() } else { Reads::Map(self.tree()) };
+            let from_cache = cached.is_some();
+            let reads = cached.unwrap_or(Reads::Map(self.tree()));
             let counter = match reads.get(RV_COUNTER) {
                 Ok(counter) => counter,
+                Err(_) if from_cache => {
+                    cached = None;
+                    continue;
+                }
                 Err(e) => return rest.iter().for_each(|q| q.settle(Err(shared_failure(&e)))),
             };
             let current = match counter.as_deref().map(super::read_be).transpose() {
@@ -145,7 +150,7 @@ impl Store {
                 rest = after;
             }
             if rebuild {
-                from_cache = false;
+                cached = None;
                 rest = group_start;
                 continue;
             }
@@ -159,7 +164,7 @@ impl Store {
                 }
                 // Another replica moved the counter: the same writes, built on etcd's state.
                 Ok(false) => {
-                    from_cache = false;
+                    cached = None;
                     rest = group_start;
                 }
                 Err(e) => members.into_iter().for_each(|(queued, _)| queued.settle(Err(shared_failure(&e)))),

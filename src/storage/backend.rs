@@ -255,9 +255,15 @@ impl Backend {
     /// holds this replica's own last write (it usually does: that write's event is already on its
     /// way), which saves an etcd round trip per key. The compare-and-swap on the counter vouches
     /// for what was read, since every object write moves it. Embedded: the map is read.
-    pub(super) fn writes_read_cache(&self) -> bool {
-        let Backend::Replicated(Replicated { mirror: Some(mirror), last_write, .. }) = self else { return false };
-        mirror.wait_applied(last_write.load(std::sync::atomic::Ordering::Acquire), OWN_WRITE_WAIT) && mirror.serves()
+    ///
+    /// `Some` of the cache alone ([`Reads::MirrorOnly`]): the counter and the objects must come
+    /// from one source. Read from etcd while the cache was off and from the cache once it was back
+    /// (older than the counter read), a write could pass its compare-and-swap on stale objects.
+    pub(super) fn cached_write_reads(&self) -> Option<Reads<'_>> {
+        let Backend::Replicated(Replicated { mirror: Some(mirror), last_write, .. }) = self else { return None };
+        let ready = mirror.wait_applied(last_write.load(std::sync::atomic::Ordering::Acquire), OWN_WRITE_WAIT)
+            && mirror.serves();
+        ready.then_some(Reads::MirrorOnly(mirror))
     }
 
     /// Applies a group's batch. Embedded: at once (the object lock orders writers). Replicated: if

@@ -156,6 +156,10 @@ impl Meta {
 pub enum Reads<'a> {
     Map(&'a Meta),
     Mirror(&'a Mirror, &'a EtcdMeta),
+    /// The mirror alone, for writers whose compare-and-swap vouches for one consistent source:
+    /// a read it cannot answer is an error (the writer then reads the map), never a read of etcd
+    /// mixed with the mirror's older state.
+    MirrorOnly(&'a Mirror),
 }
 
 impl<'a> Reads<'a> {
@@ -166,6 +170,7 @@ impl<'a> Reads<'a> {
                 Some(found) => Ok(found),
                 None => etcd.get(key.as_ref()),
             },
+            Reads::MirrorOnly(mirror) => mirror.get(key.as_ref()).ok_or_else(stopped),
         }
     }
 
@@ -180,6 +185,8 @@ impl<'a> Reads<'a> {
                     None => Box::new(etcd.range(start, end)),
                 }
             }
+            // Writers only read single keys.
+            Reads::MirrorOnly(_) => Box::new(std::iter::once(Err(stopped()))),
         }
     }
 
@@ -189,8 +196,13 @@ impl<'a> Reads<'a> {
         match self {
             Reads::Map(meta) => meta.pages_read(),
             Reads::Mirror(mirror, etcd) => Some(etcd.pages_read().wrapping_add(mirror.pages_read())),
+            Reads::MirrorOnly(mirror) => Some(mirror.pages_read()),
         }
     }
+}
+
+fn stopped() -> super::StorageError {
+    super::StorageError::Remote("the object cache stopped serving during a write; read etcd".into())
 }
 
 fn sled_batch(batch: Batch) -> sled::Batch {
