@@ -110,6 +110,10 @@ pub fn commit(
         };
         match result {
             Err(StorageError::Conflict(_)) => continue,
+            // The content appeared since it was read (the same upload retried by its client on
+            // another replica while the first attempt was still committing): look again, and
+            // reuse it if it is this content.
+            Err(StorageError::AlreadyExists(_)) if existing.is_none() => continue,
             Err(e) => return Err(e.into()),
             Ok(outcome) => {
                 announce(events, &current.bundle, &status, &writes_made);

@@ -46,6 +46,9 @@ const END: &[u8] = b"p";
 /// How long a consistent read waits for the mirror before it reads etcd instead (kube-apiserver
 /// waits 3 s for its cache; shorter in unit tests, which wait it out on purpose).
 pub const CATCH_UP_WAIT: Duration = Duration::from_millis(if cfg!(test) { 300 } else { 3000 });
+/// Longest a reader waits for a shared check of etcd before it gives up with an error (the etcd
+/// client's own request timeout is 10 s).
+const BARRIER_WAIT: Duration = Duration::from_secs(15);
 /// After the mirror outgrew its bound: the next full list is tried this much later.
 pub const RELOAD_AFTER: Duration = Duration::from_secs(30);
 /// Keys per page of the initial list, and per page a scan copies out of the map.
@@ -395,6 +398,7 @@ impl Barrier {
         let mut state = lock(&self.state);
         // The first GET to start from now on is the one this reader may use.
         let needed = state.started + 1;
+        let deadline = std::time::Instant::now() + BARRIER_WAIT;
         loop {
             if state.finished >= needed {
                 return answer(&state.answer);
@@ -404,18 +408,38 @@ impl Barrier {
                 state.started += 1;
                 let mine = state.started;
                 drop(state);
-                let asked = ask().map_err(|e| e.to_string());
-                let mut state = lock(&self.state);
-                state.running = false;
-                state.finished = mine;
-                state.answer = Some(asked);
-                let out = answer(&state.answer);
-                drop(state);
-                self.done.notify_all();
-                return out;
+                // Settles the round even if `ask` panics, so no reader waits for it for ever
+                // (a thread parked here would also keep the process from exiting).
+                let mut round = Round { barrier: self, mine, answer: Err("the check of etcd was interrupted".into()) };
+                round.answer = ask().map_err(|e| e.to_string());
+                let out = round.answer.clone();
+                drop(round);
+                return out.map_err(StorageError::Remote);
             }
-            state = self.done.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(StorageError::Remote("etcd: no answer to the consistency check in time".into()));
+            }
+            state = self.done.wait_timeout(state, left).unwrap_or_else(std::sync::PoisonError::into_inner).0;
         }
+    }
+}
+
+/// One GET of the barrier; dropped, it hands its answer to the waiting readers.
+struct Round<'a> {
+    barrier: &'a Barrier,
+    mine: u64,
+    answer: Result<i64, String>,
+}
+
+impl Drop for Round<'_> {
+    fn drop(&mut self) {
+        let mut state = lock(&self.barrier.state);
+        state.running = false;
+        state.finished = state.finished.max(self.mine);
+        state.answer = Some(self.answer.clone());
+        drop(state);
+        self.barrier.done.notify_all();
     }
 }
 
@@ -603,6 +627,34 @@ mod tests {
             assert_eq!(reader.join().unwrap().unwrap(), 2, "a reader used the GET in flight when it came");
         }
         assert_eq!(asked.load(Ordering::SeqCst), 2, "the four later readers shared one GET");
+    }
+
+    #[test]
+    fn a_check_that_panicked_leaves_no_reader_waiting() {
+        let barrier = Arc::new(Barrier::default());
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let first = {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.pass(|| {
+                    entered_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    panic!("the etcd client's runtime is gone");
+                })
+            })
+        };
+        entered_rx.recv().unwrap();
+        let waiter = {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || barrier.pass(|| Ok(7)))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        release_tx.send(()).unwrap();
+        assert!(first.join().is_err());
+        // The reader that waited runs the next check itself.
+        assert_eq!(waiter.join().unwrap().unwrap(), 7);
+        assert_eq!(barrier.pass(|| Ok(8)).unwrap(), 8);
     }
 
     #[test]
