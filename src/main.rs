@@ -49,6 +49,10 @@ fn main() -> std::process::ExitCode {
         Command::Certs(options) => certs(&options),
         Command::Plugin(_) => Ok(()), // ran above
     };
+    // Blocking work of connections the shutdown abandoned (an upload's commit, a read waiting on
+    // etcd) gets a few seconds more, then the process exits as a kill would leave it, which the
+    // store is built to survive; dropping the runtime would wait for it without end.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
