@@ -24,6 +24,9 @@ REPL_KPS_VERSION=88.5.3
 REPL_SETS="${BENCH_REPL_SETS:-1 3}"
 # The binary the replicas run (BENCH_BEFORE_BIN's 1-replica cluster runs that one).
 REPL_BIN=""
+# Extra flags for the replicas of BENCH_BIN (e.g. "--object-cache-bytes 268435456").
+REPL_NEW_ARGS="${BENCH_REPL_ARGS:-}"
+REPL_EXTRA_ARGS=""
 
 # The processes of the current run (empty when not running) and where they listen.
 REPL_ETCD_PID=""
@@ -330,7 +333,7 @@ repl_start_replica() {
     touch "$dir.log"
     NO_COLOR=1 "${REPL_BIN:-$BIN}" serve --etcd-servers "$REPL_ETCD_URL" --etcd-prefix "$prefix" \
         --s3-endpoint "$REPL_S3_URL" --s3-bucket "$bucket" --s3-region garage --s3-path-style \
-        --s3-credentials-file "$REPL_CREDS" --replica-id "r$i" \
+        --s3-credentials-file "$REPL_CREDS" --replica-id "r$i" ${REPL_EXTRA_ARGS:-} \
         --data-dir "$dir" --listen "127.0.0.1:$port" >>"$dir.log" 2>&1 &
     REPL_PIDS[i]=$!
     local deadline=$((SECONDS + 120)) code=""
@@ -581,6 +584,7 @@ scenario_replicas() {
         repl_start_etcd "$dir/etcd"
         repl_start_garage "$dir/garage"
 
+        REPL_EXTRA_ARGS="$REPL_NEW_ARGS"
         if [[ " $REPL_SETS " == *" 1 "* ]]; then
             repl_start_cluster 1 "$run"
             repl_measure "$s_one" 1 "$tree_src"
@@ -589,10 +593,12 @@ scenario_replicas() {
         fi
         if [ -n "${BENCH_BEFORE_BIN:-}" ]; then
             REPL_BIN="$BENCH_BEFORE_BIN"
+            REPL_EXTRA_ARGS=""
             repl_start_cluster 1 "$run-before" before
             repl_measure "$s_before" b "$tree_src"
             repl_stop_cluster
             REPL_BIN=""
+            REPL_EXTRA_ARGS="$REPL_NEW_ARGS"
             repl_ratios "$s_ratio" b 0 "1 replica of BENCH_BEFORE_BIN / embedded"
         fi
         if [[ " $REPL_SETS " == *" 3 "* ]]; then
