@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::chunks::{chunk_key, pin_key, BlockBuilder, Hash, Location, LocationCache, MANIFESTS_KEY};
 use super::meta::{Batch, Meta, Reads};
-use super::objects::{BuiltWrite, ObjectWrite, RV_COUNTER};
+use super::objects::RV_COUNTER;
 use super::packs::BlockAt;
 use super::remote::{EtcdMeta, Mirror, Remote};
 use super::{durability, read_be, Inner, Result, StorageError, Store, WriteKind};
@@ -57,6 +57,17 @@ pub(super) struct Replicated {
 /// How long a write waits for the object cache to hold this replica's previous write before it
 /// reads etcd instead.
 const OWN_WRITE_WAIT: Duration = Duration::from_millis(20);
+
+/// Tells the store's followers that the counter reached `value` (another replica's write, or one
+/// the object cache now holds); `false` once the store is closed.
+fn announce(inner: &std::sync::Weak<Inner>, value: &[u8]) -> bool {
+    let Some(inner) = inner.upgrade() else { return false };
+    if let Ok(rv) = read_be(value) {
+        inner.commits.durable_at_least(rv);
+        let _ = inner.events.send(rv);
+    }
+    true
+}
 
 /// One of the store's health checks, as `/livez`, `/readyz` and `/healthz` list them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -236,13 +247,6 @@ impl Backend {
 
     // --- object writes and resourceVersions ---
 
-    /// Applies object writes at the next resourceVersion, with the writes waiting beside them, in
-    /// one batch ([`super::apply_queue`]): one sled batch, or one etcd transaction that goes in
-    /// only if the counter is still what the group was built on.
-    pub(super) fn apply_objects(&self, store: &Store, writes: Vec<ObjectWrite>) -> Result<BuiltWrite> {
-        store.apply_queued(writes)
-    }
-
     /// Operations one group of writes may take: etcd's transaction limit (the comparison is one).
     pub(super) fn group_ops(&self) -> usize {
         match self {
@@ -302,21 +306,10 @@ impl Backend {
         if let Some(mirror) = &r.mirror {
             let inner = inner.clone();
             mirror.follow(&r.etcd, move |value| {
-                let Some(inner) = inner.upgrade() else { return };
-                if let Ok(rv) = read_be(value) {
-                    inner.commits.durable_at_least(rv);
-                    let _ = inner.events.send(rv);
-                }
+                announce(&inner, value);
             });
         }
-        r.remote.follow_key(r.etcd.full_key(RV_COUNTER), move |value| {
-            let Some(inner) = inner.upgrade() else { return false };
-            if let Ok(rv) = read_be(value) {
-                inner.commits.durable_at_least(rv);
-                let _ = inner.events.send(rv);
-            }
-            true
-        });
+        r.remote.follow_key(r.etcd.full_key(RV_COUNTER), move |value| announce(&inner, value));
     }
 
     /// Brings the durable resourceVersion up to every write acknowledged before the call:

@@ -193,7 +193,7 @@ impl Store {
 
     fn object_as_read(&self, key: &ObjectKey) -> Result<Option<StoredObject>> {
         let durable = self.durable_resource_version();
-        let object = self.reads().get(key.encode())?.map(|v| decode_object(&v)).transpose()?;
+        let object = object_in(self.reads(), key)?;
         let newest = match &object {
             Some(object) => object.resource_version,
             None => self.deleted_after(key, durable)?,
@@ -412,7 +412,7 @@ impl Store {
         // Refused only at the floor: deletes and status updates must work while content is refused.
         self.ensure_space(super::WriteKind::Metadata)?;
         let applying = self.applying();
-        let (rv, objects, collect, log_bytes) = self.backend().apply_objects(self, writes)?;
+        let (rv, objects, collect, log_bytes) = self.apply_queued(writes)?;
         let logged = self.inner.log_bytes.fetch_add(log_bytes, Ordering::AcqRel) + log_bytes;
         drop(applying);
         // Trim in steps (each is a range delete), often enough that the log stays near its bounds.

@@ -94,23 +94,17 @@ impl EtcdMeta {
     /// [`EtcdMeta::apply_if`], telling the etcd revision the transaction made (`None`: `guard`
     /// held something else, nothing was written).
     pub fn apply_if_at(&self, batch: Batch, guard: &[u8], expected: Option<&[u8]>) -> Result<Option<i64>> {
-        let ops = self.ops(batch);
-        if ops.len() + 1 > self.max_ops {
-            return Err(StorageError::Remote(format!(
-                "one write needs {} etcd operations, more than --etcd-max-txn-ops ({})",
-                ops.len() + 1,
-                self.max_ops
-            )));
-        }
-        let txn = Txn::new().when(vec![self.holds(guard, expected)]).and_then(ops);
-        let mut etcd = self.remote.etcd.clone();
-        let txn = async move { etcd.txn(txn).await };
-        let answer = self.remote.block_on(self.remote.metrics().etcd(op::TXN, kind::STORE, txn)).map_err(etcd_error)?;
-        Ok(answer.succeeded().then(|| answer.header().map_or(0, |h| h.revision())))
+        self.apply_when_at(batch, vec![self.holds(guard, expected)])
     }
 
     /// Applies a batch in one transaction if every comparison holds.
     pub fn apply_when(&self, batch: Batch, compares: Vec<Compare>) -> Result<bool> {
+        Ok(self.apply_when_at(batch, compares)?.is_some())
+    }
+
+    /// [`EtcdMeta::apply_when`], telling the etcd revision the transaction made (`None`: a
+    /// comparison failed).
+    fn apply_when_at(&self, batch: Batch, compares: Vec<Compare>) -> Result<Option<i64>> {
         let ops = self.ops(batch);
         if ops.len() + compares.len() > self.max_ops {
             return Err(StorageError::Remote(format!(
@@ -119,7 +113,7 @@ impl EtcdMeta {
                 self.max_ops
             )));
         }
-        self.txn(Txn::new().when(compares).and_then(ops))
+        self.txn_at(Txn::new().when(compares).and_then(ops))
     }
 
     /// A comparison that `key` holds `expected` (`None`: is absent).
@@ -214,10 +208,15 @@ impl EtcdMeta {
     }
 
     fn txn(&self, txn: Txn) -> Result<bool> {
+        Ok(self.txn_at(txn)?.is_some())
+    }
+
+    /// The transaction's etcd revision if it succeeded.
+    fn txn_at(&self, txn: Txn) -> Result<Option<i64>> {
         let mut etcd = self.remote.etcd.clone();
         let txn = async move { etcd.txn(txn).await };
         let answer = self.remote.block_on(self.remote.metrics().etcd(op::TXN, kind::STORE, txn)).map_err(etcd_error)?;
-        Ok(answer.succeeded())
+        Ok(answer.succeeded().then(|| answer.header().map_or(0, |h| h.revision())))
     }
 
     fn page(&self, from: Vec<u8>, end: Vec<u8>) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {

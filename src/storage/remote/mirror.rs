@@ -330,6 +330,14 @@ struct Scan<'a> {
     fallback: Option<crate::storage::meta::MetaIter<'a>>,
 }
 
+impl Scan<'_> {
+    /// The rest of the scan, `[start, end)`, read from etcd from here on.
+    fn go_on_in_etcd(&mut self, start: Bound<Vec<u8>>, end: Bound<Vec<u8>>) -> Option<Result<(IVec, IVec)>> {
+        let rest = self.etcd.range(start, end);
+        self.fallback.insert(Box::new(rest)).next()
+    }
+}
+
 impl Iterator for Scan<'_> {
     type Item = Result<(IVec, IVec)>;
 
@@ -345,16 +353,14 @@ impl Iterator for Scan<'_> {
         if state.generation != self.generation || !state.active {
             drop(state);
             let end = self.beyond.take().unwrap_or_else(|| self.end.clone());
-            let rest = self.etcd.range(self.next.clone(), end);
-            return self.fallback.insert(Box::new(rest)).next();
+            return self.go_on_in_etcd(self.next.clone(), end);
         }
         if empty_range(&self.next, &self.end) {
             // BTreeMap panics on an inverted range where sled and etcd answer nothing; the
             // readers ask for such ranges (a log read from a resourceVersion past the cache's).
             drop(state);
             let beyond = self.beyond.take()?;
-            let rest = self.etcd.range(self.next.clone(), beyond);
-            return self.fallback.insert(Box::new(rest)).next();
+            return self.go_on_in_etcd(self.next.clone(), beyond);
         }
         let range = (self.next.as_ref().map(|k| k.as_slice()), self.end.as_ref().map(|k| k.as_slice()));
         let page: Vec<(IVec, IVec)> =
@@ -370,8 +376,7 @@ impl Iterator for Scan<'_> {
             // The mirrored keys are done; the rest of the range is in etcd.
             None => {
                 let beyond = self.beyond.take()?;
-                let rest = self.etcd.range(Bound::Included(END.to_vec()), beyond);
-                self.fallback.insert(Box::new(rest)).next()
+                self.go_on_in_etcd(Bound::Included(END.to_vec()), beyond)
             }
         }
     }
