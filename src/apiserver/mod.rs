@@ -148,12 +148,16 @@ where
 }
 
 /// Writes objects: applied on the blocking pool, acknowledged once durable without holding a
-/// thread while the flush they share with concurrent writes runs.
+/// thread while the flush they share with concurrent writes runs. A request dropped before its
+/// writes' turn (its connection abandoned) leaves them unapplied, as a cancelled request context
+/// does in kube-apiserver: the client retrying elsewhere must not see them land after its retry.
 async fn write_objects(
     app: &AppState,
     writes: Vec<crate::storage::ObjectWrite>,
 ) -> ApiResult<crate::storage::WriteOutcome> {
-    let pending = blocking(app, move |store| store.apply_objects(writes)).await?;
+    let abandoned = tokio_util::sync::CancellationToken::new();
+    let _dropped = abandoned.clone().drop_guard();
+    let pending = blocking(app, move |store| store.apply_objects_unless(writes, abandoned)).await?;
     app.store.acknowledge(pending).await.map_err(ApiError::from)
 }
 

@@ -23,6 +23,8 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
+use tokio_util::sync::CancellationToken;
+
 use super::meta::{Batch, Reads};
 use super::objects::{key_revision, BuiltWrite, RV_COUNTER};
 use super::{ObjectWrite, Result, StorageError, Store};
@@ -38,6 +40,10 @@ pub(super) struct ApplyQueue {
 
 struct QueuedWrite {
     writes: Vec<ObjectWrite>,
+    /// Cancelled when whoever asked for the writes stopped waiting for them (an abandoned request):
+    /// a write not yet applied then never is. Applied later, a client that gave up on it could see
+    /// it land after its own next writes (a create retried elsewhere, then deleted, coming back).
+    abandoned: Option<CancellationToken>,
     /// Set by whoever applied (or refused) the writes.
     outcome: Mutex<Option<Result<BuiltWrite>>>,
 }
@@ -45,6 +51,10 @@ struct QueuedWrite {
 impl QueuedWrite {
     fn settle(&self, outcome: Result<BuiltWrite>) {
         *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+    }
+
+    fn abandoned(&self) -> bool {
+        self.abandoned.as_ref().is_some_and(CancellationToken::is_cancelled)
     }
 
     fn settled(&self) -> bool {
@@ -69,9 +79,14 @@ impl QueuedWrite {
 }
 
 impl Store {
-    /// Applies `writes` in a group with the writes waiting beside them.
-    pub(super) fn apply_queued(&self, writes: Vec<ObjectWrite>) -> Result<BuiltWrite> {
-        let queued = Arc::new(QueuedWrite { writes, outcome: Mutex::new(None) });
+    /// Applies `writes` in a group with the writes waiting beside them, unless `abandoned` is
+    /// cancelled first ([`StorageError::Cancelled`]).
+    pub(super) fn apply_queued(
+        &self,
+        writes: Vec<ObjectWrite>,
+        abandoned: Option<CancellationToken>,
+    ) -> Result<BuiltWrite> {
+        let queued = Arc::new(QueuedWrite { writes, abandoned, outcome: Mutex::new(None) });
         let queue = &self.inner.apply_queue;
         queue.waiting.lock().unwrap_or_else(|e| e.into_inner()).push(queued.clone());
         {
@@ -117,6 +132,15 @@ impl Store {
                 if members.len() == max_group {
                     break;
                 }
+                if queued.abandoned() {
+                    tracing::debug!(
+                        writes = ?queued.writes.iter().map(ObjectWrite::describe).collect::<Vec<_>>(),
+                        "write abandoned before its turn: not applied"
+                    );
+                    queued.settle(Err(StorageError::Cancelled));
+                    rest = after;
+                    continue;
+                }
                 let reads_of = queued.read_keys();
                 if reads_of.iter().any(|k| touched.contains(k)) {
                     break;
@@ -161,6 +185,12 @@ impl Store {
             }
             match backend.apply_group(self, batch, counter.as_deref()) {
                 Ok(true) => {
+                    tracing::debug!(
+                        from_cache,
+                        counter = current,
+                        writes = ?members.iter().flat_map(|(q, _)| q.writes.iter().map(ObjectWrite::describe)).collect::<Vec<_>>(),
+                        "write group applied"
+                    );
                     self.batch_applied();
                     members.into_iter().for_each(|(queued, built)| queued.settle(Ok(built)));
                 }
@@ -243,6 +273,40 @@ mod tests {
         let reopened = Store::open(dir.path(), StoreOptions::default()).unwrap();
         assert_eq!(reopened.durable_resource_version(), 16);
         assert!(reopened.get_object(&key("b15")).unwrap().is_some());
+    }
+
+    /// A request dropped while its create waited for the lock (its connection abandoned): the
+    /// create never lands, though the writes queued beside it do.
+    #[test]
+    fn a_write_abandoned_while_it_waits_is_never_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let held = store.lock_objects();
+        let abandoned = tokio_util::sync::CancellationToken::new();
+        let threads: Vec<_> = ["a", "gone", "b"]
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let (writer, token) = (store.clone(), abandoned.clone());
+                let thread = std::thread::spawn(move || {
+                    let token = if name == "gone" { token } else { tokio_util::sync::CancellationToken::new() };
+                    let pending = writer.apply_objects_unless(vec![create(name)], token)?;
+                    writer.make_durable(pending).map(|o| o.resource_version)
+                });
+                while queued(&store) < i + 1 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                thread
+            })
+            .collect();
+        abandoned.cancel();
+        drop(held);
+        let outcomes: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(matches!(outcomes[1], Err(crate::storage::StorageError::Cancelled)), "{outcomes:?}");
+        assert_eq!(outcomes[0].as_ref().ok(), Some(&1));
+        assert_eq!(outcomes[2].as_ref().ok(), Some(&2), "the write after it takes the next resourceVersion");
+        assert!(store.get_object(&key("gone")).unwrap().is_none(), "an abandoned create was applied");
+        assert!(store.get_object(&key("b")).unwrap().is_some());
     }
 
     #[test]

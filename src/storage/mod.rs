@@ -123,7 +123,8 @@ pub enum StorageError {
     /// An entry whose path the revision already has (a file, link or directory added before).
     #[error("invalid entry {path:?}: {DUPLICATE_PATH}")]
     DuplicatePath { path: String },
-    #[error("the reader went away")]
+    /// Whoever asked went away: a reader stopped reading, or a write was abandoned before its turn.
+    #[error("the caller went away")]
     Cancelled,
     /// A resourceVersion older than the change log still covers.
     #[error("resource version {0} is too old")]

@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use super::commit::PendingWrite;
 use super::meta::{Batch, Reads};
@@ -107,6 +108,16 @@ pub enum ObjectWrite {
         key: ObjectKey,
         precondition: Precondition,
     },
+}
+
+impl ObjectWrite {
+    /// What the write does, for logs: `put bundles "a" in namespace "ns"`.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            ObjectWrite::Put { key, .. } => format!("put {}", key.describe()),
+            ObjectWrite::Delete { key, .. } => format!("delete {}", key.describe()),
+        }
+    }
 }
 
 /// A change-log entry, in the shape of a watch event.
@@ -409,10 +420,25 @@ impl Store {
     /// Applies `writes` atomically at one new resourceVersion; they are acknowledged once
     /// durable, by [`Store::acknowledge`].
     pub fn apply_objects(&self, writes: Vec<ObjectWrite>) -> Result<PendingWrite> {
+        self.apply_objects_queued(writes, None)
+    }
+
+    /// [`Store::apply_objects`] for a caller that may stop waiting (a request whose connection is
+    /// abandoned): once `abandoned` is cancelled, writes still waiting their turn are not applied
+    /// ([`StorageError::Cancelled`]). One already on its way to the store still lands.
+    pub fn apply_objects_unless(&self, writes: Vec<ObjectWrite>, abandoned: CancellationToken) -> Result<PendingWrite> {
+        self.apply_objects_queued(writes, Some(abandoned))
+    }
+
+    fn apply_objects_queued(
+        &self,
+        writes: Vec<ObjectWrite>,
+        abandoned: Option<CancellationToken>,
+    ) -> Result<PendingWrite> {
         // Refused only at the floor: deletes and status updates must work while content is refused.
         self.ensure_space(super::WriteKind::Metadata)?;
         let applying = self.applying();
-        let (rv, objects, collect, log_bytes) = self.apply_queued(writes)?;
+        let (rv, objects, collect, log_bytes) = self.apply_queued(writes, abandoned)?;
         let logged = self.inner.log_bytes.fetch_add(log_bytes, Ordering::AcqRel) + log_bytes;
         drop(applying);
         // Trim in steps (each is a range delete), often enough that the log stays near its bounds.

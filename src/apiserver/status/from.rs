@@ -53,6 +53,8 @@ impl From<StorageError> for ApiError {
                 tracing::warn!(error = %remote, "shared store unavailable");
                 ApiError::unavailable(remote.to_string())
             }
+            // Only a request already dropped gets this: nobody reads the answer.
+            StorageError::Cancelled => ApiError::unavailable("the request was abandoned before it was applied"),
             other => {
                 tracing::error!(error = %other, "storage failure");
                 ApiError::internal(other.to_string())

@@ -9,8 +9,8 @@
 //! GET, then waits until the mirror has applied the etcd revision that wrote it
 //! ([`Mirror::catch_up`]). Every object write moves the counter in the same transaction, so
 //! everything any write acknowledged before the read began is in the mirror once it waits no more.
-//! Concurrent readers share one GET ([`Barrier`]): a reader waits for a GET that *started* after it
-//! arrived, so sharing never makes it older. A mirror that does not catch up within
+//! Concurrent readers share GETs ([`Barrier`], two in flight at most): a reader waits for a GET
+//! that *started* after it arrived, so sharing never makes it older. A mirror that does not catch up within
 //! [`CATCH_UP_WAIT`] (its watch stalled, etcd unreachable from the watch but not from the GET) is
 //! marked behind and serves nothing until it has applied what that read saw: reads go to etcd.
 //!
@@ -383,33 +383,40 @@ impl Iterator for Scan<'_> {
 }
 
 /// One etcd GET shared by the readers that arrive while another is in flight: a reader waits for
-/// a GET that began after it arrived, so the answer is at least as new as its own would be.
+/// a GET that began after it arrived, so the answer is at least as new as its own would be. Up to
+/// [`ROUNDS_IN_FLIGHT`] GETs run at once, so a reader arriving while one is under way starts the
+/// next at once instead of waiting for the first to end (a round trip it could not use).
 #[derive(Default)]
 struct Barrier {
     state: Mutex<BarrierState>,
     done: Condvar,
 }
 
+/// GETs of the barrier at once, at most: two take a reader's wait from up to two round trips to
+/// one, at one more GET per round trip for etcd.
+const ROUNDS_IN_FLIGHT: usize = 2;
+
 #[derive(Default)]
 struct BarrierState {
     started: u64,
+    /// The newest round that ended, and its answer.
     finished: u64,
-    running: bool,
+    running: usize,
     answer: Option<Result<i64, String>>,
 }
 
 impl Barrier {
     fn pass(&self, ask: impl FnOnce() -> Result<i64>) -> Result<i64> {
         let mut state = lock(&self.state);
-        // The first GET to start from now on is the one this reader may use.
+        // The first GET to start from now on is the one this reader may use, or any after it.
         let needed = state.started + 1;
         let deadline = std::time::Instant::now() + BARRIER_WAIT;
         loop {
             if state.finished >= needed {
                 return answer(&state.answer);
             }
-            if !state.running {
-                state.running = true;
+            if state.running < ROUNDS_IN_FLIGHT && state.started < needed {
+                state.running += 1;
                 state.started += 1;
                 let mine = state.started;
                 drop(state);
@@ -430,7 +437,8 @@ impl Barrier {
     }
 }
 
-/// One GET of the barrier; dropped, it hands its answer to the waiting readers.
+/// One GET of the barrier; dropped, it hands its answer to the waiting readers (unless a newer
+/// round ended first: its answer serves everyone this one would).
 struct Round<'a> {
     barrier: &'a Barrier,
     mine: u64,
@@ -440,9 +448,11 @@ struct Round<'a> {
 impl Drop for Round<'_> {
     fn drop(&mut self) {
         let mut state = lock(&self.barrier.state);
-        state.running = false;
-        state.finished = state.finished.max(self.mine);
-        state.answer = Some(self.answer.clone());
+        state.running = state.running.saturating_sub(1);
+        if self.mine > state.finished {
+            state.finished = self.mine;
+            state.answer = Some(self.answer.clone());
+        }
         drop(state);
         self.barrier.done.notify_all();
     }
@@ -601,37 +611,90 @@ async fn watch(
 mod tests {
     use super::*;
 
+    /// A GET of etcd that answers in the order it was asked, once `release` lets it.
+    fn held_get(
+        asked: &AtomicU64,
+        entered: std::sync::mpsc::Sender<()>,
+        release: std::sync::mpsc::Receiver<()>,
+    ) -> Result<i64> {
+        let n = asked.fetch_add(1, Ordering::SeqCst) as i64 + 1;
+        entered.send(()).unwrap();
+        release.recv().unwrap();
+        Ok(n)
+    }
+
     #[test]
     fn a_shared_get_began_after_the_reader_arrived() {
         let barrier = Arc::new(Barrier::default());
         let asked = Arc::new(AtomicU64::new(0));
-        // While one GET is in flight, readers arriving wait for the next one, not that one.
+        // Round 1 is held for the whole test: nobody arriving later may use it, nor wait for it.
         let (entered_tx, entered_rx) = std::sync::mpsc::channel();
         let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
         let first = {
             let (barrier, asked) = (barrier.clone(), asked.clone());
+            std::thread::spawn(move || barrier.pass(|| held_get(&asked, entered_tx, release_rx)))
+        };
+        entered_rx.recv().unwrap();
+        // Later GETs answer once the gate opens.
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let reader = || {
+            let (barrier, asked, gate) = (barrier.clone(), asked.clone(), gate.clone());
             std::thread::spawn(move || {
                 barrier.pass(|| {
-                    entered_tx.send(()).unwrap();
-                    release_rx.recv().unwrap();
-                    Ok(asked.fetch_add(1, Ordering::SeqCst) as i64 + 1)
+                    let n = asked.fetch_add(1, Ordering::SeqCst) as i64 + 1;
+                    let open = gate.0.lock().unwrap();
+                    drop(gate.1.wait_while(open, |open| !*open).unwrap());
+                    Ok(n)
                 })
             })
         };
-        entered_rx.recv().unwrap();
-        let later: Vec<_> = (0..4)
-            .map(|_| {
-                let (barrier, asked) = (barrier.clone(), asked.clone());
-                std::thread::spawn(move || barrier.pass(|| Ok(asked.fetch_add(1, Ordering::SeqCst) as i64 + 1)))
-            })
-            .collect();
+        // The next reader starts round 2 at once, beside round 1.
+        let second = reader();
+        while asked.load(Ordering::SeqCst) < 2 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Readers arriving while round 2 runs may not use it: they share round 3.
+        let later: Vec<_> = (0..3).map(|_| reader()).collect();
         std::thread::sleep(Duration::from_millis(50));
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+        assert_eq!(second.join().unwrap().unwrap(), 2);
+        for reader in later {
+            assert_eq!(reader.join().unwrap().unwrap(), 3, "a reader used a GET in flight when it came");
+        }
+        assert_eq!(asked.load(Ordering::SeqCst), 3, "the three later readers shared one GET");
         release_tx.send(()).unwrap();
         assert_eq!(first.join().unwrap().unwrap(), 1);
-        for reader in later {
-            assert_eq!(reader.join().unwrap().unwrap(), 2, "a reader used the GET in flight when it came");
+        // Round 1 ended after newer ones: a reader from now on still asks again.
+        assert_eq!(barrier.pass(|| Ok(4)).unwrap(), 4);
+    }
+
+    #[test]
+    fn readers_wait_when_both_rounds_are_in_flight() {
+        let barrier = Arc::new(Barrier::default());
+        let asked = Arc::new(AtomicU64::new(0));
+        let mut releases = Vec::new();
+        let mut held = Vec::new();
+        for _ in 0..ROUNDS_IN_FLIGHT {
+            let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+            let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+            let (b, a) = (barrier.clone(), asked.clone());
+            held.push(std::thread::spawn(move || b.pass(|| held_get(&a, entered_tx, release_rx))));
+            entered_rx.recv().unwrap();
+            releases.push(release_tx);
         }
-        assert_eq!(asked.load(Ordering::SeqCst), 2, "the four later readers shared one GET");
+        let waiter = {
+            let (b, a) = (barrier.clone(), asked.clone());
+            std::thread::spawn(move || b.pass(|| Ok(a.fetch_add(1, Ordering::SeqCst) as i64 + 1)))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(asked.load(Ordering::SeqCst), ROUNDS_IN_FLIGHT as u64, "a third GET while two were in flight");
+        assert!(!waiter.is_finished(), "a reader used a GET that began before it arrived");
+        // One round ends; the waiter starts its own (both in flight began before it came).
+        releases.remove(0).send(()).unwrap();
+        assert_eq!(waiter.join().unwrap().unwrap(), ROUNDS_IN_FLIGHT as i64 + 1);
+        releases.into_iter().for_each(|r| r.send(()).unwrap());
+        held.into_iter().for_each(|h| drop(h.join().unwrap()));
     }
 
     #[test]

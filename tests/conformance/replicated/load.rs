@@ -40,7 +40,8 @@ pub struct Acks {
     pub writes: Mutex<BTreeMap<String, Vec<Write>>>,
     /// The last acknowledged `turn` label of each labelled Bundle (namespace/name).
     pub labels: Mutex<BTreeMap<String, String>>,
-    pub deleted: Mutex<Vec<(String, String)>>,
+    /// Acknowledged deletes: namespace, name, and what the create and the delete answered.
+    pub deleted: Mutex<Vec<(String, String, String)>>,
 }
 
 impl Acks {
@@ -171,10 +172,10 @@ impl Worker {
 
     async fn create_and_delete(&self, ns: &str, turn: u64) {
         let name = format!("s{}-{turn}", self.id);
-        self.create(ns, &name).await;
+        let created = self.create(ns, &name).await;
         let what = format!("delete {ns}/{name}");
         let ok = [StatusCode::OK, StatusCode::ACCEPTED, StatusCode::NOT_FOUND];
-        let Some((status, _, failed)) =
+        let Some((status, body, failed)) =
             expect(&self.stats, "delete", &what, &ok, || self.client.delete(self.url(&bundle(ns, &name)))).await
         else {
             return;
@@ -182,7 +183,11 @@ impl Worker {
         if status == StatusCode::NOT_FOUND && failed == 0 {
             self.stats.problem(format!("{what}: 404 right after its create"));
         }
-        self.acks.deleted.lock().unwrap().push((ns.to_owned(), name));
+        let deleted_at = rv_of(&body).map(|(_, rv)| rv);
+        let answers = format!(
+            "created at {created:?}, delete answered {status} at {deleted_at:?} after {failed} dead connections"
+        );
+        self.acks.deleted.lock().unwrap().push((ns.to_owned(), name, answers));
     }
 
     async fn list(&self, ns: &str) {

@@ -64,11 +64,19 @@ pub async fn check_acks(client: &Client, base: &str, acks: &Arc<Acks>) -> Vec<St
         }
     }
     let deleted = acks.deleted.lock().unwrap().clone();
-    for (ns, name) in deleted {
+    for (ns, name, answers) in deleted {
         let path = bundle(&ns, &name);
-        let status = client.get(format!("{base}{path}")).send().await.unwrap().status();
+        let resp = client.get(format!("{base}{path}")).send().await.unwrap();
+        let status = resp.status();
         if status != StatusCode::NOT_FOUND {
-            problems.push(format!("{path}: deleted (acknowledged) but GET answers {status}"));
+            // Which write the object is tells how it came back: older than the delete (the delete
+            // did not hold) or newer (written again after it).
+            let b: Value = resp.json().await.unwrap_or_default();
+            let found = format!(
+                "resourceVersion {}, uid {}, created {}",
+                b["metadata"]["resourceVersion"], b["metadata"]["uid"], b["metadata"]["creationTimestamp"]
+            );
+            problems.push(format!("{path}: deleted (acknowledged; {answers}) but GET answers {status}: {found}"));
         }
     }
     problems

@@ -1,5 +1,7 @@
 //! Child processes of the replicated tests (etcd, Garage, haproxy, stowage replicas): their output
 //! kept in a bounded log, killed on drop, and the log shown when a test fails.
+//! `STOWAGE_TEST_LOGS=DIR` also writes each process's whole output to a file in DIR, for
+//! looking into a failure the shown tail does not explain.
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -39,6 +41,16 @@ pub fn run(cmd: &mut Command) -> String {
     stdout.into_owned()
 }
 
+/// The file `STOWAGE_TEST_LOGS` names for a process's whole output (appended to, so a restarted
+/// replica's starts follow each other), if set.
+fn whole_log(name: &str) -> Option<Arc<std::fs::File>> {
+    let dir = std::path::PathBuf::from(std::env::var_os("STOWAGE_TEST_LOGS")?);
+    std::fs::create_dir_all(&dir).ok()?;
+    let file: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    let path = dir.join(format!("{file}.log"));
+    std::fs::OpenOptions::new().create(true).append(true).open(path).ok().map(Arc::new)
+}
+
 /// A running child process and everything it printed.
 pub struct Proc {
     name: String,
@@ -56,11 +68,12 @@ impl Proc {
                 panic!("{name}: spawn {cmd:?}: {e} (is it installed? scripts/test.sh installs it)")
             });
         let log = Arc::new(Mutex::new(String::new()));
+        let whole = whole_log(name);
         let (tx, rx) = mpsc::channel::<String>();
         let pipes: [Box<dyn Read + Send>; 2] =
             [Box::new(child.stdout.take().unwrap()), Box::new(child.stderr.take().unwrap())];
         for pipe in pipes {
-            let (tx, log) = (tx.clone(), log.clone());
+            let (tx, log, whole) = (tx.clone(), log.clone(), whole.clone());
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(pipe);
                 let mut buf = Vec::new();
@@ -70,6 +83,9 @@ impl Proc {
                     }
                     let line = String::from_utf8_lossy(&buf).into_owned();
                     append(&log, &line);
+                    if let Some(file) = &whole {
+                        let _ = std::io::Write::write_all(&mut &**file, line.as_bytes());
+                    }
                     let _ = tx.send(line);
                     buf.clear();
                 }
