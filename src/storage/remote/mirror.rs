@@ -147,7 +147,11 @@ impl Mirror {
     /// it did not in time, and [`Mirror::serves`] says no until it has.
     pub fn catch_up(&self, etcd: &EtcdMeta, counter: &[u8]) -> Result<bool> {
         let written_at = self.barrier.pass(|| etcd.mod_revision(counter))?;
-        let caught_up = self.wait_applied(written_at, CATCH_UP_WAIT) && read(&self.state).active;
+        // While empty (loading, outgrown) nothing is worth waiting for: etcd answers at once. The
+        // mark below still keeps a mirror that becomes active meanwhile from serving this reader
+        // older data.
+        let caught_up =
+            read(&self.state).active && self.wait_applied(written_at, CATCH_UP_WAIT) && read(&self.state).active;
         if !caught_up {
             self.wanted.fetch_max(written_at, Ordering::AcqRel);
         }
