@@ -43,7 +43,7 @@ struct QueuedWrite {
     /// Cancelled when whoever asked for the writes stopped waiting for them (an abandoned request):
     /// a write not yet applied then never is. Applied later, a client that gave up on it could see
     /// it land after its own next writes (a create retried elsewhere, then deleted, coming back).
-    abandoned: Option<CancellationToken>,
+    abandoned: CancellationToken,
     /// Set by whoever applied (or refused) the writes.
     outcome: Mutex<Option<Result<BuiltWrite>>>,
 }
@@ -51,10 +51,6 @@ struct QueuedWrite {
 impl QueuedWrite {
     fn settle(&self, outcome: Result<BuiltWrite>) {
         *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
-    }
-
-    fn abandoned(&self) -> bool {
-        self.abandoned.as_ref().is_some_and(CancellationToken::is_cancelled)
     }
 
     fn settled(&self) -> bool {
@@ -81,11 +77,7 @@ impl QueuedWrite {
 impl Store {
     /// Applies `writes` in a group with the writes waiting beside them, unless `abandoned` is
     /// cancelled first ([`StorageError::Cancelled`]).
-    pub(super) fn apply_queued(
-        &self,
-        writes: Vec<ObjectWrite>,
-        abandoned: Option<CancellationToken>,
-    ) -> Result<BuiltWrite> {
+    pub(super) fn apply_queued(&self, writes: Vec<ObjectWrite>, abandoned: CancellationToken) -> Result<BuiltWrite> {
         let queued = Arc::new(QueuedWrite { writes, abandoned, outcome: Mutex::new(None) });
         let queue = &self.inner.apply_queue;
         queue.waiting.lock().unwrap_or_else(|e| e.into_inner()).push(queued.clone());
@@ -132,7 +124,7 @@ impl Store {
                 if members.len() == max_group {
                     break;
                 }
-                if queued.abandoned() {
+                if queued.abandoned.is_cancelled() {
                     tracing::debug!(
                         writes = ?queued.writes.iter().map(ObjectWrite::describe).collect::<Vec<_>>(),
                         "write abandoned before its turn: not applied"

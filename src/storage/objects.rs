@@ -420,21 +420,13 @@ impl Store {
     /// Applies `writes` atomically at one new resourceVersion; they are acknowledged once
     /// durable, by [`Store::acknowledge`].
     pub fn apply_objects(&self, writes: Vec<ObjectWrite>) -> Result<PendingWrite> {
-        self.apply_objects_queued(writes, None)
+        self.apply_objects_unless(writes, CancellationToken::new())
     }
 
     /// [`Store::apply_objects`] for a caller that may stop waiting (a request whose connection is
     /// abandoned): once `abandoned` is cancelled, writes still waiting their turn are not applied
     /// ([`StorageError::Cancelled`]). One already on its way to the store still lands.
     pub fn apply_objects_unless(&self, writes: Vec<ObjectWrite>, abandoned: CancellationToken) -> Result<PendingWrite> {
-        self.apply_objects_queued(writes, Some(abandoned))
-    }
-
-    fn apply_objects_queued(
-        &self,
-        writes: Vec<ObjectWrite>,
-        abandoned: Option<CancellationToken>,
-    ) -> Result<PendingWrite> {
         // Refused only at the floor: deletes and status updates must work while content is refused.
         self.ensure_space(super::WriteKind::Metadata)?;
         let applying = self.applying();
