@@ -44,7 +44,7 @@
 #   BENCH_WRITES_ONE / _MANY  writes: creates by 1 writer / by 32 writers (default 1000 / 4000)
 #   BENCH_SLOW_FSYNC_US  writes: delay added to every fsync on the "slow" disk (default 2000)
 #   BENCH_REPL_SETS replicas: which clusters, "1", "3" or "1 3" (default; the failover needs 3)
-#   BENCH_REPL_ARGS replicas: extra flags for BENCH_BIN's replicas (e.g. --object-cache-bytes 268435456)
+#   BENCH_REPL_ARGS replicas: extra flags for BENCH_BIN's replicas (e.g. --object-cache-bytes 0 to measure without the object cache)
 #   BENCH_BEFORE_BIN     ingest, writes, many_files, startup, api (seed, store size, wrk figures), replicas
 #                        (a 1-replica cluster): also measure this stowage
 #                        binary (an older build), side by side

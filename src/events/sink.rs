@@ -130,7 +130,7 @@ impl EventSink {
                 .map(|(_, (_, key, rv))| ObjectWrite::Delete { key, precondition: Precondition::ResourceVersion(rv) })
                 .collect();
             let kept = total - deletes.len();
-            for batch in deletes.chunks(256) {
+            for batch in deletes.chunks(store.writes_at_once()) {
                 match store.write_objects(batch.to_vec()) {
                     // Another replica swept (or a series moved) meanwhile: the next sweep sees it.
                     Err(crate::storage::StorageError::Conflict(_)) => {}

@@ -55,9 +55,8 @@ pub struct StoreFlags {
     pub replica_id: Option<String>,
     /// Bytes of API objects and change log each replica keeps in memory, fed by etcd's watch, so
     /// GET, LIST and watches are answered without an etcd round trip beyond one shared check of
-    /// the newest resourceVersion. Past it, reads go to etcd. 0 (the default for now: the
-    /// rolling-restart suite still finds an acknowledged delete undone with it): no cache.
-    #[arg(long, default_value_t = 0)]
+    /// the newest resourceVersion. Past it, reads go to etcd. 0: no cache.
+    #[arg(long, default_value_t = 256 << 20)]
     pub object_cache_bytes: u64,
     /// Bytes of content blocks each replica keeps on its disk (in --data-dir, emptied at start),
     /// so a Bundle many clients pull is read from object storage once per replica. 0: none.

@@ -13,8 +13,7 @@
 //! alone. A group is one atomic batch: after a crash none or all of it is there, and none of it is
 //! acknowledged before the flush covering it ([`super::commit`]).
 //!
-//! Replicated mode can group the same way (held to one write per group for now:
-//! [`super::backend::Backend::group_writes`]): a group is one transaction, compared
+//! Replicated mode groups the same way: a group is one transaction, compared
 //! against the resourceVersion counter it was built on and within `--etcd-max-txn-ops`. It is
 //! built from the object cache when that holds this replica's last write; a group whose
 //! comparison failed (another replica wrote meanwhile), or a write refused on the cache's state, is
@@ -97,7 +96,6 @@ impl Store {
     fn apply_groups(&self, waiting: &[Arc<QueuedWrite>]) {
         let backend = self.backend();
         let max_ops = backend.group_ops();
-        let max_group = backend.group_writes(MAX_GROUP);
         let mut cached = backend.cached_write_reads();
         let mut rest = waiting;
         while !rest.is_empty() {
@@ -121,7 +119,7 @@ impl Store {
             let mut members: Vec<(&Arc<QueuedWrite>, BuiltWrite)> = Vec::new();
             let mut rebuild = false;
             while let Some((queued, after)) = rest.split_first() {
-                if members.len() == max_group {
+                if members.len() == MAX_GROUP {
                     break;
                 }
                 if queued.abandoned.is_cancelled() {

@@ -255,15 +255,6 @@ impl Backend {
         }
     }
 
-    /// Writes one group may hold. Replicated: one for now — with groups, the rolling-restart
-    /// suite found an acknowledged delete undone (not explained yet; docs/benchmarks.md).
-    pub(super) fn group_writes(&self, most: usize) -> usize {
-        match self {
-            Backend::Embedded(_) => most,
-            Backend::Replicated(_) => 1,
-        }
-    }
-
     /// Whether a group of writes reads the counter and the objects from the object cache: when it
     /// holds this replica's own last write (it usually does: that write's event is already on its
     /// way), which saves an etcd round trip per key. The compare-and-swap on the counter vouches

@@ -411,6 +411,17 @@ impl Store {
         })
     }
 
+    /// Object writes one [`Store::write_objects`] call can hold (for a caller that splits a large
+    /// batch that need not be atomic, such as a sweep). Replicated: within one etcd transaction,
+    /// counting three operations per write (the object, its change-log entry, and its revision
+    /// record or an owner index) plus the counter and its comparison.
+    pub fn writes_at_once(&self) -> usize {
+        match self.backend().group_ops() {
+            usize::MAX => 256,
+            ops => (ops.saturating_sub(2) / 3).max(1),
+        }
+    }
+
     /// Applies `writes` atomically (all or nothing), durably, at one new resourceVersion.
     pub fn write_objects(&self, writes: Vec<ObjectWrite>) -> Result<WriteOutcome> {
         let pending = self.apply_objects(writes)?;

@@ -12,7 +12,9 @@
 //! Concurrent readers share GETs ([`Barrier`], two in flight at most): a reader waits for a GET
 //! that *started* after it arrived, so sharing never makes it older. A mirror that does not catch
 //! up within [`CATCH_UP_WAIT`] (its watch stalled, etcd unreachable from the watch but not from the
-//! GET) is marked behind and serves nothing until it has applied what that read saw: reads go to etcd.
+//! GET) is marked behind and serves nothing until it has applied what that read saw: reads go to
+//! etcd, at once (a read of a mirror already behind does not wait again, nor raise the mark: under
+//! steady writes a raised mark would keep a slow watch behind for ever).
 //!
 //! **Bounded.** The keys and values held are counted; past the bound (`--object-cache-bytes`) the
 //! mirror empties itself, every read goes to etcd (`stowage_object_cache_reads_total{source="etcd"}`
@@ -149,10 +151,13 @@ impl Mirror {
         let written_at = self.barrier.pass(|| etcd.mod_revision(counter))?;
         // While empty (loading, outgrown) nothing is worth waiting for: etcd answers at once. The
         // mark below still keeps a mirror that becomes active meanwhile from serving this reader
-        // older data.
-        let caught_up =
-            read(&self.state).active && self.wait_applied(written_at, CATCH_UP_WAIT) && read(&self.state).active;
-        if !caught_up {
+        // older data. Nor while already marked behind (its watch stalled): one reader waited
+        // CATCH_UP_WAIT in vain, the next go to etcd at once, and leave the mark where it is so
+        // that a mirror catching up under steady writes is not held back by every newer read.
+        let behind = *lock(&self.applied) < self.wanted.load(Ordering::Acquire);
+        let wait = if behind { Duration::ZERO } else { CATCH_UP_WAIT };
+        let caught_up = read(&self.state).active && self.wait_applied(written_at, wait) && read(&self.state).active;
+        if !caught_up && !behind {
             self.wanted.fetch_max(written_at, Ordering::AcqRel);
         }
         Ok(caught_up)

@@ -28,7 +28,7 @@ use etcd_client::{Client, ConnectOptions, PutOptions};
 pub use block_cache::DiskBlocks;
 pub use etcd::EtcdMeta;
 pub use metrics::RemoteMetrics;
-pub use mirror::Mirror;
+pub use mirror::{Mirror, CATCH_UP_WAIT};
 pub use s3::S3Blocks;
 
 use super::{Result, StorageError};

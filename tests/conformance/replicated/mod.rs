@@ -20,6 +20,7 @@ mod retry;
 mod scenario;
 
 mod compacted;
+mod events_sweep;
 mod failover;
 mod gc_race;
 mod handover;
