@@ -467,6 +467,14 @@ impl Store {
         let _pins = self.lock_pins();
         let batch = self.backend().index_sealed(self.tree(), block, builder, appending)?;
         self.tree().apply_batch(batch)?;
+        // The writer knows where its chunks went: the first read of what it wrote here (an
+        // upload's first download) then costs no etcd lookup per chunk.
+        if let Some(cache) = self.backend().location_cache() {
+            let members_len = builder.members_len();
+            for m in builder.members() {
+                cache.put(m.hash, Location::new(block, m, members_len));
+            }
+        }
         *builder = BlockBuilder::default();
         Ok(Some(SealedBlock { at: block, payload_hash }))
     }

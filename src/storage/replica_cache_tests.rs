@@ -1,7 +1,8 @@
 //! A replica's caches against a real etcd and Garage. The object cache ([`super::remote::Mirror`]):
 //! a replica whose cache stalled never answers a consistent read with older data than etcd holds,
 //! and one past its bound answers what etcd answers. The block cache
-//! ([`super::remote::DiskBlocks`]): a Bundle read again comes from the replica's disk, verified.
+//! ([`super::remote::DiskBlocks`]): a Bundle read again, or read on the replica that wrote it,
+//! comes from the replica's disk, verified.
 
 use std::time::{Duration, Instant};
 
@@ -170,14 +171,24 @@ fn a_cache_past_its_bound_falls_back_to_etcd_with_the_same_answers() {
 }
 
 #[test]
-fn a_bundle_read_again_comes_from_the_replicas_disk_and_is_verified() {
+fn a_bundle_read_again_or_where_it_was_written_comes_from_the_replicas_disk_verified() {
     let backends = start_backends();
     let scratch = tempfile::tempdir().unwrap();
-    let a = replica(&backends, "a", scratch.path());
+    let writer_metrics = RemoteMetrics::default();
+    let a = replica_with(
+        RemoteOptions { metrics: writer_metrics.clone(), ..remote_options(&backends, "a") },
+        scratch.path(),
+    );
     let metrics = RemoteMetrics::default();
     let b = replica_with(RemoteOptions { metrics: metrics.clone(), ..remote_options(&backends, "b") }, scratch.path());
     let files = vec![("big.bin".to_string(), noise(3, 3 << 20)), ("x.yaml".to_string(), b"kind: X\n".to_vec())];
     let (id, digest) = put(&a, "one", &files);
+    // The replica that took the upload kept its blocks as it wrote them: none read from the bucket.
+    a.inner.blocks.clear();
+    assert_eq!(tar_digest(&a, id), digest);
+    let (written_hits, written_misses) = writer_metrics.block_cache_counts();
+    assert_eq!(written_misses, 0, "the writer read its own blocks back from the bucket");
+    assert!(written_hits > 0, "the writer's read did not use its block cache");
     assert_eq!(tar_digest(&b, id), digest);
     let (hits, misses) = metrics.block_cache_counts();
     assert!(misses > 0, "the first read did not go to the bucket");

@@ -1,6 +1,6 @@
-//! Hot blocks on the replica's own disk: a block read from object storage is kept in
-//! `<data-dir>/block-cache/`, so a Bundle that many provisioners pull is read from the bucket once
-//! per replica. Blocks never change once written, so the cache needs no invalidation; it is
+//! Hot blocks on the replica's own disk: a block read from or written to object storage is kept
+//! in `<data-dir>/block-cache/`, so a Bundle that many provisioners pull is read from the bucket at
+//! most once per replica (never by the replica that took its upload). Blocks never change once written, so the cache needs no invalidation; it is
 //! bounded (`--block-cache-bytes`, least recently used out first) and emptied at every start (it is
 //! this replica's scratch, not state).
 //!
@@ -117,7 +117,8 @@ impl DiskBlocks {
         intact
     }
 
-    /// Keeps a payload just read from the bucket, making room by dropping the least recently used.
+    /// Keeps a payload just read from or written to the bucket, making room by dropping the least
+    /// recently used.
     pub fn put(&self, at: &BlockAt, payload: &[u8]) {
         let key = Self::key(at);
         let bytes = (payload.len() + HASH_LEN) as u64;

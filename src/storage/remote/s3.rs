@@ -76,7 +76,13 @@ impl S3Blocks {
                     .object_storage(op::PUT, async move { s3.put(&path, PutPayload::from(Bytes::from(record))).await }),
             )
             .map_err(|e| remote_error("writing a block to object storage", e))?;
-        Ok(BlockAt { pack: id, payload_offset, stored_len: payload.len() as u32, codec, raw_len })
+        let at = BlockAt { pack: id, payload_offset, stored_len: payload.len() as u32, codec, raw_len };
+        // Written through: what a replica just stored is what it is likeliest to be asked for
+        // next (an upload's first downloads), so that read costs no bucket round trip.
+        if let Some(cache) = &self.cache {
+            cache.put(&at, payload);
+        }
+        Ok(at)
     }
 
     pub fn read_payload(&self, at: &BlockAt) -> Result<Vec<u8>> {
