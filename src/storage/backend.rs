@@ -110,8 +110,7 @@ impl Backend {
         })
     }
 
-    /// The object cache, for tests that stall it.
-    #[cfg(test)]
+    /// The replica's object cache (`None`: embedded, or `--object-cache-bytes 0`).
     pub(super) fn mirror(&self) -> Option<&Arc<Mirror>> {
         match self {
             Backend::Replicated(r) => r.mirror.as_ref(),
@@ -136,6 +135,19 @@ impl Backend {
             mirror.count_read(caught_up && mirror.serves());
         }
         Ok(())
+    }
+
+    /// [`Backend::fresh_reads`] for a reader on the async runtime: `true` if the replica's object
+    /// cache holds every write acknowledged before the call and serves, so the read may be
+    /// answered from memory at once; `false` otherwise (embedded too), and the read then goes to
+    /// a blocking thread, which waits or reads etcd.
+    pub(super) async fn fresh_reads_now(&self) -> Result<bool> {
+        let Backend::Replicated(Replicated { mirror: Some(mirror), etcd, .. }) = self else { return Ok(false) };
+        let caught_up = mirror.caught_up_now(etcd, RV_COUNTER).await?;
+        if caught_up {
+            mirror.count_read(true);
+        }
+        Ok(caught_up)
     }
 
     /// Makes what was written durable. Replicated: etcd and object storage acknowledge only what

@@ -224,15 +224,26 @@ impl Store {
         Ok(json)
     }
 
-    /// [`Store::get_object_json`] if it can answer without waiting: the store is local (sled,
-    /// whose reads are memory or a local file, never the network) and the object's last change
-    /// is durable. `None` otherwise: then ask [`Store::get_object_json`] on a blocking thread.
-    pub fn get_object_json_now(&self, key: &ObjectKey) -> Result<Option<Option<Vec<u8>>>> {
-        if !self.backend().reads_are_local() {
+    /// [`Store::get_object_json`] if it can answer without blocking a thread: the store is local
+    /// (sled, whose reads are memory or a local file, never the network) and the object's last
+    /// change is durable; or a replica's object cache, once the consistent-read check (awaited)
+    /// found it current — there every acknowledged write is durable. `None` otherwise: then ask
+    /// [`Store::get_object_json`] on a blocking thread.
+    pub async fn get_object_json_now(&self, key: &ObjectKey) -> Result<Option<Option<Vec<u8>>>> {
+        if self.backend().reads_are_local() {
+            let (newest, json) = self.object_json(key)?;
+            return Ok((newest <= self.durable_resource_version()).then_some(json));
+        }
+        let Some(mirror) = self.backend().mirror() else { return Ok(None) };
+        if !self.backend().fresh_reads_now().await? {
             return Ok(None);
         }
-        let (newest, json) = self.object_json(key)?;
-        Ok((newest <= self.durable_resource_version()).then_some(json))
+        match mirror.get(&key.encode()) {
+            Some(Some(stored)) => Ok(Some(Some(decode_stored(&stored)?.object.to_vec()))),
+            Some(None) => Ok(Some(None)),
+            // The cache stopped serving since the check.
+            None => Ok(None),
+        }
     }
 
     /// The object's JSON as applied and the resourceVersion a reader must wait for before it may

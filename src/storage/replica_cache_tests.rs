@@ -24,6 +24,15 @@ fn version_of(store: &Store, name: &str) -> Option<(u64, u64)> {
     Some((found.resource_version, found.value["v"].as_u64().unwrap()))
 }
 
+/// What a GET answers on the async runtime at once (`None`: it hands the read to a blocking
+/// thread), as the object's `v`.
+fn version_now(store: &Store, name: &str) -> Option<Option<u64>> {
+    let key = ObjectKey::new("bundles", "ns", name);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let json = runtime.block_on(store.get_object_json_now(&key)).unwrap()?;
+    Some(json.map(|json| serde_json::from_slice::<serde_json::Value>(&json).unwrap()["v"].as_u64().unwrap()))
+}
+
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(15);
     while !done() {
@@ -59,6 +68,7 @@ fn a_replica_whose_cache_stalled_answers_what_etcd_holds() {
     let (_, items) = list(&a);
     assert_eq!(items.len(), 20);
     assert_eq!(etcd_pages(&a), pages, "a served a list from etcd while its cache was caught up");
+    assert_eq!(version_now(&a, "o03"), Some(Some(0)), "a caught-up cache did not answer a GET at once");
 
     // The watch stalls; b goes on writing. Every consistent read on a shows b's last write.
     mirror.pause(true);
@@ -68,6 +78,7 @@ fn a_replica_whose_cache_stalled_answers_what_etcd_holds() {
             marked = Instant::now();
         }
         let rv = b.write_objects(vec![put_v("o03", step)]).unwrap().resource_version;
+        assert_eq!(version_now(&a, "o03"), None, "a's stalled cache answered a GET at once");
         assert_eq!(version_of(&a, "o03"), Some((rv, step)), "a's GET showed older data than etcd's");
         let (at, items) = list(&a);
         assert!(at >= rv, "a listed at {at}, before b's acknowledged write at {rv}");
@@ -91,6 +102,8 @@ fn a_replica_whose_cache_stalled_answers_what_etcd_holds() {
     assert_eq!(version_of(&a, "o03").map(|(_, v)| v), Some(4));
     assert_eq!(list(&a).1, list(&b).1);
     assert_eq!(etcd_pages(&a), pages, "the caught-up cache did not answer");
+    assert_eq!(version_now(&a, "o03"), Some(Some(4)));
+    assert_eq!(version_now(&a, "o04"), Some(None), "a deleted object was not answered as absent");
     // What it missed reaches a's watchers too.
     let logged = a.changes_after(0, 100).unwrap();
     assert!(logged.iter().any(|(_, change)| change.name == "o04" && change.kind == "DELETED"));

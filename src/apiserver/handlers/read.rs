@@ -295,10 +295,11 @@ pub(crate) async fn get_of(
         let obj = get_object(&app, def, &namespace, &name).await?;
         return Ok(json_response(StatusCode::OK, &render(def, &obj, &headers, &params), &[]));
     }
-    // The object as stored is the response: read here when that cannot wait (a local store, the
-    // object's last change durable), else on the blocking pool.
+    // The object as stored is the response: read here when that blocks no thread (a local store,
+    // the object's last change durable; a replica's object cache found current), else on the
+    // blocking pool.
     let key = ObjectKey::new(def.plural, &namespace, &name);
-    let json = match app.store.get_object_json_now(&key).map_err(ApiError::from)? {
+    let json = match app.store.get_object_json_now(&key).await.map_err(ApiError::from)? {
         Some(json) => json,
         None => blocking(&app, move |store| store.get_object_json(&key)).await?,
     };

@@ -132,10 +132,15 @@ impl EtcdMeta {
 
     /// The etcd revision of `key`'s last write (0: absent).
     pub fn mod_revision(&self, key: &[u8]) -> Result<i64> {
+        self.remote.block_on(self.mod_revision_async(key))
+    }
+
+    /// [`EtcdMeta::mod_revision`], awaited (on the clients' runtime: see [`Remote::spawn`]).
+    pub async fn mod_revision_async(&self, key: &[u8]) -> Result<i64> {
         let mut etcd = self.remote.etcd.clone();
         let full = self.full_key(key);
         let get = async move { etcd.get(full, None).await };
-        let answer = self.remote.block_on(self.remote.metrics().etcd(op::GET, kind::STORE, get)).map_err(etcd_error)?;
+        let answer = self.remote.metrics().etcd(op::GET, kind::STORE, get).await.map_err(etcd_error)?;
         Ok(answer.kvs().first().map_or(0, |kv| kv.mod_revision()))
     }
 

@@ -68,7 +68,7 @@ pub struct Mirror {
     /// A consistent read saw the counter written at this revision but the mirror had not caught
     /// up in time: it serves nothing until it has.
     wanted: AtomicI64,
-    barrier: Barrier,
+    barrier: Arc<Barrier>,
     limit: u64,
     /// Pages scans copied out, for [`crate::storage::meta::Reads::pages_read`].
     pages: AtomicU64,
@@ -101,7 +101,7 @@ impl Mirror {
             applied: Mutex::new(0),
             advanced: Condvar::new(),
             wanted: AtomicI64::new(0),
-            barrier: Barrier::default(),
+            barrier: Arc::default(),
             limit,
             pages: AtomicU64::new(0),
             metrics,
@@ -161,6 +161,22 @@ impl Mirror {
             self.wanted.fetch_max(written_at, Ordering::AcqRel);
         }
         Ok(caught_up)
+    }
+
+    /// [`Mirror::catch_up`] for a reader on the async runtime, which must not block: the shared
+    /// check is awaited (a reader waiting for it holds no thread), and `true` only if the mirror
+    /// has applied that revision at once and serves. `false` waits for nothing and marks nothing:
+    /// the reader then reads on a blocking thread, which checks again ([`Mirror::catch_up`]).
+    pub async fn caught_up_now(&self, etcd: &Arc<EtcdMeta>, counter: &[u8]) -> Result<bool> {
+        let (etcd, counter) = (etcd.clone(), counter.to_vec());
+        let written_at = self
+            .barrier
+            .pass_async(move |round| {
+                let remote = etcd.remote().clone();
+                remote.spawn(async move { round.settle(etcd.mod_revision_async(&counter).await) });
+            })
+            .await?;
+        Ok(*lock(&self.applied) >= written_at && self.serves())
     }
 
     /// Waits up to `wait` for the mirror to have applied etcd revision `revision`.
@@ -399,6 +415,8 @@ impl Iterator for Scan<'_> {
 struct Barrier {
     state: Mutex<BarrierState>,
     done: Condvar,
+    /// The newest round that ended, for readers that await it instead of waiting on `done`.
+    ended: tokio::sync::watch::Sender<u64>,
 }
 
 /// GETs of the barrier at once, at most: two take a reader's wait from up to two round trips to
@@ -415,7 +433,7 @@ struct BarrierState {
 }
 
 impl Barrier {
-    fn pass(&self, ask: impl FnOnce() -> Result<i64>) -> Result<i64> {
+    fn pass(self: &Arc<Self>, ask: impl FnOnce() -> Result<i64>) -> Result<i64> {
         let mut state = lock(&self.state);
         // The first GET to start from now on is the one this reader may use, or any after it.
         let needed = state.started + 1;
@@ -431,7 +449,7 @@ impl Barrier {
                 drop(state);
                 // Settles the round even if `ask` panics, so no reader waits for it for ever
                 // (a thread parked here would also keep the process from exiting).
-                let mut round = Round { barrier: self, mine, answer: Err("the check of etcd was interrupted".into()) };
+                let mut round = Round::new(self, mine);
                 round.answer = ask().map_err(|e| e.to_string());
                 let out = round.answer.clone();
                 drop(round);
@@ -444,17 +462,62 @@ impl Barrier {
             state = self.done.wait_timeout(state, left).unwrap_or_else(std::sync::PoisonError::into_inner).0;
         }
     }
+
+    /// [`Barrier::pass`] awaited. A round this reader starts is handed to `start`, which runs it
+    /// as a task of its own (setting its answer): a reader that goes away (its client hung up)
+    /// then cancels no check that others wait for.
+    async fn pass_async(self: &Arc<Self>, start: impl FnOnce(Round)) -> Result<i64> {
+        let mut ended = self.ended.subscribe();
+        let mut start = Some(start);
+        let (needed, deadline) = {
+            let state = lock(&self.state);
+            (state.started + 1, tokio::time::Instant::now() + BARRIER_WAIT)
+        };
+        loop {
+            {
+                let mut state = lock(&self.state);
+                if state.finished >= needed {
+                    return answer(&state.answer);
+                }
+                if state.running < ROUNDS_IN_FLIGHT && state.started < needed {
+                    if let Some(start) = start.take() {
+                        state.running += 1;
+                        state.started += 1;
+                        let round = Round::new(self, state.started);
+                        drop(state);
+                        start(round);
+                    }
+                }
+            }
+            // Subscribed before the state was read: a round that ended since is seen here.
+            match tokio::time::timeout_at(deadline, ended.changed()).await {
+                Ok(_) => {}
+                Err(_) => return Err(StorageError::Remote("etcd: no answer to the consistency check in time".into())),
+            }
+        }
+    }
 }
 
 /// One GET of the barrier; dropped, it hands its answer to the waiting readers (unless a newer
 /// round ended first: its answer serves everyone this one would).
-struct Round<'a> {
-    barrier: &'a Barrier,
+struct Round {
+    barrier: Arc<Barrier>,
     mine: u64,
     answer: Result<i64, String>,
 }
 
-impl Drop for Round<'_> {
+impl Round {
+    fn new(barrier: &Arc<Barrier>, mine: u64) -> Round {
+        Round { barrier: barrier.clone(), mine, answer: Err("the check of etcd was interrupted".into()) }
+    }
+
+    /// Ends the round with `answer`.
+    fn settle(mut self, answer: Result<i64>) {
+        self.answer = answer.map_err(|e| e.to_string());
+    }
+}
+
+impl Drop for Round {
     fn drop(&mut self) {
         let mut state = lock(&self.barrier.state);
         state.running = state.running.saturating_sub(1);
@@ -462,8 +525,10 @@ impl Drop for Round<'_> {
             state.finished = self.mine;
             state.answer = Some(self.answer.clone());
         }
+        let finished = state.finished;
         drop(state);
         self.barrier.done.notify_all();
+        self.barrier.ended.send_replace(finished);
     }
 }
 
@@ -732,6 +797,61 @@ mod tests {
         // The reader that waited runs the next check itself.
         assert_eq!(waiter.join().unwrap().unwrap(), 7);
         assert_eq!(barrier.pass(|| Ok(8)).unwrap(), 8);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn awaiting_readers_share_checks_that_outlive_the_reader_that_started_them() {
+        let barrier = Arc::new(Barrier::default());
+        let asked = Arc::new(AtomicU64::new(0));
+        let (open, gate) = tokio::sync::watch::channel(false);
+        // Each round a reader starts answers its number once the gate opens.
+        let reader = |barrier: &Arc<Barrier>| {
+            let (barrier, asked, gate) = (barrier.clone(), asked.clone(), gate.clone());
+            tokio::spawn(async move {
+                barrier
+                    .pass_async(move |round| {
+                        let n = asked.fetch_add(1, Ordering::SeqCst) as i64 + 1;
+                        let mut gate = gate;
+                        tokio::spawn(async move {
+                            let _ = gate.wait_for(|open| *open).await;
+                            round.settle(Ok(n));
+                        });
+                    })
+                    .await
+            })
+        };
+        let asked_until = |n: u64| {
+            let asked = asked.clone();
+            async move {
+                while asked.load(Ordering::SeqCst) < n {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        };
+        let first = reader(&barrier);
+        asked_until(1).await;
+        let second = reader(&barrier);
+        asked_until(2).await;
+        // Both rounds in flight began before these came: they wait, and share round 3.
+        let later: Vec<_> = (0..3).map(|_| reader(&barrier)).collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(asked.load(Ordering::SeqCst), 2, "a third GET while two were in flight");
+        // The reader that started round 2 goes away (its client hung up); round 2 goes on.
+        second.abort();
+        open.send(true).unwrap();
+        assert!(first.await.unwrap().unwrap() >= 1);
+        for reader in later {
+            assert_eq!(reader.await.unwrap().unwrap(), 3, "a reader used a GET in flight when it came");
+        }
+        assert_eq!(asked.load(Ordering::SeqCst), 3, "the three later readers shared one GET");
+        let settled = {
+            let state = lock(&barrier.state);
+            (state.finished, state.running)
+        };
+        assert_eq!(settled, (3, 0), "round 2 was left unsettled");
+        // A blocking reader after them asks again, through the same barrier.
+        let blocking = barrier.clone();
+        assert_eq!(tokio::task::spawn_blocking(move || blocking.pass(|| Ok(9))).await.unwrap().unwrap(), 9);
     }
 
     #[test]
