@@ -10,11 +10,14 @@
 //! ([`Mirror::catch_up`]). Every object write moves the counter in the same transaction, so
 //! everything any write acknowledged before the read began is in the mirror once it waits no more.
 //! Concurrent readers share GETs ([`Barrier`], two in flight at most): a reader waits for a GET
-//! that *started* after it arrived, so sharing never makes it older. A mirror that does not catch
-//! up within [`CATCH_UP_WAIT`] (its watch stalled, etcd unreachable from the watch but not from the
-//! GET) is marked behind and serves nothing until it has applied what that read saw: reads go to
-//! etcd, at once (a read of a mirror already behind does not wait again, nor raise the mark: under
-//! steady writes a raised mark would keep a slow watch behind for ever).
+//! that *started* after it arrived, so sharing never makes it older. A GET awaits the shared GET
+//! on the async runtime instead ([`Mirror::caught_up_now`]: no thread parked per reader) and is
+//! answered there if the mirror has applied it at once, else on a blocking thread as any other
+//! read. A mirror that does not catch up within [`CATCH_UP_WAIT`] (its watch stalled, etcd
+//! unreachable from the watch but not from the GET) is marked behind and serves nothing until it
+//! has applied what that read saw: reads go to etcd, at once (a read of a mirror already behind
+//! does not wait again, nor raise the mark: under steady writes a raised mark would keep a slow
+//! watch behind for ever).
 //!
 //! **Bounded.** The keys and values held are counted; past the bound (`--object-cache-bytes`) the
 //! mirror empties itself, every read goes to etcd (`stowage_object_cache_reads_total{source="etcd"}`
