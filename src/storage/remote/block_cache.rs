@@ -1,8 +1,8 @@
 //! Hot blocks on the replica's own disk: a block read from or written to object storage is kept
 //! in `<data-dir>/block-cache/`, so a Bundle that many provisioners pull is read from the bucket at
-//! most once per replica (never by the replica that took its upload). Blocks never change once written, so the cache needs no invalidation; it is
-//! bounded (`--block-cache-bytes`, least recently used out first) and emptied at every start (it is
-//! this replica's scratch, not state).
+//! most once per replica (never by the replica that took its upload). Blocks never change once
+//! written, so the cache needs no invalidation; it is bounded (`--block-cache-bytes`, least
+//! recently used out first) and emptied at every start (it is this replica's scratch, not state).
 //!
 //! Every file carries the BLAKE3 of the payload it holds and is checked on every read: a file
 //! that does not match (a torn write, a bad disk) is deleted and the block read from the bucket
